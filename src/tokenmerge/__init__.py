@@ -1,0 +1,21 @@
+"""tokenmerge: token merging (ToMe) for diffusion models, applied in one line, with no retraining.
+
+A drop-in successor to ``tomesd``: ``import tokenmerge as tomesd`` works, with ``apply_patch`` and
+``remove_patch`` meaning what they mean there. diffusers is never imported here.
+"""
+
+from .config import ToMeConfig
+from .patch import PatchInfo, apply_config, apply_patch, describe_patch, patched, remove_patch
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PatchInfo",
+    "ToMeConfig",
+    "__version__",
+    "apply_config",
+    "apply_patch",
+    "describe_patch",
+    "patched",
+    "remove_patch",
+]

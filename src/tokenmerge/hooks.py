@@ -1,0 +1,214 @@
+"""Hooks that merge and unmerge at the boundaries of a block's sub-modules, and their exact removal.
+
+Per patched denoiser:
+- a forward pre-hook on the denoiser reads the latent's size and the timestep (by argument name);
+- a forward pre-hook on each selected transformer block builds its merge plan from the block's input
+  ``hidden_states`` (tomesd's metric), and a forward hook (always called) drops it;
+- forward pre-hooks / hooks on ``attn1``, ``attn2`` and ``ff`` merge their input and unmerge their output.
+
+No block ``forward`` is copied, so every ``norm_type``, GLIGEN, chunked feed-forward and future block code
+keep working: adaptive norms modulate per channel and gates multiply per channel, which commutes with
+averaging tokens. Run-time state is thread-local, so one patched model may serve several threads.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .adapters import ArgSpec, BlockSite, DenoiserSite
+from .config import ToMeConfig
+from .merge import bipartite_soft_matching_2d, random_offsets
+from .merge.bipartite import _MASK32, _mix32
+
+__all__ = ["DenoiserPatch", "PATCH_ATTR"]
+
+# The attribute a patched denoiser carries; its presence is what "patched" means.
+PATCH_ATTR = "_tokenmerge_patch"
+
+
+class _CallState(threading.local):
+    """What one denoiser call tells its blocks. ``reset()`` forgets it (end of call, or an error)."""
+
+    def __init__(self) -> None:
+        self.reset()
+        self.calls = 0
+
+    def reset(self) -> None:
+        self.size: tuple[int, int] | None = None
+        self.step_key = None
+        self.plans: dict[int, object] = {}
+        self.unchunked: dict[int, int] = {}  # feed-forward chunk sizes set aside during a block call
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A sub-module to wrap (``attn1``, ``attn2`` or ``ff``) and how its input is found."""
+
+    attr: str
+    arg: ArgSpec
+    self_attention: bool
+
+
+class DenoiserPatch:
+    """The installed patch of one denoiser: its config, the selected blocks, and the hook handles."""
+
+    def __init__(self, site: DenoiserSite, config: ToMeConfig, blocks: list[BlockSite]):
+        self.site = site
+        self.config = config
+        self.blocks = blocks
+        self.state = _CallState()
+        self._handles: list = []
+        self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
+
+    # ---- installation -------------------------------------------------------------------------------------
+    def install(self) -> None:
+        try:
+            denoiser = self.site.module
+            self._handles.append(denoiser.register_forward_pre_hook(self._denoiser_pre, with_kwargs=True))
+            self._handles.append(denoiser.register_forward_hook(self._denoiser_post, always_call=True))
+            for index, block in enumerate(self.blocks):
+                self._install_block(index, block)
+            setattr(denoiser, PATCH_ATTR, self)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _install_block(self, index: int, site: BlockSite) -> None:
+        block = site.module
+        targets = []
+        for attr, wanted in (("attn1", self.config.merge_attn), ("attn2", self.config.merge_crossattn),
+                             ("ff", self.config.merge_mlp)):
+            sub = getattr(block, attr, None)
+            if wanted and isinstance(sub, nn.Module):
+                arg = ArgSpec.of(sub, ("hidden_states", "x"), default_index=0)
+                targets.append(_Target(attr, arg, attr == "attn1"))
+        self._handles.append(block.register_forward_pre_hook(self._block_pre(index, site), with_kwargs=True))
+        self._handles.append(block.register_forward_hook(self._block_post(index, block), always_call=True))
+        for target in targets:
+            sub = getattr(block, target.attr)
+            self._handles.append(sub.register_forward_pre_hook(self._merge_input(index, target), with_kwargs=True))
+            self._handles.append(sub.register_forward_hook(self._unmerge_output(index, target)))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.state.reset()
+        if getattr(self.site.module, PATCH_ATTR, None) is self:
+            delattr(self.site.module, PATCH_ATTR)
+
+    # ---- denoiser -----------------------------------------------------------------------------------------
+    def _denoiser_pre(self, module, args, kwargs):
+        sample = self.site.sample.read(args, kwargs)
+        if not isinstance(sample, torch.Tensor) or sample.dim() < 3:
+            raise TypeError(
+                f"tokenmerge: {type(module).__name__}.forward got no image-like '{self.site.sample.name}' tensor "
+                f"(expected (batch, channels, height, width)); got {type(sample).__name__}"
+            )
+        state = self.state
+        state.reset()
+        state.calls += 1
+        state.size = (int(sample.shape[-2]), int(sample.shape[-1]))
+        timestep = self.site.timestep.read(args, kwargs) if self.site.timestep is not None else None
+        state.step_key = _step_key(timestep, state.calls, sample.device)
+        return None
+
+    def _denoiser_post(self, module, args, output):
+        self.state.reset()
+        return None
+
+    # ---- blocks -------------------------------------------------------------------------------------------
+    def _block_pre(self, index: int, site: BlockSite):
+        cfg = self.config
+        salt = (index * 0xC2B2AE35) & _MASK32
+
+        def hook(block, args, kwargs):
+            state = self.state
+            if state.size is None:
+                raise RuntimeError(
+                    f"tokenmerge: block {site.path} was called outside its denoiser's forward, so the image size "
+                    "is unknown; call the denoiser (or remove the patch first)"
+                )
+            x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+            h, w = state.size
+            for _ in range(site.level):
+                h, w = math.ceil(h / 2), math.ceil(w / 2)
+            batch, tokens = x.shape[0], x.shape[1]
+            if tokens != h * w:
+                raise RuntimeError(
+                    f"tokenmerge: block {site.path} (level {site.level}) got {tokens} tokens, but a latent of "
+                    f"{state.size[0]}x{state.size[1]} gives a {h}x{w} grid at that level"
+                )
+            offsets = None
+            if cfg.use_rand and batch % 2 == 0:  # odd batch: no cond/uncond pairs, tomesd turns rand off
+                windows = (h // cfg.sy) * (w // cfg.sx)
+                key = (self._seed_key ^ salt ^ state.step_key) if isinstance(state.step_key, int) \
+                    else (state.step_key ^ (self._seed_key ^ salt))
+                offsets = random_offsets(windows, cfg.sx * cfg.sy, _mix32(key), x.device)
+            plan = bipartite_soft_matching_2d(x, h, w, cfg.sx, cfg.sy, int(tokens * cfg.ratio), offsets)
+            state.plans[index] = plan
+            if cfg.merge_mlp and plan.num_merged and getattr(block, "_chunk_size", None) is not None:
+                # diffusers' chunked feed-forward would hand ``ff`` slices of the tokens, which cannot be merged
+                # on their own: run ``ff`` whole on the (smaller) merged tokens for this call instead.
+                state.unchunked[index] = block._chunk_size
+                block._chunk_size = None
+            return None
+
+        return hook
+
+    def _block_post(self, index: int, block: nn.Module):
+        def hook(module, args, output):
+            self.state.plans.pop(index, None)
+            if index in self.state.unchunked:
+                block._chunk_size = self.state.unchunked.pop(index)
+            return None
+
+        return hook
+
+    # ---- sub-modules --------------------------------------------------------------------------------------
+    def _merge_input(self, index: int, target: _Target):
+        def hook(module, args, kwargs):
+            plan = self.state.plans.get(index)
+            if plan is None or plan.num_merged == 0:
+                return None
+            if target.self_attention and kwargs.get("attention_mask") is not None \
+                    and kwargs.get("encoder_hidden_states") is None:
+                raise RuntimeError(
+                    "tokenmerge: self-attention with an attention_mask over image tokens cannot be merged; "
+                    "apply the patch with merge_attn=False for this model"
+                )
+            if target.arg.name in kwargs:
+                kwargs = {**kwargs, target.arg.name: plan.merge(kwargs[target.arg.name])}
+            else:
+                args = (plan.merge(args[0]),) + tuple(args[1:])
+            return args, kwargs
+
+        return hook
+
+    def _unmerge_output(self, index: int, target: _Target):
+        def hook(module, args, output):
+            plan = self.state.plans.get(index)
+            if plan is None or plan.num_merged == 0:
+                return None
+            if not isinstance(output, torch.Tensor):
+                raise RuntimeError(
+                    f"tokenmerge: {target.attr} returned a {type(output).__name__}, expected a tensor to unmerge"
+                )
+            return plan.unmerge(output)
+
+        return hook
+
+
+def _step_key(timestep, calls: int, device: torch.device):
+    """An integer identifying the denoising step, without reading device memory on the host."""
+    if timestep is None:
+        return calls & _MASK32
+    if isinstance(timestep, torch.Tensor):
+        t = timestep.reshape(-1)[:1].to(device=device, dtype=torch.float32)
+        return (t * 64).round().to(torch.int64) & _MASK32
+    return int(round(float(timestep) * 64)) & _MASK32

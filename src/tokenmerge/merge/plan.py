@@ -1,0 +1,76 @@
+"""MergePlan: where every token goes when merged, and how to bring it back."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["MergePlan", "IdentityPlan"]
+
+
+class IdentityPlan:
+    """The exact fast path: nothing is merged, inputs pass through untouched (bit for bit)."""
+
+    num_merged = 0
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class MergePlan:
+    """A many-to-one map from ``N`` tokens onto ``M`` merged tokens, the same for every channel.
+
+    It is stored as one index per token (``dest``: the slot of the merged sequence a token lands in), so
+    merging is a single ``index_add`` (a mean over each slot) and unmerging a single ``index_select``
+    (every token reads back its slot). Both work for any trailing channel count and any float dtype.
+
+    Args:
+        dest: ``(B, N)`` int64, values in ``[0, M)``; every slot receives at least one token.
+        num_slots: ``M``.
+    """
+
+    def __init__(self, dest: torch.Tensor, num_slots: int):
+        batch, tokens = dest.shape
+        self.batch, self.num_tokens, self.num_slots = batch, tokens, num_slots
+        self.num_merged = tokens - num_slots
+        offsets = torch.arange(batch, device=dest.device).unsqueeze(1) * num_slots
+        self.flat_dest = (dest + offsets).reshape(-1)  # (B*N,)
+        counts = torch.zeros(batch * num_slots, device=dest.device, dtype=torch.float32)
+        counts.index_add_(0, self.flat_dest, torch.ones_like(self.flat_dest, dtype=torch.float32))
+        self._inv_counts = counts.reciprocal_().unsqueeze(1)  # (B*M, 1)
+        self._inv_counts_by_dtype: dict[torch.dtype, torch.Tensor] = {}
+
+    @property
+    def dest(self) -> torch.Tensor:
+        offsets = torch.arange(self.batch, device=self.flat_dest.device).unsqueeze(1) * self.num_slots
+        return self.flat_dest.view(self.batch, self.num_tokens) - offsets
+
+    def _check(self, x: torch.Tensor, tokens: int, what: str) -> None:
+        if x.dim() != 3 or x.shape[0] != self.batch or x.shape[1] != tokens:
+            raise RuntimeError(
+                f"token merging: {what} expects a (batch={self.batch}, tokens={tokens}, channels) tensor, "
+                f"got shape {tuple(x.shape)}"
+            )
+
+    def _inv(self, dtype: torch.dtype) -> torch.Tensor:
+        inv = self._inv_counts_by_dtype.get(dtype)
+        if inv is None:
+            inv = self._inv_counts_by_dtype[dtype] = self._inv_counts.to(dtype)
+        return inv
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, N, C) -> (B, M, C)``: each slot is the mean of the tokens that land in it."""
+        self._check(x, self.num_tokens, "merge")
+        channels = x.shape[2]
+        out = x.new_zeros(self.batch * self.num_slots, channels)
+        out = out.index_add(0, self.flat_dest, x.reshape(-1, channels))
+        return (out * self._inv(x.dtype)).view(self.batch, self.num_slots, channels)
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, M, C) -> (B, N, C)``: each token takes the value of its slot."""
+        self._check(x, self.num_slots, "unmerge")
+        channels = x.shape[2]
+        out = x.reshape(-1, channels).index_select(0, self.flat_dest)
+        return out.view(self.batch, self.num_tokens, channels)

@@ -1,0 +1,204 @@
+"""The public lifecycle: apply, remove, a context manager over both, and a report of what was patched."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+
+from torch import nn
+
+from .adapters import BlockSite, DenoiserSite, find_denoisers
+from .config import ToMeConfig
+from .hooks import PATCH_ATTR, DenoiserPatch
+
+__all__ = ["apply_patch", "remove_patch", "patched", "describe_patch", "PatchInfo", "DenoiserInfo"]
+
+
+def apply_patch(
+    model,
+    ratio: float = 0.5,
+    max_downsample: int | None = None,
+    sx: int = 2,
+    sy: int = 2,
+    use_rand: bool = True,
+    merge_attn: bool = True,
+    merge_crossattn: bool = False,
+    merge_mlp: bool = False,
+    *,
+    seed: int | None = None,
+):
+    """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
+
+    Important args:
+        model: a diffusers pipeline (every UNet / ControlNet in it is patched), a bare
+            ``UNet2DConditionModel`` / ``ControlNetModel`` / ``MultiControlNetModel``, or an LDM-style model
+            (``.model.diffusion_model``, ``.diffusion_model``, or the ``UNetModel`` itself).
+        ratio: fraction of tokens to merge, in ``[0, 1 - 1/(sx*sy)]`` (0.75 for the default 2x2). Higher is
+            faster with more quality loss; 0.5 or less is recommended. 0 is an exact no-op.
+
+    Args to tinker with:
+        max_downsample: merge in the levels downsampled at most this much (1, 2, 4, 8 on SD). ``None``
+            (default): the highest-resolution level that has attention (1 on SD 1.x/2.x, 2 on SDXL).
+            An explicit integer keeps tomesd's meaning, and must match at least one block.
+        sx, sy: window in which one destination token is chosen; need not divide the image size.
+        use_rand: random destination in each window (off for odd batch sizes, as in tomesd).
+        merge_attn: merge for self-attention (recommended).
+        merge_crossattn: merge the queries of cross-attention (not recommended).
+        merge_mlp: merge for the feed-forward (very not recommended).
+        seed: seed of the random destinations; the pattern depends only on (seed, block, timestep), so it is
+            reproducible and the global RNG is untouched. ``None``: a fixed default seed.
+
+    Returns:
+        ``model``, patched. Applying again replaces the previous patch. Raises ``ValueError`` for bad
+        arguments or a level setting that matches no block, ``TypeError`` for an unsupported model; on any
+        error the model is left as it was.
+    """
+    config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed)
+    return apply_config(model, config)
+
+
+def apply_config(model, config: ToMeConfig):
+    """``apply_patch`` with a ready ``ToMeConfig``."""
+    sites = find_denoisers(model)
+    plans = [(site, select_blocks(site, config.max_downsample)) for site in sites]
+    if not any(blocks for _, blocks in plans):
+        raise ValueError(_nothing_matched(sites, config.max_downsample))
+    for site, blocks in plans:
+        if not blocks:
+            warnings.warn(
+                f"tokenmerge: {site.path or type(site.module).__name__} is left unpatched: "
+                + _nothing_matched([site], config.max_downsample),
+                stacklevel=3,
+            )
+    remove_patch(model)
+    installed = []
+    try:
+        for site, blocks in plans:
+            if blocks:
+                patch = DenoiserPatch(site, config, blocks)
+                patch.install()
+                installed.append(patch)
+    except BaseException:
+        for patch in installed:
+            patch.remove()
+        raise
+    return model
+
+
+def select_blocks(site: DenoiserSite, max_downsample: int | None) -> list[BlockSite]:
+    """The blocks of ``site`` that a ``max_downsample`` setting selects (``None``: the finest level with any)."""
+    if not site.blocks:
+        return []
+    if max_downsample is None:
+        finest = min(b.level for b in site.blocks)
+        return [b for b in site.blocks if b.level == finest]
+    return [b for b in site.blocks if b.downsample <= max_downsample]
+
+
+def _nothing_matched(sites: list[DenoiserSite], max_downsample: int | None) -> str:
+    parts = []
+    for site in sites:
+        name = site.path or type(site.module).__name__
+        levels = sorted({b.downsample for b in site.blocks})
+        parts.append(f"{name} has transformer blocks at downsample {levels}" if levels
+                     else f"{name} has no transformer blocks")
+    hint = "" if max_downsample is None else (
+        f"; max_downsample={max_downsample} selects none of them: use max_downsample=None (the finest level "
+        "with attention) or a value at least as large as the smallest downsample listed"
+    )
+    return "no transformer block to merge in: " + "; ".join(parts) + hint
+
+
+def _patches(model) -> list[DenoiserPatch]:
+    if isinstance(model, nn.Module):
+        modules = model.modules()
+    else:
+        components = getattr(model, "components", None)
+        if not isinstance(components, dict):
+            components = {name: getattr(model, name, None) for name in ("unet", "controlnet", "model")}
+        modules = (m for c in components.values() if isinstance(c, nn.Module) for m in c.modules())
+    seen, found = set(), []
+    for module in modules:
+        patch = getattr(module, PATCH_ATTR, None)
+        if isinstance(patch, DenoiserPatch) and id(patch) not in seen:
+            seen.add(id(patch))
+            found.append(patch)
+    return found
+
+
+def remove_patch(model):
+    """Remove every tokenmerge patch from ``model`` (a no-op if there is none). Returns ``model``.
+
+    Afterwards the model computes exactly what it computed before it was patched.
+    """
+    for patch in _patches(model):
+        patch.remove()
+    return model
+
+
+@contextlib.contextmanager
+def patched(model, ratio: float = 0.5, **kwargs):
+    """``with tokenmerge.patched(pipe, ratio=0.5): pipe(...)``: patched inside, as before outside.
+
+    Takes ``apply_patch``'s arguments. A patch that was in place before is restored on exit.
+    """
+    previous = [(p.site, p.config, p.blocks) for p in _patches(model)]
+    apply_patch(model, ratio, **kwargs)
+    try:
+        yield model
+    finally:
+        remove_patch(model)
+        for site, config, blocks in previous:
+            DenoiserPatch(site, config, blocks).install()
+
+
+@dataclass(frozen=True)
+class DenoiserInfo:
+    path: str
+    family: str
+    class_name: str
+    blocks: tuple[tuple[str, int], ...]  # (block path, downsample) of each patched block
+    total_blocks: int
+
+
+@dataclass(frozen=True)
+class PatchInfo:
+    """What ``apply_patch`` did: the settings and, per denoiser, the patched blocks."""
+
+    config: ToMeConfig
+    denoisers: tuple[DenoiserInfo, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(d.blocks) for d in self.denoisers)
+
+    def __str__(self) -> str:
+        c = self.config
+        lines = [
+            f"tokenmerge ToMe patch: ratio={c.ratio:g} max_downsample={c.max_downsample} (None = auto) "
+            f"sx={c.sx} sy={c.sy} use_rand={c.use_rand} seed={c.effective_seed} merge: "
+            + ", ".join(n for n, on in (("attn", c.merge_attn), ("crossattn", c.merge_crossattn),
+                                        ("mlp", c.merge_mlp)) if on)
+        ]
+        for d in self.denoisers:
+            by_level: dict[int, int] = {}
+            for _, ds in d.blocks:
+                by_level[ds] = by_level.get(ds, 0) + 1
+            levels = ", ".join(f"{n} at downsample {ds}" for ds, n in sorted(by_level.items()))
+            lines.append(f"  {d.path or '<model>'} ({d.class_name}, {d.family}): "
+                         f"{len(d.blocks)}/{d.total_blocks} transformer blocks patched ({levels})")
+        return "\n".join(lines)
+
+
+def describe_patch(model) -> PatchInfo | None:
+    """What is patched in ``model`` (``None`` when nothing is). ``print()`` it for a summary."""
+    patches = _patches(model)
+    if not patches:
+        return None
+    denoisers = tuple(
+        DenoiserInfo(p.site.path, p.site.family, type(p.site.module).__name__,
+                     tuple((b.path, b.downsample) for b in p.blocks), len(p.site.blocks))
+        for p in patches
+    )
+    return PatchInfo(patches[0].config, denoisers)

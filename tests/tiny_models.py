@@ -1,0 +1,253 @@
+"""Factories of tiny models with random weights, as diffusers' own tests build them."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from torch import nn
+
+CROSS_DIM = 32
+
+
+def make_unet(kind: str = "sd", seed: int = 0, **overrides):
+    """A tiny ``UNet2DConditionModel``. ``kind="sd"``: attention from the first level (SD 1.x/2.x layout);
+    ``kind="sdxl"``: no attention in the first level, two transformer layers deeper (SDXL layout)."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(seed)
+    if kind == "sd":
+        config = dict(
+            block_out_channels=(32, 64),
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            layers_per_block=2,
+        )
+    elif kind == "sdxl":
+        config = dict(
+            block_out_channels=(32, 64, 64),
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+            transformer_layers_per_block=(1, 1, 2),
+            layers_per_block=1,
+        )
+    else:
+        raise ValueError(kind)
+    config.update(sample_size=16, in_channels=4, out_channels=4, cross_attention_dim=CROSS_DIM,
+                  attention_head_dim=8, norm_num_groups=32)
+    config.update(overrides)
+    return UNet2DConditionModel(**config).eval()
+
+
+def make_controlnet(seed: int = 1):
+    from diffusers import ControlNetModel
+
+    torch.manual_seed(seed)
+    return ControlNetModel(
+        block_out_channels=(32, 64), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        layers_per_block=2, in_channels=4, cross_attention_dim=CROSS_DIM, attention_head_dim=8,
+        norm_num_groups=32, conditioning_embedding_out_channels=(16, 32),
+    ).eval()
+
+
+def unet_inputs(batch: int = 2, h: int = 16, w: int = 16, seed: int = 0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        sample=torch.randn(batch, 4, h, w, generator=g).to(dtype),
+        timestep=torch.tensor(500),
+        encoder_hidden_states=torch.randn(batch, 7, CROSS_DIM, generator=g).to(dtype),
+    )
+
+
+# ---- an LDM-style UNet, in the shape of CompVis' ldm.modules (names and structure, not its code) -----------
+class CrossAttention(nn.Module):
+    def __init__(self, dim, context_dim=None, heads=2):
+        super().__init__()
+        context_dim = context_dim or dim
+        self.heads = heads
+        self.to_q = nn.Linear(dim, dim, bias=False)
+        self.to_k = nn.Linear(context_dim, dim, bias=False)
+        self.to_v = nn.Linear(context_dim, dim, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(dim, dim))
+
+    def forward(self, x, context=None, mask=None):
+        context = x if context is None else context
+        b, n, c = x.shape
+        q, k, v = (t.reshape(b, -1, self.heads, c // self.heads).transpose(1, 2)
+                   for t in (self.to_q(x), self.to_k(context), self.to_v(context)))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, c))
+
+
+class BasicTransformerBlock(nn.Module):
+    def __init__(self, dim, context_dim):
+        super().__init__()
+        self.disable_self_attn = False
+        self.attn1 = CrossAttention(dim)
+        self.attn2 = CrossAttention(dim, context_dim)
+        self.ff = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+
+    def forward(self, x, context=None):
+        return self._forward(x, context)
+
+    def _forward(self, x, context=None):
+        x = self.attn1(self.norm1(x), context=context if self.disable_self_attn else None) + x
+        x = self.attn2(self.norm2(x), context=context) + x
+        return self.ff(self.norm3(x)) + x
+
+
+class SpatialTransformer(nn.Module):
+    def __init__(self, channels, context_dim):
+        super().__init__()
+        self.norm = nn.GroupNorm(8, channels)
+        self.proj_in = nn.Conv2d(channels, channels, 1)
+        self.transformer_blocks = nn.ModuleList([BasicTransformerBlock(channels, context_dim)])
+        self.proj_out = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x, context=None):
+        b, c, h, w = x.shape
+        y = self.proj_in(self.norm(x)).flatten(2).transpose(1, 2)
+        for block in self.transformer_blocks:
+            y = block(y, context=context)
+        return self.proj_out(y.transpose(1, 2).reshape(b, c, h, w)) + x
+
+
+class ResBlock(nn.Module):
+    def __init__(self, cin, cout, temb):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(cin, cout, 3, padding=1), nn.Conv2d(cout, cout, 3, padding=1)
+        self.emb = nn.Linear(temb, cout)
+        self.skip = nn.Conv2d(cin, cout, 1)
+
+    def forward(self, x, emb):
+        h = torch.nn.functional.silu(self.conv1(x)) + self.emb(emb)[:, :, None, None]
+        return self.skip(x) + self.conv2(torch.nn.functional.silu(h))
+
+
+class Downsample(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.op = nn.Conv2d(c, c, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.op(x)
+
+
+class Upsample(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x, size):
+        return self.conv(torch.nn.functional.interpolate(x, size=size, mode="nearest"))
+
+
+class TimestepEmbedSequential(nn.Sequential):
+    def forward(self, x, emb, context=None, size=None):
+        for layer in self:
+            if isinstance(layer, ResBlock):
+                x = layer(x, emb)
+            elif isinstance(layer, SpatialTransformer):
+                x = layer(x, context)
+            elif isinstance(layer, Upsample):
+                x = layer(x, size)
+            else:
+                x = layer(x)
+        return x
+
+
+class UNetModel(nn.Module):
+    """Two levels, attention at both; ``forward(x, timesteps, context)`` as in ldm."""
+
+    def __init__(self, ch=32, context_dim=CROSS_DIM):
+        super().__init__()
+        t = 4 * ch
+        self.time_embed = nn.Sequential(nn.Linear(ch, t), nn.SiLU(), nn.Linear(t, t))
+        self.ch = ch
+        self.input_blocks = nn.ModuleList([
+            TimestepEmbedSequential(nn.Conv2d(4, ch, 3, padding=1)),
+            TimestepEmbedSequential(ResBlock(ch, ch, t), SpatialTransformer(ch, context_dim)),
+            TimestepEmbedSequential(Downsample(ch)),
+            TimestepEmbedSequential(ResBlock(ch, ch, t), SpatialTransformer(ch, context_dim)),
+        ])
+        self.middle_block = TimestepEmbedSequential(ResBlock(ch, ch, t), SpatialTransformer(ch, context_dim))
+        self.output_blocks = nn.ModuleList([
+            TimestepEmbedSequential(ResBlock(2 * ch, ch, t), SpatialTransformer(ch, context_dim), Upsample(ch)),
+            TimestepEmbedSequential(ResBlock(2 * ch, ch, t), SpatialTransformer(ch, context_dim)),
+        ])
+        self.out = nn.Sequential(nn.GroupNorm(8, ch), nn.SiLU(), nn.Conv2d(ch, 4, 3, padding=1))
+
+    def forward(self, x, timesteps=None, context=None):
+        half = self.ch // 2
+        freqs = torch.exp(-torch.arange(half, dtype=torch.float32) * 9.2 / half)
+        args = timesteps.float().reshape(-1, 1) * freqs[None]
+        emb = self.time_embed(torch.cat([args.cos(), args.sin()], dim=-1).expand(x.shape[0], -1).to(x.dtype))
+        skips, h = [], x
+        for block in self.input_blocks:
+            h = block(h, emb, context)
+            skips.append(h)
+        h = self.middle_block(h, emb, context)
+        for i, block in enumerate(self.output_blocks):
+            skip = skips[-1 - 2 * i] if i == 0 else skips[1]
+            size = skips[1].shape[-2:]
+            h = block(torch.cat([h, skip], dim=1), emb, context, size)
+        return self.out(h)
+
+
+class DiffusionWrapper(nn.Module):
+    def __init__(self, unet):
+        super().__init__()
+        self.diffusion_model = unet
+
+
+class LatentDiffusion(nn.Module):
+    """The object webuis hold: ``model.model.diffusion_model``."""
+
+    def __init__(self, unet):
+        super().__init__()
+        self.model = DiffusionWrapper(unet)
+
+    def apply_model(self, x, t, context):
+        return self.model.diffusion_model(x, t, context=context)
+
+
+def ldm_unet(seed: int = 0) -> LatentDiffusion:
+    torch.manual_seed(seed)
+    return LatentDiffusion(UNetModel()).eval()
+
+
+# ---- pipelines from tiny components -------------------------------------------------------------------------
+def _tiny_tokenizer(tmp_path):
+    from transformers import CLIPTokenizer
+
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    vocab = {tok: i for i, tok in enumerate(["<|startoftext|>", "<|endoftext|>", "!"] + letters
+                                             + [c + "</w>" for c in letters])}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    return CLIPTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), model_max_length=16)
+
+
+def make_sd_pipeline(tmp_path, controlnet: bool = False):
+    """A ``StableDiffusionPipeline`` (or ``StableDiffusionControlNetPipeline``) of tiny random parts."""
+    from diffusers import AutoencoderKL, DDIMScheduler
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(block_out_channels=(32,), down_block_types=("DownEncoderBlock2D",),
+                        up_block_types=("UpDecoderBlock2D",), latent_channels=4, norm_num_groups=32).eval()
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=CROSS_DIM, intermediate_size=37,
+        num_attention_heads=4, num_hidden_layers=2, vocab_size=64, max_position_embeddings=16,
+        projection_dim=CROSS_DIM)).eval()
+    parts = dict(unet=make_unet("sd"), vae=vae, text_encoder=text_encoder, tokenizer=_tiny_tokenizer(tmp_path),
+                 scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None,
+                 requires_safety_checker=False)
+    if controlnet:
+        from diffusers import StableDiffusionControlNetPipeline
+
+        return StableDiffusionControlNetPipeline(controlnet=make_controlnet(), **parts)
+    from diffusers import StableDiffusionPipeline
+
+    return StableDiffusionPipeline(**parts)
