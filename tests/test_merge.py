@@ -1,0 +1,113 @@
+"""The pure tensor algorithm: round trips, the mean, the windows, parity with tomesd's merge function."""
+
+import pytest
+import torch
+
+from tokenmerge.merge import IdentityPlan, MergePlan, bipartite_soft_matching_2d, random_offsets, window_destinations
+
+
+def test_identity_plan_for_r_zero():
+    x = torch.randn(2, 64, 8)
+    plan = bipartite_soft_matching_2d(x, 8, 8, 2, 2, 0)
+    assert isinstance(plan, IdentityPlan)
+    assert plan.merge(x) is x and plan.unmerge(x) is x
+
+
+@pytest.mark.parametrize("h, w, sx, sy, ratio", [(8, 8, 2, 2, 0.5), (7, 9, 2, 2, 0.5), (6, 10, 3, 2, 0.6),
+                                                 (5, 5, 2, 2, 0.75), (1, 9, 2, 2, 0.5)])
+def test_merge_is_the_mean_and_unmerge_copies_back(h, w, sx, sy, ratio):
+    torch.manual_seed(0)
+    b, c = 3, 5
+    x = torch.randn(b, h * w, c)
+    r = int(h * w * ratio)
+    plan = bipartite_soft_matching_2d(x, h, w, sx, sy, r)
+    windows = (h // sy) * (w // sx)
+    if windows == 0:
+        assert isinstance(plan, IdentityPlan)
+        return
+    expected_r = min(r, h * w - windows)
+    assert plan.num_slots == h * w - expected_r
+    merged = plan.merge(x)
+    assert merged.shape == (b, h * w - expected_r, c)
+    dest = plan.dest
+    for bi in range(b):  # naive per-slot mean
+        for slot in range(plan.num_slots):
+            members = (dest[bi] == slot).nonzero().squeeze(1)
+            assert len(members) >= 1
+            torch.testing.assert_close(merged[bi, slot], x[bi, members].mean(0))
+    back = plan.unmerge(merged)
+    assert back.shape == x.shape
+    torch.testing.assert_close(back, merged.gather(1, dest.unsqueeze(-1).expand(-1, -1, c)))
+    # tokens alone in their slot come back exactly
+    alone = torch.zeros_like(dest, dtype=torch.bool)
+    for bi in range(b):
+        counts = torch.bincount(dest[bi], minlength=plan.num_slots)
+        alone[bi] = counts[dest[bi]] == 1
+    assert torch.equal(back[alone], x[alone])
+
+
+def test_each_window_keeps_exactly_one_destination():
+    h, w, sx, sy = 6, 8, 2, 3
+    offsets = random_offsets((h // sy) * (w // sx), sx * sy, 12345, torch.device("cpu"))
+    dst, src = window_destinations(h, w, sx, sy, offsets, "cpu")
+    assert sorted(torch.cat([dst, src]).tolist()) == list(range(h * w))
+    rows, cols = dst // w, dst % w
+    windows = (rows // sy) * (w // sx) + cols // sx
+    assert sorted(windows.tolist()) == list(range(len(dst)))
+
+
+def test_random_offsets_are_a_pure_function_of_the_key_and_uniform():
+    a = random_offsets(4096, 4, 99, torch.device("cpu"))
+    assert torch.equal(a, random_offsets(4096, 4, 99, torch.device("cpu")))
+    assert torch.equal(a, random_offsets(4096, 4, torch.tensor([99]), torch.device("cpu")))
+    assert not torch.equal(a, random_offsets(4096, 4, 100, torch.device("cpu")))
+    counts = torch.bincount(a, minlength=4).float() / 4096
+    assert (counts - 0.25).abs().max() < 0.03
+    assert int(a.min()) >= 0 and int(a.max()) <= 3
+
+
+@pytest.mark.parametrize("h, w", [(8, 8), (9, 7), (4, 6)])
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
+def test_parity_with_tomesd_merge_function(h, w, ratio):
+    from tomesd.merge import bipartite_soft_matching_random2d
+
+    torch.manual_seed(1)
+    x = torch.randn(2, h * w, 16)
+    r = int(h * w * ratio)
+    m, u = bipartite_soft_matching_random2d(x, w, h, 2, 2, r, no_rand=True)
+    plan = bipartite_soft_matching_2d(x, h, w, 2, 2, r)
+    ref_merged = m(x)
+    ours = plan.merge(x)
+    # the order of merged tokens may differ; what each token gets back may not
+    torch.testing.assert_close(plan.unmerge(ours), u(ref_merged))
+    # the merged token sets agree (as sets: the order of the sequence is free)
+    torch.testing.assert_close(ours.sort(dim=1).values, ref_merged.sort(dim=1).values)
+
+
+def test_plan_checks_shapes():
+    x = torch.randn(2, 16, 4)
+    plan = bipartite_soft_matching_2d(x, 4, 4, 2, 2, 8)
+    with pytest.raises(RuntimeError, match="batch=2, tokens=16"):
+        plan.merge(torch.randn(2, 15, 4))
+    with pytest.raises(RuntimeError, match="4 x 5 grid"):
+        bipartite_soft_matching_2d(x, 4, 5, 2, 2, 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_dtypes_and_autograd(dtype):
+    x = torch.randn(2, 64, 8, dtype=dtype, requires_grad=True)
+    plan = bipartite_soft_matching_2d(x, 8, 8, 2, 2, 32)
+    out = plan.unmerge(plan.merge(x) * 2)
+    assert out.dtype == dtype
+    out.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == dtype
+    # every token contributes 2 * (1/count) * count = 2 to the sum of its slot's copies
+    assert torch.allclose(x.grad.float(), torch.full_like(x.grad.float(), 2.0), atol=1e-2)
+
+
+def test_merge_plan_from_dest():
+    dest = torch.tensor([[0, 1, 1, 2]])
+    plan = MergePlan(dest, 3)
+    x = torch.tensor([[[1.0], [2.0], [4.0], [8.0]]])
+    assert plan.merge(x).flatten().tolist() == [1.0, 3.0, 8.0]
+    assert plan.unmerge(plan.merge(x)).flatten().tolist() == [1.0, 3.0, 3.0, 8.0]
