@@ -240,14 +240,14 @@ def make_sd_pipeline(tmp_path, controlnet: bool = False):
     from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(0)
-    vae = AutoencoderKL(block_out_channels=(32,), down_block_types=("DownEncoderBlock2D",),
-                        up_block_types=("UpDecoderBlock2D",), latent_channels=4, norm_num_groups=32).eval()
+    vae = AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=32).eval()
     text_encoder = CLIPTextModel(CLIPTextConfig(
         bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=CROSS_DIM, intermediate_size=37,
         num_attention_heads=4, num_hidden_layers=2, vocab_size=64, max_position_embeddings=16,
         projection_dim=CROSS_DIM)).eval()
     parts = dict(unet=make_unet("sd"), vae=vae, text_encoder=text_encoder, tokenizer=_tiny_tokenizer(tmp_path),
-                 scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None,
+                 scheduler=DDIMScheduler(clip_sample=False), safety_checker=None, feature_extractor=None,
                  requires_safety_checker=False)
     if controlnet:
         from diffusers import StableDiffusionControlNetPipeline

@@ -1,0 +1,57 @@
+"""Pipelines built from tiny components generate with the patch on, off and on again."""
+
+import pytest
+import torch
+
+import tokenmerge
+from tiny_models import make_sd_pipeline
+
+
+def generate(pipe, seed=0, **extra):
+    out = pipe("a red cube", num_inference_steps=3, height=32, width=32, output_type="np",
+               generator=torch.Generator().manual_seed(seed), guidance_scale=5.0, **extra)
+    return torch.from_numpy(out.images)
+
+
+@pytest.mark.parametrize("controlnet", [False, True])
+def test_on_off_on(tmp_path, controlnet):
+    pipe = make_sd_pipeline(tmp_path, controlnet=controlnet)
+    pipe.set_progress_bar_config(disable=True)
+    extra = {"image": torch.rand(1, 3, 32, 32)} if controlnet else {}
+    vanilla = generate(pipe, **extra)
+    tokenmerge.apply_patch(pipe, ratio=0.5)
+    info = tokenmerge.describe_patch(pipe)
+    assert [d.path for d in info.denoisers] == (["unet", "controlnet"] if controlnet else ["unet"])
+    merged = generate(pipe, **extra)
+    assert (merged - vanilla).abs().max() > 1e-4
+    assert torch.equal(generate(pipe, **extra), merged)  # the same seeded call gives the same image
+    tokenmerge.remove_patch(pipe)
+    assert torch.equal(generate(pipe, **extra), vanilla)
+    tokenmerge.apply_patch(pipe, ratio=0.5)
+    assert torch.equal(generate(pipe, **extra), merged)
+    tokenmerge.remove_patch(pipe)
+
+
+def test_patch_does_not_change_the_sampling_noise(tmp_path):
+    """A seeded call draws the same latents patched or not (the global RNG is never consumed)."""
+    pipe = make_sd_pipeline(tmp_path)
+    pipe.set_progress_bar_config(disable=True)
+    latents = []
+    pipe.unet.register_forward_pre_hook(lambda m, a, k: latents.append(k.get("sample", a[0] if a else None).clone()), with_kwargs=True)
+    generate(pipe)
+    vanilla_start = latents[0]
+    latents.clear()
+    tokenmerge.apply_patch(pipe)
+    state = torch.get_rng_state()
+    generate(pipe)
+    assert torch.equal(latents[0], vanilla_start)
+    assert torch.equal(state, torch.get_rng_state())
+    tokenmerge.remove_patch(pipe)
+
+
+def test_a_pipeline_with_nothing_to_patch(tmp_path):
+    class NotAPipeline:
+        components = {"vae": torch.nn.Linear(2, 2)}
+
+    with pytest.raises(TypeError, match="cannot patch a NotAPipeline"):
+        tokenmerge.apply_patch(NotAPipeline())
