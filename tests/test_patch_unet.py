@@ -232,7 +232,10 @@ def test_backward_through_a_patched_unet():
 
 
 def test_controlnet_and_multi_controlnet():
-    from diffusers.models.controlnets.multicontrolnet import MultiControlNetModel
+    try:
+        from diffusers.models.controlnets.multicontrolnet import MultiControlNetModel
+    except ImportError:  # diffusers < 0.31
+        from diffusers.pipelines.controlnet.multicontrolnet import MultiControlNetModel
 
     net = make_controlnet()
     inp = unet_inputs()

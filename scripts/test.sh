@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command: set up, run the suite on the installed diffusers, then again on the oldest diffusers we
+# declare supported (pyproject: diffusers>=0.27), installed beside the venv in .venv-oldest (no torch there:
+# the venv's is reused). Extra arguments go to pytest. Exit code 5 (no tests collected) counts as a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+OLDEST="diffusers==0.27.2 transformers==4.40.2 tokenizers==0.19.1 huggingface_hub==0.25.2 accelerate==0.30.1"
+run() { "$@"; local rc=$?; [ "$rc" -eq 5 ] && { echo "pytest collected no tests" >&2; return 1; }; return "$rc"; }
+echo "== tests, installed diffusers"
+run .venv/bin/python -m pytest -q "$@" || exit 1
+if [ "${TOKENMERGE_SKIP_OLDEST:-0}" != 1 ]; then
+  if [ ! -f .venv-oldest/.done ] || [ "$(cat .venv-oldest/.done)" != "$OLDEST" ]; then
+    rm -rf .venv-oldest
+    .venv/bin/python -m pip install -q --no-deps --target .venv-oldest $OLDEST 2>&1 \
+      | grep -v "is ignored: it is neither a file nor a directory" || true
+    echo "$OLDEST" > .venv-oldest/.done
+  fi
+  echo "== tests, oldest supported diffusers ($OLDEST)"
+  PYTHONPATH="$PWD/.venv-oldest" run .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || exit 1
+fi
