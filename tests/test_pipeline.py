@@ -55,3 +55,37 @@ def test_a_pipeline_with_nothing_to_patch(tmp_path):
 
     with pytest.raises(TypeError, match="cannot patch a NotAPipeline"):
         tokenmerge.apply_patch(NotAPipeline())
+
+
+@pytest.mark.parametrize("kind", ["img2img", "inpaint"])
+def test_img2img_and_inpaint_pipelines(tmp_path, kind):
+    import diffusers
+
+    base = make_sd_pipeline(tmp_path)
+    cls = {"img2img": diffusers.StableDiffusionImg2ImgPipeline,
+           "inpaint": diffusers.StableDiffusionInpaintPipeline}[kind]
+    pipe = cls(**base.components)
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(0)
+    extra = {"image": torch.rand(1, 3, 32, 32, generator=g), "strength": 0.7}
+    if kind == "inpaint":
+        extra.update(mask_image=(torch.rand(1, 1, 32, 32, generator=g) > 0.5).float(), height=32, width=32)
+
+    def go():
+        out = pipe("a red cube", num_inference_steps=4, output_type="np",
+                   generator=torch.Generator().manual_seed(1), **extra)
+        return torch.from_numpy(out.images)
+
+    vanilla = go()
+    with tokenmerge.patched(pipe, ratio=0.5):
+        merged = go()
+    assert (merged - vanilla).abs().max() > 1e-4
+    assert torch.equal(go(), vanilla)
+
+
+def test_import_does_not_import_diffusers():
+    import subprocess
+    import sys
+
+    code = "import sys, tokenmerge; assert 'diffusers' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
