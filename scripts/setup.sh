@@ -13,7 +13,7 @@ quiet() { "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory"
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   quiet "$VPY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 fi
-if ! "$VPY" -c "import tokenmerge, diffusers, transformers, tomesd, pytest, hypothesis" 2>/dev/null; then
+if ! "$VPY" -c "import tokenmerge, diffusers, transformers, tomesd, pytest, hypothesis, matplotlib" 2>/dev/null; then
   quiet "$VPY" -m pip install -q -e ".[test]"
 fi
 "$VPY" -c "import torch, diffusers, tokenmerge; print(f'ready: tokenmerge {tokenmerge.__version__}, torch {torch.__version__}, diffusers {diffusers.__version__}')"

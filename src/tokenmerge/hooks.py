@@ -56,7 +56,9 @@ class _Target:
 class DenoiserPatch:
     """The installed patch of one denoiser: its config, the selected blocks, and the hook handles."""
 
-    def __init__(self, site: DenoiserSite, config: ToMeConfig, blocks: list[BlockSite]):
+    def __init__(self, site: DenoiserSite, config: ToMeConfig, blocks: list[BlockSite], matcher=None):
+        """``matcher(metric, h, w, sx, sy, r, offsets) -> plan`` replaces ToMe's matching (the bench's limit)."""
+        self.matcher = matcher or bipartite_soft_matching_2d
         self.site = site
         self.config = config
         self.blocks = blocks
@@ -148,7 +150,7 @@ class DenoiserPatch:
                 key = (self._seed_key ^ salt ^ state.step_key) if isinstance(state.step_key, int) \
                     else (state.step_key ^ (self._seed_key ^ salt))
                 offsets = random_offsets(windows, cfg.sx * cfg.sy, _mix32(key), x.device)
-            plan = bipartite_soft_matching_2d(x, h, w, cfg.sx, cfg.sy, int(tokens * cfg.ratio), offsets)
+            plan = self.matcher(x, h, w, cfg.sx, cfg.sy, int(tokens * cfg.ratio), offsets)
             state.plans[index] = plan
             if cfg.merge_mlp and plan.num_merged and getattr(block, "_chunk_size", None) is not None:
                 # diffusers' chunked feed-forward would hand ``ff`` slices of the tokens, which cannot be merged

@@ -58,8 +58,8 @@ def apply_patch(
     return apply_config(model, config)
 
 
-def apply_config(model, config: ToMeConfig):
-    """``apply_patch`` with a ready ``ToMeConfig``."""
+def apply_config(model, config: ToMeConfig, *, matcher=None):
+    """``apply_patch`` with a ready ``ToMeConfig`` (``matcher``: see ``DenoiserPatch``)."""
     sites = find_denoisers(model)
     plans = [(site, select_blocks(site, config.max_downsample)) for site in sites]
     if not any(blocks for _, blocks in plans):
@@ -76,7 +76,7 @@ def apply_config(model, config: ToMeConfig):
     try:
         for site, blocks in plans:
             if blocks:
-                patch = DenoiserPatch(site, config, blocks)
+                patch = DenoiserPatch(site, config, blocks, matcher)
                 patch.install()
                 installed.append(patch)
     except BaseException:
@@ -143,14 +143,14 @@ def patched(model, ratio: float = 0.5, **kwargs):
 
     Takes ``apply_patch``'s arguments. A patch that was in place before is restored on exit.
     """
-    previous = [(p.site, p.config, p.blocks) for p in _patches(model)]
+    previous = [(p.site, p.config, p.blocks, p.matcher) for p in _patches(model)]
     apply_patch(model, ratio, **kwargs)
     try:
         yield model
     finally:
         remove_patch(model)
-        for site, config, blocks in previous:
-            DenoiserPatch(site, config, blocks).install()
+        for site, config, blocks, matcher in previous:
+            DenoiserPatch(site, config, blocks, matcher).install()
 
 
 @dataclass(frozen=True)

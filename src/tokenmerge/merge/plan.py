@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MergePlan", "IdentityPlan"]
+__all__ = ["MergePlan", "IdentityPlan", "SlicePlan", "slice_matcher"]
 
 
 class IdentityPlan:
@@ -74,3 +74,31 @@ class MergePlan:
         channels = x.shape[2]
         out = x.reshape(-1, channels).index_select(0, self.flat_dest)
         return out.view(self.batch, self.num_tokens, channels)
+
+
+class SlicePlan:
+    """The zero-overhead reference ("limit"): keep the first ``M`` tokens, repeat them back to ``N``.
+
+    Not a merge (its output is meaningless as an image); it costs nothing to build or apply, so the attention
+    on ``M`` tokens is all that is left: the best speed any merge to ``M`` tokens could reach.
+    """
+
+    def __init__(self, num_tokens: int, num_slots: int):
+        self.num_tokens, self.num_slots = num_tokens, num_slots
+        self.num_merged = num_tokens - num_slots
+        self._repeat = -(-num_tokens // num_slots)
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, : self.num_slots]
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        b, m, c = x.shape
+        return x.unsqueeze(2).expand(b, m, self._repeat, c).reshape(b, m * self._repeat, c)[:, : self.num_tokens]
+
+
+def slice_matcher(metric, h, w, sx, sy, r, offsets=None):
+    """A matcher with ToMe's token count after merging (``r`` capped at the number of sources)."""
+    tokens = metric.shape[1]
+    windows = (h // sy) * (w // sx)
+    r = min(r, tokens - windows)
+    return IdentityPlan() if r <= 0 or windows == 0 else SlicePlan(tokens, tokens - r)

@@ -1,0 +1,109 @@
+"""Architecture presets with random weights: real timings and memory, not images (no download needed).
+
+The configurations are the published UNet shapes of SD 1.5, SD 2.1 (768-v) and SDXL base 1.0, written here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["PRESETS", "Preset", "load_model", "resolve"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    unet: dict
+    text_tokens: int = 77
+    added_cond: dict = field(default_factory=dict)  # name -> trailing shape of SDXL-style extra conditioning
+    vae_scale: int = 8
+    model: str | None = None  # a real pipeline (folder or hub id) instead of random weights
+
+    def build(self, dtype=torch.float32, device="cpu"):
+        from diffusers import UNet2DConditionModel
+
+        if self.model is not None:
+            return load_model(self.model, dtype)[0].to(device).eval()
+        torch.manual_seed(0)
+        with torch.device(device):
+            unet = UNet2DConditionModel(**self.unet)
+        return unet.to(dtype).eval()
+
+    def inputs(self, batch: int, resolution: int, dtype, device, timestep: int = 500):
+        """UNet inputs for ``batch`` images with classifier-free guidance (the UNet sees ``2 * batch``)."""
+        g = torch.Generator().manual_seed(0)
+        latent = resolution // self.vae_scale
+        n = 2 * batch
+        sample = torch.randn(n, self.unet["in_channels"], latent, latent, generator=g)
+        context = torch.randn(n, self.text_tokens, self.unet["cross_attention_dim"], generator=g)
+        extra = {k: torch.randn(n, *shape, generator=g).to(device, dtype) for k, shape in self.added_cond.items()}
+        return (sample.to(device, dtype), torch.tensor(timestep, device=device), context.to(device, dtype),
+                {"added_cond_kwargs": extra} if extra else {})
+
+
+_SD = dict(
+    in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280, 1280),
+    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+)
+
+PRESETS = {
+    "tiny": Preset(
+        "tiny", "a tiny SD-1.x-shaped UNet for tests (seconds on a CPU)",
+        dict(in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+             down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+             cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32, sample_size=32),
+        text_tokens=8,
+    ),
+    "sd15": Preset("sd15", "Stable Diffusion 1.5 UNet (860M parameters)",
+                   dict(_SD, cross_attention_dim=768, attention_head_dim=8, sample_size=64)),
+    "sd21": Preset("sd21", "Stable Diffusion 2.1 768-v UNet (865M parameters)",
+                   dict(_SD, cross_attention_dim=1024, attention_head_dim=(5, 10, 20, 20), use_linear_projection=True,
+                        sample_size=96)),
+    "sdxl": Preset(
+        "sdxl", "SDXL base 1.0 UNet (2.6B parameters)",
+        dict(in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280),
+             down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+             up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+             transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20), cross_attention_dim=2048,
+             use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
+             projection_class_embeddings_input_dim=2816, sample_size=128),
+        added_cond={"text_embeds": (1280,), "time_ids": (6,)},
+    ),
+}
+
+
+def load_model(path_or_id: str, dtype=torch.float32):
+    """The UNet and VAE scale of a real diffusers pipeline; a clear ``FileNotFoundError`` when it is absent."""
+    from diffusers import DiffusionPipeline
+
+    try:
+        pipe = DiffusionPipeline.from_pretrained(path_or_id, torch_dtype=dtype)
+    except Exception as err:  # hub errors, offline errors and missing files come in many types
+        raise FileNotFoundError(
+            f"could not load the pipeline {path_or_id!r}: {type(err).__name__}: {str(err).splitlines()[0][:300]}\n"
+            "Its weights are not here: pass a local folder that holds model_index.json (a pipeline saved with "
+            "save_pretrained, or downloaded beforehand with `huggingface-cli download ID --local-dir DIR`), "
+            "or a hub id whose files are in the local cache."
+        ) from None
+    unet = getattr(pipe, "unet", None)
+    if unet is None:
+        raise TypeError(f"{path_or_id!r} holds no UNet (components: {', '.join(pipe.components)})")
+    return unet, getattr(pipe, "vae_scale_factor", 8)
+
+
+def resolve(name: str | None = None, model: str | None = None, dtype=torch.float32) -> Preset:
+    """A preset by name, or one that describes a real pipeline's UNet (loading it once to read its config)."""
+    if model is None:
+        return PRESETS[name]
+    unet, vae_scale = load_model(model, dtype)
+    config = dict(unet.config)
+    added = {}
+    if config.get("addition_embed_type") == "text_time":
+        time_dim = 6 * config["addition_time_embed_dim"]
+        added = {"text_embeds": (config["projection_class_embeddings_input_dim"] - time_dim,), "time_ids": (6,)}
+    return Preset(model.rstrip("/").split("/")[-1], f"the UNet of {model}", config, added_cond=added,
+                  vae_scale=vae_scale, model=model)

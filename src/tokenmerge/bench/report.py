@@ -1,0 +1,132 @@
+"""Benchmark output: a Markdown table in the founding documents' shape, CSV/JSONL records, a PNG plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+__all__ = ["markdown", "write_outputs"]
+
+
+def _speedup(vanilla, t):
+    return vanilla / t if vanilla and t else None
+
+
+def annotate(records: list[dict]) -> None:
+    """Add ``speedup`` (vanilla time / this time, same cell) and ``gain_kept`` (share of the limit's gain)."""
+    by_cell = defaultdict(dict)
+    for r in records:
+        by_cell[(r["preset"], r["attention"], r["resolution"], r["batch"])][r["label"]] = r
+    for cell in by_cell.values():
+        base = cell.get("vanilla", {}).get("median_s")
+        for r in cell.values():
+            r["speedup"] = _speedup(base, r["median_s"])
+        for r in cell.values():
+            limit = cell.get(f"limit {r['ratio']:g}")
+            if r["mode"] in ("tokenmerge", "tomesd") and limit and limit.get("speedup") and r["speedup"]:
+                gain = limit["speedup"] - 1
+                # a share of a gain inside timing noise means nothing: only report it for a real gain
+                r["gain_kept"] = (r["speedup"] - 1) / gain if gain > 0.05 else None
+
+
+def _fmt(r) -> str:
+    if r is None:
+        return ""
+    if r["status"] != "ok":
+        return r["status"]
+    text = f"{r['median_s']:.3g} s"
+    if r["mode"] != "vanilla" and r.get("speedup"):
+        text += f" ({(r['speedup'] - 1) * 100:+.0f}%)"
+        if r.get("gain_kept") is not None:
+            text += f", {r['gain_kept'] * 100:.0f}% of limit"
+    if r.get("peak_mem_mb") is not None:
+        text += f", {r['peak_mem_mb'] / 1024:.2f} GB"
+    return text
+
+
+def markdown(records: list[dict], meta: dict, command: str) -> str:
+    labels = list(dict.fromkeys(r["label"] for r in records))
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"Device: {meta['device_name']} ({meta['device']}, {meta['threads']} threads), {meta['dtype']}; "
+        f"torch {meta['torch']}, diffusers {meta['diffusers']}, tokenmerge {meta['tokenmerge']}"
+        + (f", tomesd {meta['tomesd']}" if "tomesd" in meta else "")
+        + f". One UNet step with classifier-free guidance (the UNet sees 2 x batch), median of {meta['repeats']} "
+        "runs after a warm-up, modes interleaved. Speed-up in % against vanilla in the same cell; "
+        "'% of limit': share of the zero-overhead limit's gain at that ratio. Memory: " + meta["memory"] + ".",
+        "",
+    ]
+    groups = defaultdict(list)
+    for r in records:
+        groups[(r["preset"], r["attention"])].append(r)
+    for (preset, attention), rows in groups.items():
+        lines += [f"### {preset}, {attention} attention", "",
+                  "| resolution | batch | " + " | ".join(labels) + " |",
+                  "|---|---|" + "---|" * len(labels)]
+        cells = defaultdict(dict)
+        for r in rows:
+            cells[(r["resolution"], r["batch"])][r["label"]] = r
+        for (res, batch), by_label in cells.items():
+            lines.append(f"| {res} | {batch} | " + " | ".join(_fmt(by_label.get(lb)) for lb in labels) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    has_mem = any(r.get("peak_mem_mb") for r in records)
+    fig, axes = plt.subplots(1, 2 if has_mem else 1, figsize=(11 if has_mem else 6, 4), squeeze=False)
+    series = defaultdict(list)
+    for r in records:
+        if r["status"] == "ok":
+            series[(r["preset"], r["attention"], r["batch"], r["label"])].append(r)
+    for (preset, attention, batch, label), rows in sorted(series.items()):
+        rows.sort(key=lambda r: r["resolution"])
+        name = f"{preset} {attention} b{batch} {label}"
+        if label != "vanilla":
+            axes[0][0].plot([r["resolution"] for r in rows], [r.get("speedup") or float("nan") for r in rows],
+                            marker="o", label=name)
+        if has_mem:
+            axes[0][1].plot([r["resolution"] for r in rows], [(r.get("peak_mem_mb") or float("nan")) / 1024
+                                                              for r in rows], marker="o", label=name)
+    axes[0][0].axhline(1.0, color="grey", lw=0.8)
+    axes[0][0].set(xlabel="resolution (px)", ylabel="speed-up over vanilla (x)", title="UNet step speed-up")
+    if has_mem:
+        axes[0][1].set(xlabel="resolution (px)", ylabel="peak memory (GB)", title="peak memory")
+    for ax in axes[0]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_outputs(records: list[dict], meta: dict, out_dir: Path, command: str, stem: str = "bench") -> dict:
+    annotate(records)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out_dir / f"{stem}.md", "csv": out_dir / f"{stem}.csv", "jsonl": out_dir / f"{stem}.jsonl"}
+    paths["markdown"].write_text(markdown(records, meta, command) + "\n")
+    columns = ["preset", "attention", "resolution", "batch", "mode", "ratio", "label", "status", "median_s", "runs",
+               "speedup", "gain_kept", "peak_mem_mb", "step_mem_mb", "dtype", "device"]
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns + sorted(meta), extrasaction="ignore")
+        writer.writeheader()
+        for r in records:
+            writer.writerow({**meta, **r})
+    with paths["jsonl"].open("w") as f:
+        for r in records:
+            f.write(json.dumps({**r, "meta": meta, "command": command}) + "\n")
+    png = out_dir / f"{stem}.png"
+    if plot(records, png):
+        paths["plot"] = png
+    return paths

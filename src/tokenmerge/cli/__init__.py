@@ -1,0 +1,22 @@
+"""The ``tokenmerge`` command line (also ``python -m tokenmerge``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import bench
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenmerge", description="Token merging for diffusion models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench.add_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.run(args, parser) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

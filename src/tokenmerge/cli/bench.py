@@ -1,0 +1,131 @@
+"""``tokenmerge bench``: speed and memory tables of vanilla vs merged UNet steps, on any device."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from pathlib import Path
+
+HELP = """\
+Time one UNet step (with classifier-free guidance) per cell of a grid of presets x attention backends x
+resolutions x batch sizes, for each mode, interleaved (A, B, A, B...) after a warm-up, and write a Markdown
+table, CSV and JSONL records (with library and device versions) and a PNG plot.
+
+Presets are the real UNet architectures with RANDOM weights: they give real timings and memory, not images,
+and need no download. --model loads a real diffusers pipeline folder (or hub id, when the weights are cached).
+"""
+
+
+def _resolution(text: str) -> int:
+    value = int(text)
+    if value < 64 or value % 8:
+        raise argparse.ArgumentTypeError(f"resolution must be a multiple of 8 and >= 64; got {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 0.75:
+        raise argparse.ArgumentTypeError(f"ratio must be in (0, 0.75]; got {text}")
+    return value
+
+
+def _megabytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"memory limit must look like 512MB, 8GB or 8GiB; got {text!r}")
+    scale = {"": 1 / 2**20, "K": 1 / 1024, "M": 1, "G": 1024, "T": 2**20}[m.group(2).upper()]
+    return max(1, int(float(m.group(1)) * scale))
+
+
+def add_parser(sub) -> None:
+    from ..bench.presets import PRESETS
+    from ..bench.runner import ATTENTION_BACKENDS, MODE_NAMES
+
+    p = sub.add_parser("bench", help="speed/memory table: vanilla vs tokenmerge vs tomesd vs the limit",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", nargs="+", choices=sorted(PRESETS), default=["sd15"],
+                   help="architecture presets with random weights: "
+                        + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()) + " (default: sd15)")
+    p.add_argument("--model", default=None, metavar="PATH_OR_ID",
+                   help="a real diffusers pipeline: a local folder (with model_index.json) or a hub id whose files "
+                        "are cached; replaces --preset. Nothing is downloaded when the hub is out of reach.")
+    p.add_argument("--resolutions", nargs="+", type=_resolution, default=[512], metavar="PX",
+                   help="image sizes in pixels (square; the latent is 1/8 of it). Default: 512")
+    p.add_argument("--batch-sizes", nargs="+", type=_positive, default=[1], metavar="N",
+                   help="images per step (the UNet sees twice as many: guidance). Default: 1")
+    p.add_argument("--modes", nargs="+", choices=MODE_NAMES, default=["vanilla", "tokenmerge", "tomesd", "limit"],
+                   help="vanilla: no merging; tokenmerge: this library's ToMe; tomesd: the reference package "
+                        "(if installed), on the same blocks; limit: the same attention on the merged token count "
+                        "with a free merge (a slice) and unmerge (a repeat): the best any merge could do. "
+                        "Default: all four")
+    p.add_argument("--ratios", nargs="+", type=_ratio, default=[0.5], metavar="R",
+                   help="merge ratios of the merging modes. Default: 0.5")
+    p.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["sdpa"],
+                   help="attention backend: vanilla (diffusers' unfused attention), sdpa (PyTorch fused), "
+                        "xformers (if installed). Default: sdpa")
+    p.add_argument("--repeats", type=_positive, default=3, help="timed runs per mode per cell, after one warm-up "
+                   "(default 3; more on a noisy machine)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto (default)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="default: float16 on CUDA/MPS, float32 on CPU")
+    p.add_argument("--memory", action="store_true",
+                   help="measure peak memory on a CPU too (one isolated process per mode and cell: slow); "
+                        "on CUDA the allocator's peak is always reported")
+    p.add_argument("--memory-limit", type=_megabytes, default=None, metavar="SIZE",
+                   help="CPU: run each mode of each cell first in its own process under this data-size limit "
+                        "(e.g. 8GB); what does not fit is reported as OOM and not timed")
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder (default bench-results)")
+    p.add_argument("--stem", default="bench", help="file name stem of the outputs (default bench)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args, parser) -> int:
+    import torch
+
+    from ..bench import report, runner
+
+    if args.device == "auto":
+        device = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
+    else:
+        device = args.device
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        parser.error(f"--device must be cpu, cuda, cuda:N, mps or auto; got {args.device!r}")
+    dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "float16"))
+    if "tomesd" in args.modes:
+        try:
+            import tomesd  # noqa: F401
+        except ImportError:
+            parser.error("--modes tomesd needs the tomesd package (pip install tomesd==0.1.3), or leave it out")
+    missing = [a for a in args.attention if a not in runner.available_attention()]
+    if missing:
+        parser.error(f"--attention {' '.join(missing)}: not available here (xformers is not installed)")
+    modes = [runner.Mode("vanilla")] if "vanilla" in args.modes else []
+    modes += [runner.Mode(name, ratio) for ratio in args.ratios for name in args.modes if name != "vanilla"]
+    from ..bench.presets import resolve
+
+    try:
+        presets = [resolve(model=args.model, dtype=dtype)] if args.model else [resolve(n) for n in args.preset]
+    except (FileNotFoundError, TypeError) as err:
+        parser.error(f"--model: {err}")
+    records, meta = runner.run_grid(presets, args.attention, args.resolutions, args.batch_sizes, modes,
+                                    args.repeats, device, dtype, memory=args.memory,
+                                    memory_limit_mb=args.memory_limit, progress=not args.no_progress)
+    command = "tokenmerge bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
+        else "tokenmerge bench ..."
+    paths = report.write_outputs(records, meta, args.out, command, args.stem)
+    print(report.markdown(records, meta, command))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
