@@ -53,6 +53,28 @@ class _Target:
     self_attention: bool
 
 
+class _Hook:
+    """A hook that calls ``patch.<method>(index, module, *hook_args)``.
+
+    An object rather than a closure, so that ``copy.deepcopy`` of a patched model gives a copy whose hooks
+    all point at the copied patch (and so at the copied modules), and so that a patched model pickles.
+    """
+
+    __slots__ = ("patch", "method", "index")
+
+    def __init__(self, patch: "DenoiserPatch", method: str, index: int = -1):
+        self.patch, self.method, self.index = patch, method, index
+
+    def __call__(self, module, *hook_args):
+        return getattr(self.patch, self.method)(self.index, module, *hook_args)
+
+    def __getstate__(self):
+        return self.patch, self.method, self.index
+
+    def __setstate__(self, state):
+        self.patch, self.method, self.index = state
+
+
 class DenoiserPatch:
     """The installed patch of one denoiser: its config, the selected blocks, and the hook handles."""
 
@@ -64,14 +86,22 @@ class DenoiserPatch:
         self.blocks = blocks
         self.state = _CallState()
         self._handles: list = []
+        self._targets: list[list[_Target]] = []
         self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
+
+    def __getstate__(self):  # run-time state is per thread and per call: never copied
+        return {k: v for k, v in self.__dict__.items() if k != "state"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.state = _CallState()
 
     # ---- installation -------------------------------------------------------------------------------------
     def install(self) -> None:
         try:
             denoiser = self.site.module
-            self._handles.append(denoiser.register_forward_pre_hook(self._denoiser_pre, with_kwargs=True))
-            self._handles.append(denoiser.register_forward_hook(self._denoiser_post, always_call=True))
+            self._handles.append(denoiser.register_forward_pre_hook(_Hook(self, "_denoiser_pre"), with_kwargs=True))
+            self._handles.append(denoiser.register_forward_hook(_Hook(self, "_denoiser_post"), always_call=True))
             for index, block in enumerate(self.blocks):
                 self._install_block(index, block)
             setattr(denoiser, PATCH_ATTR, self)
@@ -88,23 +118,26 @@ class DenoiserPatch:
             if wanted and isinstance(sub, nn.Module):
                 arg = ArgSpec.of(sub, ("hidden_states", "x"), default_index=0)
                 targets.append(_Target(attr, arg, attr == "attn1"))
-        self._handles.append(block.register_forward_pre_hook(self._block_pre(index, site), with_kwargs=True))
-        self._handles.append(block.register_forward_hook(self._block_post(index, block), always_call=True))
-        for target in targets:
+        self._targets.append(targets)
+        self._handles.append(block.register_forward_pre_hook(_Hook(self, "_block_pre", index), with_kwargs=True))
+        self._handles.append(block.register_forward_hook(_Hook(self, "_block_post", index), always_call=True))
+        for t, target in enumerate(targets):
             sub = getattr(block, target.attr)
-            self._handles.append(sub.register_forward_pre_hook(self._merge_input(index, target), with_kwargs=True))
-            self._handles.append(sub.register_forward_hook(self._unmerge_output(index, target)))
+            key = index * 4 + t  # block index and target index in one int
+            self._handles.append(sub.register_forward_pre_hook(_Hook(self, "_merge_input", key), with_kwargs=True))
+            self._handles.append(sub.register_forward_hook(_Hook(self, "_unmerge_output", key)))
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._targets.clear()
         self.state.reset()
         if getattr(self.site.module, PATCH_ATTR, None) is self:
             delattr(self.site.module, PATCH_ATTR)
 
     # ---- denoiser -----------------------------------------------------------------------------------------
-    def _denoiser_pre(self, module, args, kwargs):
+    def _denoiser_pre(self, _, module, args, kwargs):
         sample = self.site.sample.read(args, kwargs)
         if not isinstance(sample, torch.Tensor) or sample.dim() < 3:
             raise TypeError(
@@ -118,90 +151,76 @@ class DenoiserPatch:
         state.step_key = _step_key(timestep, sample.device)
         return None
 
-    def _denoiser_post(self, module, args, output):
+    def _denoiser_post(self, _, module, args, output):
         self.state.reset()
         return None
 
     # ---- blocks -------------------------------------------------------------------------------------------
-    def _block_pre(self, index: int, site: BlockSite):
-        cfg = self.config
-        salt = (index * 0xC2B2AE35) & _MASK32
+    def _block_pre(self, index: int, block, args, kwargs):
+        cfg, site, state = self.config, self.blocks[index], self.state
+        if state.size is None:
+            raise RuntimeError(
+                f"tokenmerge: block {site.path} was called outside its denoiser's forward, so the image size "
+                "is unknown; call the denoiser (or remove the patch first)"
+            )
+        x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+        h, w = state.size
+        for _ in range(site.level):
+            h, w = math.ceil(h / 2), math.ceil(w / 2)
+        batch, tokens = x.shape[0], x.shape[1]
+        if tokens != h * w:
+            raise RuntimeError(
+                f"tokenmerge: block {site.path} (level {site.level}) got {tokens} tokens, but a latent of "
+                f"{state.size[0]}x{state.size[1]} gives a {h}x{w} grid at that level"
+            )
+        offsets = None
+        if cfg.use_rand and batch % 2 == 0:  # odd batch: no cond/uncond pairs, tomesd turns rand off
+            windows = (h // cfg.sy) * (w // cfg.sx)
+            salt = self._seed_key ^ ((index * 0xC2B2AE35) & _MASK32)
+            offsets = random_offsets(windows, cfg.sx * cfg.sy, _mix32(state.step_key ^ salt), x.device)
+        plan = self.matcher(x, h, w, cfg.sx, cfg.sy, int(tokens * cfg.ratio), offsets)
+        state.plans[index] = plan
+        if cfg.merge_mlp and plan.num_merged and getattr(block, "_chunk_size", None) is not None:
+            # diffusers' chunked feed-forward would hand ``ff`` slices of the tokens, which cannot be merged
+            # on their own: run ``ff`` whole on the (smaller) merged tokens for this call instead.
+            state.unchunked[index] = block._chunk_size
+            block._chunk_size = None
+        return None
 
-        def hook(block, args, kwargs):
-            state = self.state
-            if state.size is None:
-                raise RuntimeError(
-                    f"tokenmerge: block {site.path} was called outside its denoiser's forward, so the image size "
-                    "is unknown; call the denoiser (or remove the patch first)"
-                )
-            x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
-            h, w = state.size
-            for _ in range(site.level):
-                h, w = math.ceil(h / 2), math.ceil(w / 2)
-            batch, tokens = x.shape[0], x.shape[1]
-            if tokens != h * w:
-                raise RuntimeError(
-                    f"tokenmerge: block {site.path} (level {site.level}) got {tokens} tokens, but a latent of "
-                    f"{state.size[0]}x{state.size[1]} gives a {h}x{w} grid at that level"
-                )
-            offsets = None
-            if cfg.use_rand and batch % 2 == 0:  # odd batch: no cond/uncond pairs, tomesd turns rand off
-                windows = (h // cfg.sy) * (w // cfg.sx)
-                key = (self._seed_key ^ salt ^ state.step_key) if isinstance(state.step_key, int) \
-                    else (state.step_key ^ (self._seed_key ^ salt))
-                offsets = random_offsets(windows, cfg.sx * cfg.sy, _mix32(key), x.device)
-            plan = self.matcher(x, h, w, cfg.sx, cfg.sy, int(tokens * cfg.ratio), offsets)
-            state.plans[index] = plan
-            if cfg.merge_mlp and plan.num_merged and getattr(block, "_chunk_size", None) is not None:
-                # diffusers' chunked feed-forward would hand ``ff`` slices of the tokens, which cannot be merged
-                # on their own: run ``ff`` whole on the (smaller) merged tokens for this call instead.
-                state.unchunked[index] = block._chunk_size
-                block._chunk_size = None
-            return None
-
-        return hook
-
-    def _block_post(self, index: int, block: nn.Module):
-        def hook(module, args, output):
-            self.state.plans.pop(index, None)
-            if index in self.state.unchunked:
-                block._chunk_size = self.state.unchunked.pop(index)
-            return None
-
-        return hook
+    def _block_post(self, index: int, block, args, output):
+        self.state.plans.pop(index, None)
+        if index in self.state.unchunked:
+            block._chunk_size = self.state.unchunked.pop(index)
+        return None
 
     # ---- sub-modules --------------------------------------------------------------------------------------
-    def _merge_input(self, index: int, target: _Target):
-        def hook(module, args, kwargs):
-            plan = self.state.plans.get(index)
-            if plan is None or plan.num_merged == 0:
-                return None
-            if target.self_attention and kwargs.get("attention_mask") is not None \
-                    and kwargs.get("encoder_hidden_states") is None:
-                raise RuntimeError(
-                    "tokenmerge: self-attention with an attention_mask over image tokens cannot be merged; "
-                    "apply the patch with merge_attn=False for this model"
-                )
-            if target.arg.name in kwargs:
-                kwargs = {**kwargs, target.arg.name: plan.merge(kwargs[target.arg.name])}
-            else:
-                args = (plan.merge(args[0]),) + tuple(args[1:])
-            return args, kwargs
+    def _merge_input(self, key: int, module, args, kwargs):
+        plan = self.state.plans.get(key // 4)
+        if plan is None or plan.num_merged == 0:
+            return None
+        target = self._targets[key // 4][key % 4]
+        if target.self_attention and kwargs.get("attention_mask") is not None \
+                and kwargs.get("encoder_hidden_states") is None:
+            raise RuntimeError(
+                "tokenmerge: self-attention with an attention_mask over image tokens cannot be merged; "
+                "apply the patch with merge_attn=False for this model"
+            )
+        if target.arg.name in kwargs:
+            kwargs = {**kwargs, target.arg.name: plan.merge(kwargs[target.arg.name])}
+        else:
+            args = (plan.merge(args[0]),) + tuple(args[1:])
+        return args, kwargs
 
-        return hook
-
-    def _unmerge_output(self, index: int, target: _Target):
-        def hook(module, args, output):
-            plan = self.state.plans.get(index)
-            if plan is None or plan.num_merged == 0:
-                return None
-            if not isinstance(output, torch.Tensor):
-                raise RuntimeError(
-                    f"tokenmerge: {target.attr} returned a {type(output).__name__}, expected a tensor to unmerge"
-                )
-            return plan.unmerge(output)
-
-        return hook
+    def _unmerge_output(self, key: int, module, args, output):
+        plan = self.state.plans.get(key // 4)
+        if plan is None or plan.num_merged == 0:
+            return None
+        if not isinstance(output, torch.Tensor):
+            target = self._targets[key // 4][key % 4]
+            raise RuntimeError(
+                f"tokenmerge: {target.attr} returned a {type(output).__name__}, expected a tensor to unmerge"
+            )
+        return plan.unmerge(output)
 
 
 def _step_key(timestep, device: torch.device):
