@@ -37,7 +37,11 @@ class _CallState(threading.local):
     def __init__(self) -> None:
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, blocks: "list[BlockSite] | None" = None) -> None:
+        """Forget the call; give back any feed-forward chunking a block set aside (``blocks``: the patch's)."""
+        for index, chunk_size in getattr(self, "unchunked", {}).items():
+            if blocks is not None:
+                blocks[index].module._chunk_size = chunk_size
         self.size: tuple[int, int] | None = None
         self.step_key = None
         self.plans: dict[int, object] = {}
@@ -132,7 +136,7 @@ class DenoiserPatch:
             handle.remove()
         self._handles.clear()
         self._targets.clear()
-        self.state.reset()
+        self.state.reset(self.blocks)
         if getattr(self.site.module, PATCH_ATTR, None) is self:
             delattr(self.site.module, PATCH_ATTR)
 
@@ -145,14 +149,14 @@ class DenoiserPatch:
                 f"(expected (batch, channels, height, width)); got {type(sample).__name__}"
             )
         state = self.state
-        state.reset()
+        state.reset(self.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
         state.size = (int(sample.shape[-2]), int(sample.shape[-1]))
         timestep = self.site.timestep.read(args, kwargs) if self.site.timestep is not None else None
         state.step_key = _step_key(timestep, sample.device)
         return None
 
     def _denoiser_post(self, _, module, args, output):
-        self.state.reset()
+        self.state.reset(self.blocks)
         return None
 
     # ---- blocks -------------------------------------------------------------------------------------------

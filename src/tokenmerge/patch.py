@@ -71,6 +71,7 @@ def apply_config(model, config: ToMeConfig, *, matcher=None):
                 + _nothing_matched([site], config.max_downsample),
                 stacklevel=3,
             )
+    previous = _snapshot(model)
     remove_patch(model)
     installed = []
     try:
@@ -82,8 +83,18 @@ def apply_config(model, config: ToMeConfig, *, matcher=None):
     except BaseException:
         for patch in installed:
             patch.remove()
+        _restore(previous)
         raise
     return model
+
+
+def _snapshot(model) -> list:
+    return [(p.site, p.config, p.blocks, p.matcher) for p in _patches(model)]
+
+
+def _restore(snapshot: list) -> None:
+    for site, config, blocks, matcher in snapshot:
+        DenoiserPatch(site, config, blocks, matcher).install()
 
 
 def select_blocks(site: DenoiserSite, max_downsample: int | None) -> list[BlockSite]:
@@ -143,14 +154,13 @@ def patched(model, ratio: float = 0.5, **kwargs):
 
     Takes ``apply_patch``'s arguments. A patch that was in place before is restored on exit.
     """
-    previous = [(p.site, p.config, p.blocks, p.matcher) for p in _patches(model)]
+    previous = _snapshot(model)
     apply_patch(model, ratio, **kwargs)
     try:
         yield model
     finally:
         remove_patch(model)
-        for site, config, blocks, matcher in previous:
-            DenoiserPatch(site, config, blocks, matcher).install()
+        _restore(previous)
 
 
 @dataclass(frozen=True)
