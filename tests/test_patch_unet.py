@@ -269,6 +269,13 @@ def test_unsupported_models_get_a_type_error():
         tokenmerge.apply_patch(AutoencoderKL(block_out_channels=(32,), norm_num_groups=32))
 
 
+def test_remove_and_describe_refuse_what_is_not_a_model():
+    for call in (tokenmerge.remove_patch, tokenmerge.describe_patch):
+        with pytest.raises(TypeError, match="holds no model"):
+            call("unet")
+    assert tokenmerge.remove_patch(torch.nn.Linear(2, 2)) is not None  # a module without a patch: a no-op
+
+
 def test_a_unet_without_transformer_blocks_is_refused():
     unet = make_unet("sd", down_block_types=("DownBlock2D", "DownBlock2D"),
                      up_block_types=("UpBlock2D", "UpBlock2D"), mid_block_type=None)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .adapters import BlockSite, DenoiserSite, find_denoisers
+from .adapters import SUPPORTED, BlockSite, DenoiserSite, find_denoisers
 from .config import ToMeConfig
 from .hooks import PATCH_ATTR, DenoiserPatch
 
@@ -128,6 +128,8 @@ def _patches(model) -> list[DenoiserPatch]:
         components = getattr(model, "components", None)
         if not isinstance(components, dict):
             components = {name: getattr(model, name, None) for name in ("unet", "controlnet", "model")}
+        if not any(isinstance(c, nn.Module) for c in components.values()):
+            raise TypeError(f"tokenmerge: a {type(model).__name__} holds no model; expected {SUPPORTED}")
         modules = (m for c in components.values() if isinstance(c, nn.Module) for m in c.modules())
     seen, found = set(), []
     for module in modules:
