@@ -4,17 +4,19 @@ A drop-in successor to ``tomesd``: ``import tokenmerge as tomesd`` works, with `
 ``remove_patch`` meaning what they mean there. diffusers is never imported here.
 """
 
-from .config import ToMeConfig
-from .patch import PatchInfo, apply_config, apply_patch, describe_patch, patched, remove_patch
+from .config import ToDoConfig, ToMeConfig
+from .patch import PatchInfo, apply_config, apply_patch, apply_todo, describe_patch, patched, remove_patch
 
 __version__ = "0.1.0"
 
 __all__ = [
     "PatchInfo",
+    "ToDoConfig",
     "ToMeConfig",
     "__version__",
     "apply_config",
     "apply_patch",
+    "apply_todo",
     "describe_patch",
     "patched",
     "remove_patch",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numbers
 from dataclasses import asdict, dataclass
 
-__all__ = ["ToMeConfig", "DEFAULT_SEED"]
+__all__ = ["ToMeConfig", "ToDoConfig", "DEFAULT_SEED", "POOL_MODES"]
+
+POOL_MODES = ("nearest-exact", "avg", "bilinear")
 
 # Used when ``seed=None``: the merge pattern is reproducible by default (tomesd drew it from the global RNG,
 # so it changed from run to run and consumed the user's random numbers).
@@ -16,6 +18,23 @@ def _check_int(name: str, value, minimum: int, allowed: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be {allowed}; got {value!r}")
     return int(value)
+
+
+def _check_fraction(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0.0 <= float(value) <= 1.0):
+        raise ValueError(f"{name} must be a number in [0, 1] (a fraction of the denoising schedule); got {value!r}")
+    return float(value)
+
+
+def _check_schedule(cfg) -> None:
+    """``start``/``stop``: the part of the denoising process (0 = first step, pure noise; 1 = the end) in
+    which the method is active. Read from the timestep: progress = 1 - t / num_train_timesteps."""
+    start, stop = _check_fraction("start", cfg.start), _check_fraction("stop", cfg.stop)
+    if start >= stop:
+        raise ValueError(f"start must be below stop (the active part of the schedule); got start={start}, stop={stop}")
+    _check_int("num_train_timesteps", cfg.num_train_timesteps, 1, "an integer >= 1 (1000 for SD)")
+    object.__setattr__(cfg, "start", start)
+    object.__setattr__(cfg, "stop", stop)
 
 
 def _check_bool(name: str, value) -> bool:
@@ -43,6 +62,10 @@ class ToMeConfig:
         seed: seed of the random destination choice. The pattern is a pure function of
             (seed, block, timestep), so runs are reproducible and no global RNG is touched.
             ``None`` means ``DEFAULT_SEED``.
+        start, stop: merge only while the denoising progress ``1 - t / num_train_timesteps`` is in
+            ``[start, stop]`` (0 = the first, noisiest step; 1 = the end). Default: the whole schedule.
+        ratio_end: if set, the ratio moves linearly from ``ratio`` at ``start`` to ``ratio_end`` at ``stop``.
+        num_train_timesteps: the scale of the timesteps the denoiser is called with (1000 for SD).
     """
 
     ratio: float = 0.5
@@ -54,6 +77,10 @@ class ToMeConfig:
     merge_crossattn: bool = False
     merge_mlp: bool = False
     seed: int | None = None
+    start: float = 0.0
+    stop: float = 1.0
+    ratio_end: float | None = None
+    num_train_timesteps: int = 1000
 
     def __post_init__(self) -> None:
         sx = _check_int("sx", self.sx, 1, "an integer >= 1")
@@ -78,6 +105,23 @@ class ToMeConfig:
         if self.seed is not None:
             _check_int("seed", self.seed, 0, "None or an integer >= 0")
         object.__setattr__(self, "ratio", float(ratio))
+        if self.ratio_end is not None:
+            end = self.ratio_end
+            if isinstance(end, bool) or not isinstance(end, numbers.Real) or not (0.0 <= float(end) <= upper):
+                raise ValueError(f"ratio_end must be None or a number in [0, {upper:g}]; got {end!r}")
+            object.__setattr__(self, "ratio_end", float(end))
+        _check_schedule(self)
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the timestep decides anything (then it is read on the host once per denoiser call)."""
+        return self.start > 0.0 or self.stop < 1.0 or self.ratio_end is not None
+
+    def ratio_at(self, progress: float) -> float:
+        if self.ratio_end is None:
+            return self.ratio
+        span = (progress - self.start) / (self.stop - self.start)
+        return self.ratio + (self.ratio_end - self.ratio) * min(max(span, 0.0), 1.0)
 
     @property
     def effective_seed(self) -> int:
@@ -85,3 +129,50 @@ class ToMeConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ToDoConfig:
+    """Settings of ToDo (token downsampling, arXiv 2402.13573): self-attention's keys and values come from
+    the token grid pooled by ``downsample`` per side; queries stay full (or are merged by ToMe: ``ratio``).
+
+    Args:
+        downsample: pooling factor per side (2: 4x fewer keys/values). 1 changes nothing.
+        mode: "nearest-exact" (the paper's), "avg" or "bilinear".
+        max_downsample: the level rule of ``ToMeConfig`` (``None``: the finest level with attention).
+        ratio: ToMe on the queries as well (0: off), with ``sx``, ``sy``, ``use_rand``, ``seed`` as in ToMe.
+        start, stop, ratio_end, num_train_timesteps: the schedule, as in ``ToMeConfig``.
+    """
+
+    downsample: int = 2
+    mode: str = "nearest-exact"
+    max_downsample: int | None = None
+    ratio: float = 0.0
+    sx: int = 2
+    sy: int = 2
+    use_rand: bool = True
+    seed: int | None = None
+    start: float = 0.0
+    stop: float = 1.0
+    ratio_end: float | None = None
+    num_train_timesteps: int = 1000
+
+    # ToDo acts on self-attention only: what the hooks ask of a ToMe config
+    merge_attn = True
+    merge_crossattn = False
+    merge_mlp = False
+
+    def __post_init__(self) -> None:
+        _check_int("downsample", self.downsample, 1, "an integer >= 1 (2 = 4x fewer keys and values)")
+        if self.mode not in POOL_MODES:
+            raise ValueError(f"mode must be one of {', '.join(POOL_MODES)}; got {self.mode!r}")
+        tome = ToMeConfig(self.ratio, self.max_downsample, self.sx, self.sy, self.use_rand, seed=self.seed,
+                          start=self.start, stop=self.stop, ratio_end=self.ratio_end,
+                          num_train_timesteps=self.num_train_timesteps)
+        for name in ("ratio", "start", "stop", "ratio_end"):
+            object.__setattr__(self, name, getattr(tome, name))
+
+    effective_seed = ToMeConfig.effective_seed
+    scheduled = ToMeConfig.scheduled
+    ratio_at = ToMeConfig.ratio_at
+    to_dict = ToMeConfig.to_dict

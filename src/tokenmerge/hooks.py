@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from .adapters import ArgSpec, BlockSite, DenoiserSite
-from .config import ToMeConfig
+from .config import ToDoConfig, ToMeConfig
 from .merge import bipartite_soft_matching_2d, random_offsets
+from .merge.downsample import downsample_tokens
 from .merge.bipartite import _MASK32, _mix32
 
 __all__ = ["DenoiserPatch", "PATCH_ATTR"]
@@ -44,7 +45,10 @@ class _CallState(threading.local):
                 blocks[index].module._chunk_size = chunk_size
         self.size: tuple[int, int] | None = None
         self.step_key = None
+        self.active = True  # the schedule's verdict for this call
+        self.ratio = 0.0
         self.plans: dict[int, object] = {}
+        self.grids: dict[int, tuple[int, int]] = {}  # token grid of each block in this call
         self.unchunked: dict[int, int] = {}  # feed-forward chunk sizes set aside during a block call
 
 
@@ -55,6 +59,7 @@ class _Target:
     attr: str
     arg: ArgSpec
     self_attention: bool
+    context: ArgSpec | None = None  # where self-attention takes other keys/values (ToDo passes them there)
 
 
 class _Hook:
@@ -82,11 +87,12 @@ class _Hook:
 class DenoiserPatch:
     """The installed patch of one denoiser: its config, the selected blocks, and the hook handles."""
 
-    def __init__(self, site: DenoiserSite, config: ToMeConfig, blocks: list[BlockSite], matcher=None):
+    def __init__(self, site: DenoiserSite, config: ToMeConfig | ToDoConfig, blocks: list[BlockSite], matcher=None):
         """``matcher(metric, h, w, sx, sy, r, offsets) -> plan`` replaces ToMe's matching (the bench's limit)."""
         self.matcher = matcher or bipartite_soft_matching_2d
         self.site = site
         self.config = config
+        self.todo = isinstance(config, ToDoConfig) and config.downsample > 1
         self.blocks = blocks
         self.state = _CallState()
         self._handles: list = []
@@ -121,7 +127,11 @@ class DenoiserPatch:
             sub = getattr(block, attr, None)
             if wanted and isinstance(sub, nn.Module):
                 arg = ArgSpec.of(sub, ("hidden_states", "x"), default_index=0)
-                targets.append(_Target(attr, arg, attr == "attn1"))
+                context = ArgSpec.of(sub, ("encoder_hidden_states", "context")) if attr == "attn1" else None
+                if self.todo and attr == "attn1" and context is None:
+                    raise TypeError(f"tokenmerge: {site.path}.attn1 takes no encoder_hidden_states/context "
+                                    "argument to pass downsampled keys and values through (ToDo)")
+                targets.append(_Target(attr, arg, attr == "attn1", context))
         self._targets.append(targets)
         self._handles.append(block.register_forward_pre_hook(_Hook(self, "_block_pre", index), with_kwargs=True))
         self._handles.append(block.register_forward_hook(_Hook(self, "_block_post", index), always_call=True))
@@ -153,6 +163,17 @@ class DenoiserPatch:
         state.size = (int(sample.shape[-2]), int(sample.shape[-1]))
         timestep = self.site.timestep.read(args, kwargs) if self.site.timestep is not None else None
         state.step_key = _step_key(timestep, sample.device)
+        cfg = self.config
+        state.ratio = cfg.ratio
+        if cfg.scheduled:
+            if timestep is None:
+                raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
+                                f"{type(module).__name__}.forward got none")
+            # one host read per denoiser call (not per block): the schedule is host-side control flow
+            t = float(timestep.reshape(-1)[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
+            progress = 1.0 - t / cfg.num_train_timesteps
+            state.active = cfg.start <= progress <= cfg.stop
+            state.ratio = cfg.ratio_at(progress)
         return None
 
     def _denoiser_post(self, _, module, args, output):
@@ -167,6 +188,8 @@ class DenoiserPatch:
                 f"tokenmerge: block {site.path} was called outside its denoiser's forward, so the image size "
                 "is unknown; call the denoiser (or remove the patch first)"
             )
+        if not state.active:
+            return None
         x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
         h, w = state.size
         for _ in range(site.level):
@@ -182,8 +205,9 @@ class DenoiserPatch:
             windows = (h // cfg.sy) * (w // cfg.sx)
             salt = self._seed_key ^ ((index * 0xC2B2AE35) & _MASK32)
             offsets = random_offsets(windows, cfg.sx * cfg.sy, _mix32(state.step_key ^ salt), x.device)
-        plan = self.matcher(x, h, w, cfg.sx, cfg.sy, int(tokens * cfg.ratio), offsets)
+        plan = self.matcher(x, h, w, cfg.sx, cfg.sy, int(tokens * state.ratio), offsets)
         state.plans[index] = plan
+        state.grids[index] = (h, w)
         if cfg.merge_mlp and plan.num_merged and getattr(block, "_chunk_size", None) is not None:
             # diffusers' chunked feed-forward would hand ``ff`` slices of the tokens, which cannot be merged
             # on their own: run ``ff`` whole on the (smaller) merged tokens for this call instead.
@@ -193,6 +217,7 @@ class DenoiserPatch:
 
     def _block_post(self, index: int, block, args, output):
         self.state.plans.pop(index, None)
+        self.state.grids.pop(index, None)
         if index in self.state.unchunked:
             block._chunk_size = self.state.unchunked.pop(index)
         return None
@@ -200,19 +225,25 @@ class DenoiserPatch:
     # ---- sub-modules --------------------------------------------------------------------------------------
     def _merge_input(self, key: int, module, args, kwargs):
         plan = self.state.plans.get(key // 4)
-        if plan is None or plan.num_merged == 0:
+        if plan is None:
             return None
         target = self._targets[key // 4][key % 4]
-        if target.self_attention and kwargs.get("attention_mask") is not None \
-                and kwargs.get("encoder_hidden_states") is None:
+        context = target.context.read(args, kwargs) if target.context is not None else None
+        downsample = self.todo and target.self_attention and context is None
+        if plan.num_merged == 0 and not downsample:
+            return None
+        if target.self_attention and context is None and kwargs.get("attention_mask") is not None:
             raise RuntimeError(
-                "tokenmerge: self-attention with an attention_mask over image tokens cannot be merged; "
-                "apply the patch with merge_attn=False for this model"
+                "tokenmerge: self-attention with an attention_mask over image tokens cannot be merged or "
+                "downsampled; apply the patch with merge_attn=False for this model"
             )
-        if target.arg.name in kwargs:
-            kwargs = {**kwargs, target.arg.name: plan.merge(kwargs[target.arg.name])}
-        else:
-            args = (plan.merge(args[0]),) + tuple(args[1:])
+        x = target.arg.read(args, kwargs)
+        if downsample:  # ToDo: keys and values from the pooled grid of the full (unmerged) tokens
+            h, w = self.state.grids[key // 4]
+            pooled = downsample_tokens(x, h, w, self.config.downsample, self.config.mode)
+            args, kwargs = _replace(args, kwargs, target.context, pooled)
+        if plan.num_merged:
+            args, kwargs = _replace(args, kwargs, target.arg, plan.merge(x))
         return args, kwargs
 
     def _unmerge_output(self, key: int, module, args, output):
@@ -225,6 +256,13 @@ class DenoiserPatch:
                 f"tokenmerge: {target.attr} returned a {type(output).__name__}, expected a tensor to unmerge"
             )
         return plan.unmerge(output)
+
+
+def _replace(args: tuple, kwargs: dict, spec: ArgSpec, value):
+    """The call's arguments with ``spec``'s argument set to ``value`` (where the caller put it)."""
+    if spec.name not in kwargs and spec.index is not None and spec.index < len(args):
+        return args[: spec.index] + (value,) + tuple(args[spec.index + 1:]), kwargs
+    return args, {**kwargs, spec.name: value}
 
 
 def _step_key(timestep, device: torch.device):

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from torch import nn
 
 from .adapters import SUPPORTED, BlockSite, DenoiserSite, find_denoisers
-from .config import ToMeConfig
+from .config import ToDoConfig, ToMeConfig
 from .hooks import PATCH_ATTR, DenoiserPatch
 
-__all__ = ["apply_patch", "remove_patch", "patched", "describe_patch", "PatchInfo", "DenoiserInfo"]
+__all__ = ["apply_patch", "apply_todo", "remove_patch", "patched", "describe_patch", "PatchInfo", "DenoiserInfo"]
 
 
 def apply_patch(
@@ -27,6 +27,10 @@ def apply_patch(
     merge_mlp: bool = False,
     *,
     seed: int | None = None,
+    start: float = 0.0,
+    stop: float = 1.0,
+    ratio_end: float | None = None,
+    num_train_timesteps: int = 1000,
 ):
     """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
 
@@ -48,17 +52,60 @@ def apply_patch(
         merge_mlp: merge for the feed-forward (very not recommended).
         seed: seed of the random destinations; the pattern depends only on (seed, block, timestep), so it is
             reproducible and the global RNG is untouched. ``None``: a fixed default seed.
+        start, stop: merge only in this part of the denoising process, as fractions of it read from the
+            timestep (progress = 1 - t / num_train_timesteps: 0 is the first, noisiest step, 1 the end).
+        ratio_end: the ratio moves linearly from ``ratio`` at ``start`` to ``ratio_end`` at ``stop``.
+        num_train_timesteps: the timestep scale of the model (1000 for SD).
 
     Returns:
         ``model``, patched. Applying again replaces the previous patch. Raises ``ValueError`` for bad
         arguments or a level setting that matches no block, ``TypeError`` for an unsupported model; on any
         error the model is left as it was.
     """
-    config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed)
+    config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
+                        start, stop, ratio_end, num_train_timesteps)
     return apply_config(model, config)
 
 
-def apply_config(model, config: ToMeConfig, *, matcher=None):
+def apply_todo(
+    model,
+    downsample: int = 2,
+    mode: str = "nearest-exact",
+    max_downsample: int | None = None,
+    *,
+    ratio: float = 0.0,
+    sx: int = 2,
+    sy: int = 2,
+    use_rand: bool = True,
+    seed: int | None = None,
+    start: float = 0.0,
+    stop: float = 1.0,
+    ratio_end: float | None = None,
+    num_train_timesteps: int = 1000,
+):
+    """Patch a diffusion model with ToDo (token downsampling, arXiv 2402.13573), in place.
+
+    Self-attention's keys and values are computed from the token grid pooled by ``downsample`` per side;
+    queries stay full, so the output keeps every token. Cross-attention is untouched.
+
+    Args:
+        model: what ``apply_patch`` accepts.
+        downsample: pooling factor per side (2: 4x fewer keys/values; 1 changes nothing).
+        mode: "nearest-exact" (the paper's choice), "avg" or "bilinear".
+        max_downsample: the levels, as in ``apply_patch`` (``None``: the finest level with attention).
+        ratio: also merge the queries with ToMe at this ratio (0: off); ``sx``, ``sy``, ``use_rand`` and
+            ``seed`` as in ``apply_patch``. Keys and values are pooled from the unmerged tokens.
+        start, stop, ratio_end, num_train_timesteps: the schedule, as in ``apply_patch``.
+
+    Returns:
+        ``model``, patched (replacing any earlier tokenmerge patch). ``remove_patch`` removes it.
+    """
+    config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start, stop, ratio_end,
+                        num_train_timesteps)
+    return apply_config(model, config)
+
+
+def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None):
     """``apply_patch`` with a ready ``ToMeConfig`` (``matcher``: see ``DenoiserPatch``)."""
     sites = find_denoisers(model)
     plans = [(site, select_blocks(site, config.max_downsample)) for site in sites]
@@ -151,13 +198,19 @@ def remove_patch(model):
 
 
 @contextlib.contextmanager
-def patched(model, ratio: float = 0.5, **kwargs):
+def patched(model, ratio: float | None = None, *, method: str = "tome", **kwargs):
     """``with tokenmerge.patched(pipe, ratio=0.5): pipe(...)``: patched inside, as before outside.
 
-    Takes ``apply_patch``'s arguments. A patch that was in place before is restored on exit.
+    Takes ``apply_patch``'s arguments, or with ``method="todo"`` those of ``apply_todo`` (where ``ratio``
+    is the optional query merging: 0 unless given; for ToMe the default is 0.5). A patch that was in place before is restored on exit.
     """
+    if method not in ("tome", "todo"):
+        raise ValueError(f"method must be 'tome' or 'todo'; got {method!r}")
     previous = _snapshot(model)
-    apply_patch(model, ratio, **kwargs)
+    if method == "todo":
+        apply_todo(model, ratio=0.0 if ratio is None else ratio, **kwargs)
+    else:
+        apply_patch(model, 0.5 if ratio is None else ratio, **kwargs)
     try:
         yield model
     finally:
@@ -187,11 +240,15 @@ class PatchInfo:
 
     def __str__(self) -> str:
         c = self.config
+        head = (f"tokenmerge ToDo patch: downsample={c.downsample} mode={c.mode} query ratio={c.ratio:g} "
+                if isinstance(c, ToDoConfig) else f"tokenmerge ToMe patch: ratio={c.ratio:g} ")
         lines = [
-            f"tokenmerge ToMe patch: ratio={c.ratio:g} max_downsample={c.max_downsample} (None = auto) "
+            head + f"max_downsample={c.max_downsample} (None = auto) "
             f"sx={c.sx} sy={c.sy} use_rand={c.use_rand} seed={c.effective_seed} merge: "
             + ", ".join(n for n, on in (("attn", c.merge_attn), ("crossattn", c.merge_crossattn),
                                         ("mlp", c.merge_mlp)) if on)
+            + (f" schedule: {c.start:g}..{c.stop:g}" + (f" ratio -> {c.ratio_end:g}" if c.ratio_end is not None
+                                                          else "") if c.scheduled else "")
         ]
         for d in self.denoisers:
             by_level: dict[int, int] = {}
