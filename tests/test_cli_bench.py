@@ -31,6 +31,15 @@ def test_bench_tiny_end_to_end(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_todo_mode(tmp_path):
+    out = tmp_path / "res"
+    assert main(["bench", "--preset", "tiny", "--resolutions", "128", "--modes", "vanilla", "todo",
+                 "--todo-factors", "2", "4", "--repeats", "1", "--out", str(out), "--no-progress"]) == 0
+    rows = list(csv.DictReader((out / "bench.csv").open()))
+    assert [r["label"] for r in rows] == ["vanilla", "todo 2", "todo 4"]
+    assert all(r["status"] == "ok" for r in rows)
+
+
 def test_memory_limit_reports_oom_and_goes_on(tmp_path):
     out = tmp_path / "res"
     # 300 MB of data cannot hold torch + the model: every mode of the cell is OOM, and the run still completes

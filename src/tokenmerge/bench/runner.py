@@ -25,7 +25,7 @@ from .presets import Preset, resolve
 
 __all__ = ["Mode", "Cell", "run_grid", "ATTENTION_BACKENDS", "MODE_NAMES"]
 
-MODE_NAMES = ("vanilla", "tokenmerge", "tomesd", "limit")
+MODE_NAMES = ("vanilla", "tokenmerge", "tomesd", "limit", "todo")
 ATTENTION_BACKENDS = ("vanilla", "sdpa", "xformers")
 
 
@@ -33,13 +33,18 @@ ATTENTION_BACKENDS = ("vanilla", "sdpa", "xformers")
 class Mode:
     name: str
     ratio: float = 0.0
+    factor: int = 0  # ToDo's downsampling factor
 
     @property
     def label(self) -> str:
+        if self.name == "todo":
+            return f"todo {self.factor}"
         return self.name if self.name == "vanilla" else f"{self.name} {self.ratio:g}"
 
     def apply(self, unet) -> None:
-        if self.name == "tokenmerge":
+        if self.name == "todo":
+            tokenmerge.apply_todo(unet, downsample=self.factor)
+        elif self.name == "tokenmerge":
             tokenmerge.apply_patch(unet, ratio=self.ratio)
         elif self.name == "limit":
             tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(ratio=self.ratio), matcher=slice_matcher)
@@ -167,7 +172,7 @@ def time_cell(unet, preset, cell: Cell, modes: list[Mode], repeats: int, device,
     records = []
     for mode in modes:
         ts = times[mode.label]
-        records.append(dict(asdict(cell), mode=mode.name, ratio=mode.ratio, label=mode.label,
+        records.append(dict(asdict(cell), mode=mode.name, ratio=mode.ratio, factor=mode.factor, label=mode.label,
                             status=status[mode.label], median_s=statistics.median(ts) if ts else None,
                             runs=len(ts), times_s=ts,
                             peak_mem_mb=peak[mode.label] / 2**20 if mode.label in peak else None))
@@ -241,13 +246,14 @@ def run_grid(presets, attentions, resolutions, batches, modes, repeats, device, 
                     done = {r["label"] for r in cell_records}
                     for m in modes:
                         if m.label not in done:
-                            cell_records.append(dict(asdict(cell), mode=m.name, ratio=m.ratio, label=m.label,
+                            cell_records.append(dict(asdict(cell), mode=m.name, ratio=m.ratio, factor=m.factor,
+                                                      label=m.label,
                                                       status="OOM", median_s=None, runs=0, times_s=[],
                                                       peak_mem_mb=None))
                     for r in cell_records:
                         probe = probes.get(r["label"])
                         if probe is None and memory and device.type == "cpu" and r["status"] == "ok":
-                            probe = memory_cell(preset, cell, Mode(r["mode"], r["ratio"]), str(dtype).split(".")[-1], None)
+                            probe = memory_cell(preset, cell, Mode(r["mode"], r["ratio"], r.get("factor", 0)), str(dtype).split(".")[-1], None)
                         if probe is not None:
                             r["peak_mem_mb"], r["step_mem_mb"] = probe["peak_rss_mb"], probe["step_rss_mb"]
                             if probe["status"] == "OOM":

@@ -66,10 +66,13 @@ def add_parser(sub) -> None:
     p.add_argument("--modes", nargs="+", choices=MODE_NAMES, default=["vanilla", "tokenmerge", "tomesd", "limit"],
                    help="vanilla: no merging; tokenmerge: this library's ToMe; tomesd: the reference package "
                         "(if installed), on the same blocks; limit: the same attention on the merged token count "
-                        "with a free merge (a slice) and unmerge (a repeat): the best any merge could do. "
-                        "Default: all four")
+                        "with a free merge (a slice) and unmerge (a repeat): the best any merge could do; "
+                        "todo: token downsampling of keys/values (--todo-factors). "
+                        "Default: vanilla tokenmerge tomesd limit")
     p.add_argument("--ratios", nargs="+", type=_ratio, default=[0.5], metavar="R",
                    help="merge ratios of the merging modes. Default: 0.5")
+    p.add_argument("--todo-factors", nargs="+", type=_positive, default=[2], metavar="F",
+                   help="downsampling factors per side of the todo mode (2 = 4x fewer keys/values). Default: 2")
     p.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["sdpa"],
                    help="attention backend: vanilla (diffusers' unfused attention), sdpa (PyTorch fused), "
                         "xformers (if installed). Default: sdpa")
@@ -113,7 +116,10 @@ def run(args, parser) -> int:
     if missing:
         parser.error(f"--attention {' '.join(missing)}: not available here (xformers is not installed)")
     modes = [runner.Mode("vanilla")] if "vanilla" in args.modes else []
-    modes += [runner.Mode(name, ratio) for ratio in args.ratios for name in args.modes if name != "vanilla"]
+    modes += [runner.Mode(name, ratio) for ratio in args.ratios for name in args.modes
+              if name not in ("vanilla", "todo")]
+    if "todo" in args.modes:
+        modes += [runner.Mode("todo", factor=f) for f in args.todo_factors]
     from ..bench.presets import resolve
 
     try:
