@@ -60,15 +60,21 @@ def unet():
 
 @settings(max_examples=12, deadline=None)
 @given(batch=st.integers(1, 3), h=st.integers(6, 20), w=st.integers(6, 20), ratio=st.floats(0, 0.75),
-       seed=st.integers(0, 2**31))
-def test_patched_unet_any_size(unet, batch, h, w, ratio, seed):
+       seed=st.integers(0, 2**31), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       todo=st.integers(0, 3))
+def test_patched_unet_any_size(unet, batch, h, w, ratio, seed, dtype, todo):
     from tiny_models import unet_inputs
 
-    inp = unet_inputs(batch=batch, h=h, w=w)
-    tokenmerge.apply_patch(unet, ratio=ratio, seed=seed, max_downsample=2, merge_mlp=True)
+    inp = unet_inputs(batch=batch, h=h, w=w, dtype=dtype)
+    unet.to(dtype)
+    if todo:
+        tokenmerge.apply_todo(unet, downsample=todo, ratio=ratio, seed=seed, max_downsample=2)
+    else:
+        tokenmerge.apply_patch(unet, ratio=ratio, seed=seed, max_downsample=2, merge_mlp=True)
     try:
         with torch.no_grad():
             out = unet(**inp).sample
     finally:
         tokenmerge.remove_patch(unet)
-    assert out.shape == inp["sample"].shape and torch.isfinite(out).all()
+        unet.to(torch.float32)
+    assert out.shape == inp["sample"].shape and out.dtype == dtype and torch.isfinite(out).all()

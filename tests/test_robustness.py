@@ -113,6 +113,44 @@ def test_lora_after_and_before_patching():
     assert torch.equal(run(unet, inp), vanilla_lora)
 
 
+def test_load_lora_weights_into_a_patched_pipeline(pipe, tmp_path):
+    """A LoRA file made here (random, non-zero), loaded with the pipeline's own ``load_lora_weights``."""
+    from diffusers import StableDiffusionPipeline
+    try:
+        from peft.utils import get_peft_model_state_dict
+    except Exception as err:
+        pytest.skip(f"peft not usable here: {err}")
+    donor = make_unet()
+    torch.manual_seed(7)
+    donor.add_adapter(_lora_config())
+    StableDiffusionPipeline.save_lora_weights(tmp_path / "lora", unet_lora_layers=get_peft_model_state_dict(donor))
+    vanilla = generate(pipe)
+    tokenmerge.apply_patch(pipe)
+    merged = generate(pipe)
+    pipe.load_lora_weights(tmp_path / "lora")
+    merged_lora = generate(pipe)
+    assert (merged_lora - merged).abs().max() > 1e-4  # the LoRA acts on the patched pipeline
+    tokenmerge.remove_patch(pipe)
+    vanilla_lora = generate(pipe)
+    assert (vanilla_lora - merged_lora).abs().max() > 1e-4
+    pipe.unload_lora_weights()
+    assert torch.equal(generate(pipe), vanilla)
+
+
+def test_fused_qkv_before_patching():
+    unet = make_unet()
+    inp = unet_inputs()
+    tokenmerge.apply_patch(unet)
+    merged = run(unet, inp)
+    tokenmerge.remove_patch(unet)
+    unet.fuse_qkv_projections()
+    vanilla_fused = run(unet, inp)
+    tokenmerge.apply_patch(unet)
+    torch.testing.assert_close(run(unet, inp), merged, rtol=1e-4, atol=1e-5)
+    tokenmerge.remove_patch(unet)
+    assert torch.equal(run(unet, inp), vanilla_fused)
+
+
 def test_ip_adapter_style_cross_attention_processor():
     """An extra processor on attn2 that reads more tokens than the text (as IP-Adapter does) still works."""
     from diffusers.models.attention_processor import AttnProcessor2_0
