@@ -37,6 +37,11 @@ def _check_schedule(cfg) -> None:
     object.__setattr__(cfg, "stop", stop)
 
 
+def _check_reuse(cfg) -> None:
+    _check_bool("share_plans", cfg.share_plans)
+    _check_int("reuse_steps", cfg.reuse_steps, 1, "an integer >= 1 (1 = recompute the plan at every call)")
+
+
 def _check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False; got {value!r}")
@@ -66,6 +71,10 @@ class ToMeConfig:
             ``[start, stop]`` (0 = the first, noisiest step; 1 = the end). Default: the whole schedule.
         ratio_end: if set, the ratio moves linearly from ``ratio`` at ``start`` to ``ratio_end`` at ``stop``.
         num_train_timesteps: the scale of the timesteps the denoiser is called with (1000 for SD).
+        share_plans: compute the merge plan once per level and call (at the level's first block) and reuse it
+            in the level's other blocks. Off by default: it changes results (faster, approximate).
+        reuse_steps: keep each plan for this many consecutive denoiser calls (1: recompute every call, the
+            default). A new generation (the timestep going up) always recomputes.
     """
 
     ratio: float = 0.5
@@ -81,6 +90,8 @@ class ToMeConfig:
     stop: float = 1.0
     ratio_end: float | None = None
     num_train_timesteps: int = 1000
+    share_plans: bool = False
+    reuse_steps: int = 1
 
     def __post_init__(self) -> None:
         sx = _check_int("sx", self.sx, 1, "an integer >= 1")
@@ -111,6 +122,7 @@ class ToMeConfig:
                 raise ValueError(f"ratio_end must be None or a number in [0, {upper:g}]; got {end!r}")
             object.__setattr__(self, "ratio_end", float(end))
         _check_schedule(self)
+        _check_reuse(self)
 
     @property
     def scheduled(self) -> bool:
@@ -142,6 +154,7 @@ class ToDoConfig:
         max_downsample: the level rule of ``ToMeConfig`` (``None``: the finest level with attention).
         ratio: ToMe on the queries as well (0: off), with ``sx``, ``sy``, ``use_rand``, ``seed`` as in ToMe.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``ToMeConfig``.
+        share_plans, reuse_steps: reuse of the query-merging plans, as in ``ToMeConfig``.
     """
 
     downsample: int = 2
@@ -156,6 +169,8 @@ class ToDoConfig:
     stop: float = 1.0
     ratio_end: float | None = None
     num_train_timesteps: int = 1000
+    share_plans: bool = False
+    reuse_steps: int = 1
 
     # ToDo acts on self-attention only: what the hooks ask of a ToMe config
     merge_attn = True
@@ -168,7 +183,8 @@ class ToDoConfig:
             raise ValueError(f"mode must be one of {', '.join(POOL_MODES)}; got {self.mode!r}")
         tome = ToMeConfig(self.ratio, self.max_downsample, self.sx, self.sy, self.use_rand, seed=self.seed,
                           start=self.start, stop=self.stop, ratio_end=self.ratio_end,
-                          num_train_timesteps=self.num_train_timesteps)
+                          num_train_timesteps=self.num_train_timesteps, share_plans=self.share_plans,
+                          reuse_steps=self.reuse_steps)
         for name in ("ratio", "start", "stop", "ratio_end"):
             object.__setattr__(self, name, getattr(tome, name))
 

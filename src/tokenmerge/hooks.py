@@ -33,10 +33,16 @@ PATCH_ATTR = "_tokenmerge_patch"
 
 
 class _CallState(threading.local):
-    """What one denoiser call tells its blocks. ``reset()`` forgets it (end of call, or an error)."""
+    """What one denoiser call tells its blocks. ``reset()`` forgets it (end of call, or an error).
+
+    ``kept`` (plans kept across calls for ``reuse_steps``) and ``calls`` survive ``reset()``.
+    """
 
     def __init__(self) -> None:
         self.reset()
+        self.calls = 0
+        self.last_t: float | None = None
+        self.kept: dict[int, tuple] = {}  # key -> (plan, batch, tokens, call it was made at)
 
     def reset(self, blocks: "list[BlockSite] | None" = None) -> None:
         """Forget the call; give back any feed-forward chunking a block set aside (``blocks``: the patch's)."""
@@ -49,6 +55,7 @@ class _CallState(threading.local):
         self.ratio = 0.0
         self.plans: dict[int, object] = {}
         self.grids: dict[int, tuple[int, int]] = {}  # token grid of each block in this call
+        self.shared: dict[int, tuple] = {}  # share_plans: level -> (plan, batch, tokens)
         self.unchunked: dict[int, int] = {}  # feed-forward chunk sizes set aside during a block call
 
 
@@ -165,12 +172,18 @@ class DenoiserPatch:
         state.step_key = _step_key(timestep, sample.device)
         cfg = self.config
         state.ratio = cfg.ratio
+        state.calls += 1
+        if cfg.reuse_steps > 1:
+            t = _host_timestep(timestep)
+            if t is not None and state.last_t is not None and t > state.last_t:
+                state.kept.clear()  # the timestep went up: a new generation, nothing to reuse
+            state.last_t = t
         if cfg.scheduled:
             if timestep is None:
                 raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
                                 f"{type(module).__name__}.forward got none")
             # one host read per denoiser call (not per block): the schedule is host-side control flow
-            t = float(timestep.reshape(-1)[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
+            t = _host_timestep(timestep)
             progress = 1.0 - t / cfg.num_train_timesteps
             state.active = cfg.start <= progress <= cfg.stop
             state.ratio = cfg.ratio_at(progress)
@@ -200,12 +213,15 @@ class DenoiserPatch:
                 f"tokenmerge: block {site.path} (level {site.level}) got {tokens} tokens, but a latent of "
                 f"{state.size[0]}x{state.size[1]} gives a {h}x{w} grid at that level"
             )
-        offsets = None
-        if cfg.use_rand and batch % 2 == 0:  # odd batch: no cond/uncond pairs, tomesd turns rand off
-            windows = (h // cfg.sy) * (w // cfg.sx)
-            salt = self._seed_key ^ ((index * 0xC2B2AE35) & _MASK32)
-            offsets = random_offsets(windows, cfg.sx * cfg.sy, _mix32(state.step_key ^ salt), x.device)
-        plan = self.matcher(x, h, w, cfg.sx, cfg.sy, int(tokens * state.ratio), offsets)
+        plan = self._reused_plan(index, site, batch, tokens)
+        if plan is None:
+            offsets = None
+            if cfg.use_rand and batch % 2 == 0:  # odd batch: no cond/uncond pairs, tomesd turns rand off
+                windows = (h // cfg.sy) * (w // cfg.sx)
+                salt = self._seed_key ^ ((index * 0xC2B2AE35) & _MASK32)
+                offsets = random_offsets(windows, cfg.sx * cfg.sy, _mix32(state.step_key ^ salt), x.device)
+            plan = self.matcher(x, h, w, cfg.sx, cfg.sy, int(tokens * state.ratio), offsets)
+            self._keep_plan(index, site, plan, batch, tokens)
         state.plans[index] = plan
         state.grids[index] = (h, w)
         if cfg.merge_mlp and plan.num_merged and getattr(block, "_chunk_size", None) is not None:
@@ -214,6 +230,27 @@ class DenoiserPatch:
             state.unchunked[index] = block._chunk_size
             block._chunk_size = None
         return None
+
+    def _reuse_key(self, index: int, site: BlockSite) -> int:
+        return -1 - site.level if self.config.share_plans else index
+
+    def _reused_plan(self, index: int, site: BlockSite, batch: int, tokens: int):
+        cfg, state = self.config, self.state
+        key = self._reuse_key(index, site)
+        for store, fresh in ((state.shared, True), (state.kept, False)):
+            entry = store.get(key)
+            if entry is not None and entry[1] == batch and entry[2] == tokens:
+                if fresh or (state.calls - entry[3] < cfg.reuse_steps and entry[4] == state.ratio):
+                    return entry[0]
+        return None
+
+    def _keep_plan(self, index: int, site: BlockSite, plan, batch: int, tokens: int) -> None:
+        cfg, state = self.config, self.state
+        key = self._reuse_key(index, site)
+        if cfg.share_plans:
+            state.shared[key] = (plan, batch, tokens)
+        if cfg.reuse_steps > 1:
+            state.kept[key] = (plan, batch, tokens, state.calls, state.ratio)
 
     def _block_post(self, index: int, block, args, output):
         self.state.plans.pop(index, None)
@@ -263,6 +300,12 @@ def _replace(args: tuple, kwargs: dict, spec: ArgSpec, value):
     if spec.name not in kwargs and spec.index is not None and spec.index < len(args):
         return args[: spec.index] + (value,) + tuple(args[spec.index + 1:]), kwargs
     return args, {**kwargs, spec.name: value}
+
+
+def _host_timestep(timestep) -> float | None:
+    if timestep is None:
+        return None
+    return float(timestep.reshape(-1)[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
 
 
 def _step_key(timestep, device: torch.device):

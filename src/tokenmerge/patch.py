@@ -31,6 +31,8 @@ def apply_patch(
     stop: float = 1.0,
     ratio_end: float | None = None,
     num_train_timesteps: int = 1000,
+    share_plans: bool = False,
+    reuse_steps: int = 1,
 ):
     """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
 
@@ -56,6 +58,9 @@ def apply_patch(
             timestep (progress = 1 - t / num_train_timesteps: 0 is the first, noisiest step, 1 the end).
         ratio_end: the ratio moves linearly from ``ratio`` at ``start`` to ``ratio_end`` at ``stop``.
         num_train_timesteps: the timestep scale of the model (1000 for SD).
+        share_plans: one merge plan per level and call, reused by the level's other blocks (changes results;
+            off by default).
+        reuse_steps: keep plans for this many consecutive denoiser calls (1, the default: recompute).
 
     Returns:
         ``model``, patched. Applying again replaces the previous patch. Raises ``ValueError`` for bad
@@ -63,7 +68,7 @@ def apply_patch(
         error the model is left as it was.
     """
     config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
-                        start, stop, ratio_end, num_train_timesteps)
+                        start, stop, ratio_end, num_train_timesteps, share_plans, reuse_steps)
     return apply_config(model, config)
 
 
@@ -82,6 +87,8 @@ def apply_todo(
     stop: float = 1.0,
     ratio_end: float | None = None,
     num_train_timesteps: int = 1000,
+    share_plans: bool = False,
+    reuse_steps: int = 1,
 ):
     """Patch a diffusion model with ToDo (token downsampling, arXiv 2402.13573), in place.
 
@@ -96,12 +103,13 @@ def apply_todo(
         ratio: also merge the queries with ToMe at this ratio (0: off); ``sx``, ``sy``, ``use_rand`` and
             ``seed`` as in ``apply_patch``. Keys and values are pooled from the unmerged tokens.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``apply_patch``.
+        share_plans, reuse_steps: reuse of the query-merging plans, as in ``apply_patch``.
 
     Returns:
         ``model``, patched (replacing any earlier tokenmerge patch). ``remove_patch`` removes it.
     """
     config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start, stop, ratio_end,
-                        num_train_timesteps)
+                        num_train_timesteps, share_plans, reuse_steps)
     return apply_config(model, config)
 
 
