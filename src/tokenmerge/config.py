@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from dataclasses import asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass
 
 __all__ = ["ToMeConfig", "ToDoConfig", "DEFAULT_SEED", "POOL_MODES"]
 
@@ -37,11 +37,6 @@ def _check_schedule(cfg) -> None:
     object.__setattr__(cfg, "stop", stop)
 
 
-def _check_reuse(cfg) -> None:
-    _check_bool("share_plans", cfg.share_plans)
-    _check_int("reuse_steps", cfg.reuse_steps, 1, "an integer >= 1 (1 = recompute the plan at every call)")
-
-
 def _check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False; got {value!r}")
@@ -49,7 +44,48 @@ def _check_bool(name: str, value) -> bool:
 
 
 @dataclass(frozen=True)
-class ToMeConfig:
+class _WhenAndReuse:
+    """What both methods share, keyword-only (after each method's own fields): the schedule and plan reuse."""
+
+    _: KW_ONLY
+    start: float = 0.0
+    stop: float = 1.0
+    ratio_end: float | None = None
+    num_train_timesteps: int = 1000
+    share_plans: bool = False
+    reuse_steps: int = 1
+
+    def _check_when_and_reuse(self, upper: float) -> None:
+        if self.ratio_end is not None:
+            end = self.ratio_end
+            if isinstance(end, bool) or not isinstance(end, numbers.Real) or not (0.0 <= float(end) <= upper):
+                raise ValueError(f"ratio_end must be None or a number in [0, {upper:g}]; got {end!r}")
+            object.__setattr__(self, "ratio_end", float(end))
+        _check_schedule(self)
+        _check_bool("share_plans", self.share_plans)
+        _check_int("reuse_steps", self.reuse_steps, 1, "an integer >= 1 (1 = recompute the plan at every call)")
+
+    @property
+    def effective_seed(self) -> int:
+        return DEFAULT_SEED if self.seed is None else int(self.seed)
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the timestep decides anything (then it is read on the host once per denoiser call)."""
+        return self.start > 0.0 or self.stop < 1.0 or self.ratio_end is not None
+
+    def ratio_at(self, progress: float) -> float:
+        if self.ratio_end is None:
+            return self.ratio
+        span = (progress - self.start) / (self.stop - self.start)
+        return self.ratio + (self.ratio_end - self.ratio) * min(max(span, 0.0), 1.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ToMeConfig(_WhenAndReuse):
     """Settings of ToMe for Stable Diffusion (same names and meanings as ``tomesd.apply_patch``).
 
     Args:
@@ -86,12 +122,6 @@ class ToMeConfig:
     merge_crossattn: bool = False
     merge_mlp: bool = False
     seed: int | None = None
-    start: float = 0.0
-    stop: float = 1.0
-    ratio_end: float | None = None
-    num_train_timesteps: int = 1000
-    share_plans: bool = False
-    reuse_steps: int = 1
 
     def __post_init__(self) -> None:
         sx = _check_int("sx", self.sx, 1, "an integer >= 1")
@@ -116,35 +146,11 @@ class ToMeConfig:
         if self.seed is not None:
             _check_int("seed", self.seed, 0, "None or an integer >= 0")
         object.__setattr__(self, "ratio", float(ratio))
-        if self.ratio_end is not None:
-            end = self.ratio_end
-            if isinstance(end, bool) or not isinstance(end, numbers.Real) or not (0.0 <= float(end) <= upper):
-                raise ValueError(f"ratio_end must be None or a number in [0, {upper:g}]; got {end!r}")
-            object.__setattr__(self, "ratio_end", float(end))
-        _check_schedule(self)
-        _check_reuse(self)
-
-    @property
-    def scheduled(self) -> bool:
-        """Whether the timestep decides anything (then it is read on the host once per denoiser call)."""
-        return self.start > 0.0 or self.stop < 1.0 or self.ratio_end is not None
-
-    def ratio_at(self, progress: float) -> float:
-        if self.ratio_end is None:
-            return self.ratio
-        span = (progress - self.start) / (self.stop - self.start)
-        return self.ratio + (self.ratio_end - self.ratio) * min(max(span, 0.0), 1.0)
-
-    @property
-    def effective_seed(self) -> int:
-        return DEFAULT_SEED if self.seed is None else int(self.seed)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+        self._check_when_and_reuse(upper)
 
 
 @dataclass(frozen=True)
-class ToDoConfig:
+class ToDoConfig(_WhenAndReuse):
     """Settings of ToDo (token downsampling, arXiv 2402.13573): self-attention's keys and values come from
     the token grid pooled by ``downsample`` per side; queries stay full (or are merged by ToMe: ``ratio``).
 
@@ -165,12 +171,6 @@ class ToDoConfig:
     sy: int = 2
     use_rand: bool = True
     seed: int | None = None
-    start: float = 0.0
-    stop: float = 1.0
-    ratio_end: float | None = None
-    num_train_timesteps: int = 1000
-    share_plans: bool = False
-    reuse_steps: int = 1
 
     # ToDo acts on self-attention only: what the hooks ask of a ToMe config
     merge_attn = True
@@ -181,14 +181,7 @@ class ToDoConfig:
         _check_int("downsample", self.downsample, 1, "an integer >= 1 (2 = 4x fewer keys and values)")
         if self.mode not in POOL_MODES:
             raise ValueError(f"mode must be one of {', '.join(POOL_MODES)}; got {self.mode!r}")
-        tome = ToMeConfig(self.ratio, self.max_downsample, self.sx, self.sy, self.use_rand, seed=self.seed,
-                          start=self.start, stop=self.stop, ratio_end=self.ratio_end,
-                          num_train_timesteps=self.num_train_timesteps, share_plans=self.share_plans,
-                          reuse_steps=self.reuse_steps)
-        for name in ("ratio", "start", "stop", "ratio_end"):
-            object.__setattr__(self, name, getattr(tome, name))
-
-    effective_seed = ToMeConfig.effective_seed
-    scheduled = ToMeConfig.scheduled
-    ratio_at = ToMeConfig.ratio_at
-    to_dict = ToMeConfig.to_dict
+        # the query merging is ToMe's: validated as such
+        tome = ToMeConfig(self.ratio, self.max_downsample, self.sx, self.sy, self.use_rand, seed=self.seed)
+        object.__setattr__(self, "ratio", tome.ratio)
+        self._check_when_and_reuse(1.0 - 1.0 / (self.sx * self.sy))

@@ -68,7 +68,8 @@ def apply_patch(
         error the model is left as it was.
     """
     config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
-                        start, stop, ratio_end, num_train_timesteps, share_plans, reuse_steps)
+                        start=start, stop=stop, ratio_end=ratio_end, num_train_timesteps=num_train_timesteps,
+                        share_plans=share_plans, reuse_steps=reuse_steps)
     return apply_config(model, config)
 
 
@@ -108,8 +109,9 @@ def apply_todo(
     Returns:
         ``model``, patched (replacing any earlier tokenmerge patch). ``remove_patch`` removes it.
     """
-    config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start, stop, ratio_end,
-                        num_train_timesteps, share_plans, reuse_steps)
+    config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start=start, stop=stop,
+                        ratio_end=ratio_end, num_train_timesteps=num_train_timesteps, share_plans=share_plans,
+                        reuse_steps=reuse_steps)
     return apply_config(model, config)
 
 
