@@ -169,3 +169,18 @@ def test_schedule_needs_a_timestep():
             model(torch.randn(2, 32, 8, 12), **kwargs)
     tokenmerge.remove_patch(model)
     assert OneBlockDenoiser
+
+
+def test_patched_context_manager_with_todo_and_bad_method():
+    unet = make_unet()
+    inp = unet_inputs()
+    vanilla = run(unet, inp)
+    with tokenmerge.patched(unet, method="todo", downsample=2):
+        assert isinstance(tokenmerge.describe_patch(unet).config, tokenmerge.ToDoConfig)
+        assert tokenmerge.describe_patch(unet).config.ratio == 0.0
+        assert not torch.equal(run(unet, inp), vanilla)
+    assert torch.equal(run(unet, inp), vanilla)
+    with pytest.raises(ValueError, match="method must be 'tome' or 'todo'"):
+        with tokenmerge.patched(unet, method="fast"):
+            pass
+    assert tokenmerge.describe_patch(unet) is None
