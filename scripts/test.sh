@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-OLDEST="diffusers==0.27.2 transformers==4.40.2 tokenizers==0.19.1 huggingface_hub==0.25.2 accelerate==0.30.1"
+OLDEST="diffusers==0.27.2 transformers==4.40.2 tokenizers==0.19.1 huggingface_hub==0.25.2 accelerate==0.30.1 peft==0.10.0"
 run() { "$@"; local rc=$?; [ "$rc" -eq 5 ] && { echo "pytest collected no tests" >&2; return 1; }; return "$rc"; }
 echo "== tests, installed diffusers"
 run .venv/bin/python -m pytest -q "$@" || exit 1

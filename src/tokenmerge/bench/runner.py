@@ -192,7 +192,9 @@ def memory_cell(preset: Preset, cell: Cell, mode: Mode, dtype: str, limit_mb: in
     if lines:
         return json.loads(lines[-1])
     # killed (the kernel's OOM killer, or an allocation failure that aborted): out of memory as well
-    if proc.returncode < 0 or "memory" in proc.stderr.lower():
+    tail = proc.stderr[-4000:]
+    if proc.returncode < 0 or any(w in tail for w in ("MemoryError", "can't allocate memory", "Cannot allocate memory",
+                                                       "out of memory")):
         return {"status": "OOM", "peak_rss_mb": None, "step_rss_mb": None}
     raise RuntimeError(f"memory probe failed for {cell} {mode}:\n{proc.stderr[-2000:]}")
 
@@ -202,6 +204,9 @@ def _memory_child(payload: str) -> None:
     cell, mode = Cell(**spec["cell"]), Mode(**spec["mode"])
     dtype = getattr(torch, spec["dtype"])
     preset = resolve(cell.preset if spec["model"] is None else None, spec["model"], dtype)
+    from diffusers import UNet2DConditionModel  # noqa: F401  (imports first: the limit is for the model and step)
+    from diffusers.models import attention_processor  # noqa: F401
+
     if spec["limit_mb"]:
         limit = int(spec["limit_mb"]) * 2**20
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
