@@ -46,20 +46,24 @@ def test_accelerate_forward_wrapping_hooks(pipe):
     """What sequential offload relies on: accelerate replaces ``module.forward`` by a wrapper (hooks on every
     sub-module). diffusers' own ``enable_sequential_cpu_offload`` fails on a CPU-only machine even unpatched,
     so the interplay is tested with accelerate's hooks directly."""
-    from accelerate.hooks import ModelHook, add_hook_to_module
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
 
     unet = make_unet()
     inp = unet_inputs()
     vanilla = run(unet, inp)
     tokenmerge.apply_patch(unet)
     merged = run(unet, inp)
-    for module in unet.modules():
-        add_hook_to_module(module, ModelHook())
-    assert torch.equal(run(unet, inp), merged)
-    tokenmerge.apply_patch(unet)  # re-applied on wrapped forwards: arguments are still found by name
-    assert torch.equal(run(unet, inp), merged)
-    tokenmerge.remove_patch(unet)
-    assert torch.equal(run(unet, inp), vanilla)
+    try:
+        for module in unet.modules():
+            add_hook_to_module(module, ModelHook())
+        assert torch.equal(run(unet, inp), merged)
+        tokenmerge.apply_patch(unet)  # re-applied on wrapped forwards: arguments are still found by name
+        assert torch.equal(run(unet, inp), merged)
+        tokenmerge.remove_patch(unet)
+        assert torch.equal(run(unet, inp), vanilla)
+    finally:
+        # old diffusers share activation modules between models (a global nn.SiLU()): unwrap them all again
+        remove_hook_from_module(unet, recurse=True)
 
 
 def test_attention_processors_and_fused_qkv():
