@@ -1,0 +1,1 @@
+"""Benchmarks: random-weight architecture presets, the interleaved runner, the report writers."""
