@@ -84,12 +84,6 @@ class _Hook:
     def __call__(self, module, *hook_args):
         return getattr(self.patch, self.method)(self.index, module, *hook_args)
 
-    def __getstate__(self):
-        return self.patch, self.method, self.index
-
-    def __setstate__(self, state):
-        self.patch, self.method, self.index = state
-
 
 class DenoiserPatch:
     """The installed patch of one denoiser: its config, the selected blocks, and the hook handles."""
@@ -173,17 +167,18 @@ class DenoiserPatch:
         cfg = self.config
         state.ratio = cfg.ratio
         state.calls += 1
+        if not (cfg.scheduled or cfg.reuse_steps > 1):
+            return None
+        # one host read per denoiser call (not per block): schedules and reuse are host-side control flow
+        t = _host_timestep(timestep)
         if cfg.reuse_steps > 1:
-            t = _host_timestep(timestep)
             if t is not None and state.last_t is not None and t > state.last_t:
                 state.kept.clear()  # the timestep went up: a new generation, nothing to reuse
             state.last_t = t
         if cfg.scheduled:
-            if timestep is None:
+            if t is None:
                 raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
                                 f"{type(module).__name__}.forward got none")
-            # one host read per denoiser call (not per block): the schedule is host-side control flow
-            t = _host_timestep(timestep)
             progress = 1.0 - t / cfg.num_train_timesteps
             state.active = cfg.start <= progress <= cfg.stop
             state.ratio = cfg.ratio_at(progress)

@@ -6,9 +6,8 @@ import contextlib
 import warnings
 from dataclasses import dataclass
 
-from torch import nn
 
-from .adapters import SUPPORTED, BlockSite, DenoiserSite, find_denoisers
+from .adapters import SUPPORTED, BlockSite, DenoiserSite, find_denoisers, held_modules
 from .config import ToDoConfig, ToMeConfig
 from .hooks import PATCH_ATTR, DenoiserPatch
 
@@ -179,15 +178,10 @@ def _nothing_matched(sites: list[DenoiserSite], max_downsample: int | None) -> s
 
 
 def _patches(model) -> list[DenoiserPatch]:
-    if isinstance(model, nn.Module):
-        modules = model.modules()
-    else:
-        components = getattr(model, "components", None)
-        if not isinstance(components, dict):
-            components = {name: getattr(model, name, None) for name in ("unet", "controlnet", "model")}
-        if not any(isinstance(c, nn.Module) for c in components.values()):
-            raise TypeError(f"tokenmerge: a {type(model).__name__} holds no model; expected {SUPPORTED}")
-        modules = (m for c in components.values() if isinstance(c, nn.Module) for m in c.modules())
+    held = held_modules(model)
+    if not held:
+        raise TypeError(f"tokenmerge: a {type(model).__name__} holds no model; expected {SUPPORTED}")
+    modules = (m for c in held.values() for m in c.modules())
     seen, found = set(), []
     for module in modules:
         patch = getattr(module, PATCH_ATTR, None)

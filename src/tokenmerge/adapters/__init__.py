@@ -11,7 +11,7 @@ from torch import nn
 from . import diffusers_unet, ldm
 from .base import ArgSpec, BlockSite, DenoiserSite, is_transformer_block
 
-__all__ = ["ArgSpec", "BlockSite", "DenoiserSite", "find_denoisers", "is_transformer_block", "SUPPORTED"]
+__all__ = ["ArgSpec", "BlockSite", "DenoiserSite", "find_denoisers", "held_modules", "is_transformer_block", "SUPPORTED"]
 
 SUPPORTED = (
     "a diffusers pipeline (its unet and controlnet components, multi-ControlNet included), "
@@ -47,18 +47,20 @@ def _in_module(module: nn.Module, path: str) -> list[DenoiserSite]:
     return found
 
 
+def held_modules(model) -> dict[str, nn.Module]:
+    """The modules a model-holding object gives access to: ``{"": model}`` for a module itself, else a
+    pipeline's ``components`` (or its ``unet``/``controlnet``/``model`` attributes) that are modules."""
+    if isinstance(model, nn.Module):
+        return {"": model}
+    components = getattr(model, "components", None)
+    if not isinstance(components, dict):
+        components = {name: getattr(model, name, None) for name in ("unet", "controlnet", "model")}
+    return {name: c for name, c in components.items() if isinstance(c, nn.Module)}
+
+
 def find_denoisers(model) -> list[DenoiserSite]:
     """The denoisers held by ``model``, each with its transformer blocks (possibly none)."""
-    if isinstance(model, nn.Module):
-        sites = _in_module(model, "")
-    else:
-        components = getattr(model, "components", None)
-        if not isinstance(components, dict):
-            components = {name: getattr(model, name, None) for name in ("unet", "controlnet", "model")}
-        sites = []
-        for name, component in components.items():
-            if isinstance(component, nn.Module):
-                sites += _in_module(component, name)
+    sites = [site for name, module in held_modules(model).items() for site in _in_module(module, name)]
     if not sites:
         raise TypeError(f"tokenmerge cannot patch a {type(model).__name__}: supported are {SUPPORTED}")
     return sites

@@ -187,9 +187,7 @@ def memory_cell(preset: Preset, cell: Cell, mode: Mode, dtype: str, limit_mb: in
     proc = subprocess.run([sys.executable, "-m", "tokenmerge.bench.runner", payload], capture_output=True,
                           text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode == 0 and lines:
-        return json.loads(lines[-1])
-    if lines:
+    if lines:  # the probe's own verdict, "ok" or "OOM"
         return json.loads(lines[-1])
     # killed (the kernel's OOM killer, or an allocation failure that aborted): out of memory as well
     tail = proc.stderr[-4000:]
@@ -230,6 +228,7 @@ def run_grid(presets, attentions, resolutions, batches, modes, repeats, device, 
     from tqdm.auto import tqdm
 
     device = torch.device(device)
+    dtype_name = str(dtype).split(".")[-1]
     total = len(presets) * len(attentions) * len(resolutions) * len(batches) * len(modes) * (repeats + 1)
     bar = tqdm(total=total, desc="bench", disable=not progress, unit="step")
     records = []
@@ -241,7 +240,7 @@ def run_grid(presets, attentions, resolutions, batches, modes, repeats, device, 
                 for batch in batches:
                     cell = Cell(name, attention, resolution, batch)
                     if memory_limit_mb is not None and device.type == "cpu":
-                        probes = {m.label: memory_cell(preset, cell, m, str(dtype).split(".")[-1], memory_limit_mb)
+                        probes = {m.label: memory_cell(preset, cell, m, dtype_name, memory_limit_mb)
                                   for m in modes}
                         fits = [m for m in modes if probes[m.label]["status"] == "ok"]
                     else:
@@ -258,7 +257,8 @@ def run_grid(presets, attentions, resolutions, batches, modes, repeats, device, 
                     for r in cell_records:
                         probe = probes.get(r["label"])
                         if probe is None and memory and device.type == "cpu" and r["status"] == "ok":
-                            probe = memory_cell(preset, cell, Mode(r["mode"], r["ratio"], r.get("factor", 0)), str(dtype).split(".")[-1], None)
+                            probe = memory_cell(preset, cell, Mode(r["mode"], r["ratio"], r.get("factor", 0)), dtype_name,
+                                                None)
                         if probe is not None:
                             r["peak_mem_mb"], r["step_mem_mb"] = probe["peak_rss_mb"], probe["step_rss_mb"]
                             if probe["status"] == "OOM":
@@ -266,7 +266,7 @@ def run_grid(presets, attentions, resolutions, batches, modes, repeats, device, 
                     records += cell_records
         del unet
     bar.close()
-    meta = dict(versions(device), dtype=str(dtype).split(".")[-1], repeats=repeats,
+    meta = dict(versions(device), dtype=dtype_name, repeats=repeats,
                 memory="CUDA allocator peak" if device.type == "cuda" else
                 ("peak RSS of an isolated one-step process" if memory or memory_limit_mb else "not measured"),
                 memory_limit_mb=memory_limit_mb)
