@@ -256,3 +256,23 @@ def make_sd_pipeline(tmp_path, controlnet: bool = False):
     from diffusers import StableDiffusionPipeline
 
     return StableDiffusionPipeline(**parts)
+
+
+def make_clip_folder(tmp_path):
+    """A folder holding a tiny random CLIP model and its processor, loadable with local_files_only."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    torch.manual_seed(0)
+    config = CLIPConfig(
+        text_config=dict(bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=32, intermediate_size=37,
+                         num_attention_heads=4, num_hidden_layers=2, vocab_size=64, max_position_embeddings=16),
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+                           image_size=32, patch_size=8),
+        projection_dim=16)
+    folder = tmp_path / "clip"
+    CLIPModel(config).save_pretrained(folder)
+    processor = CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32},
+                                                                 crop_size={"height": 32, "width": 32}),
+                              tokenizer=_tiny_tokenizer(tmp_path))
+    processor.save_pretrained(folder)
+    return folder

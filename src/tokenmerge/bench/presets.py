@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["PRESETS", "Preset", "load_model", "resolve"]
+__all__ = ["PRESETS", "Preset", "load_model", "load_pipeline", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,12 @@ PRESETS = {
 }
 
 
-def load_model(path_or_id: str, dtype=torch.float32):
-    """The UNet and VAE scale of a real diffusers pipeline; a clear ``FileNotFoundError`` when it is absent."""
+def load_pipeline(path_or_id: str, dtype=torch.float32):
+    """A real diffusers pipeline (local folder or cached hub id); a clear ``FileNotFoundError`` when absent."""
     from diffusers import DiffusionPipeline
 
     try:
-        pipe = DiffusionPipeline.from_pretrained(path_or_id, torch_dtype=dtype)
+        return DiffusionPipeline.from_pretrained(path_or_id, torch_dtype=dtype)
     except Exception as err:  # hub errors, offline errors and missing files come in many types
         raise FileNotFoundError(
             f"could not load the pipeline {path_or_id!r}: {type(err).__name__}: {str(err).splitlines()[0][:300]}\n"
@@ -89,6 +89,11 @@ def load_model(path_or_id: str, dtype=torch.float32):
             "save_pretrained, or downloaded beforehand with `huggingface-cli download ID --local-dir DIR`), "
             "or a hub id whose files are in the local cache."
         ) from None
+
+
+def load_model(path_or_id: str, dtype=torch.float32):
+    """The UNet and VAE scale of a real diffusers pipeline; a clear ``FileNotFoundError`` when it is absent."""
+    pipe = load_pipeline(path_or_id, dtype)
     unet = getattr(pipe, "unet", None)
     if unet is None:
         raise TypeError(f"{path_or_id!r} holds no UNet (components: {', '.join(pipe.components)})")

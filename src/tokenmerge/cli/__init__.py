@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench
+from . import bench, demo, quality
 
 __all__ = ["main"]
 
@@ -13,7 +13,9 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tokenmerge", description="Token merging for diffusion models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo.add_parser(sub)
     bench.add_parser(sub)
+    quality.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.run(args, parser) or 0)
 

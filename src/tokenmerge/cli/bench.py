@@ -8,6 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from .common import pick_device, positive_int
+
 HELP = """\
 Time one UNet step (with classifier-free guidance) per cell of a grid of presets x attention backends x
 resolutions x batch sizes, for each mode, interleaved (A, B, A, B...) after a warm-up, and write a Markdown
@@ -22,13 +24,6 @@ def _resolution(text: str) -> int:
     value = int(text)
     if value < 64 or value % 8:
         raise argparse.ArgumentTypeError(f"resolution must be a multiple of 8 and >= 64; got {text}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text}")
     return value
 
 
@@ -61,7 +56,7 @@ def add_parser(sub) -> None:
                         "are cached; replaces --preset. Nothing is downloaded when the hub is out of reach.")
     p.add_argument("--resolutions", nargs="+", type=_resolution, default=[512], metavar="PX",
                    help="image sizes in pixels (square; the latent is 1/8 of it). Default: 512")
-    p.add_argument("--batch-sizes", nargs="+", type=_positive, default=[1], metavar="N",
+    p.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[1], metavar="N",
                    help="images per step (the UNet sees twice as many: guidance). Default: 1")
     p.add_argument("--modes", nargs="+", choices=MODE_NAMES, default=["vanilla", "tokenmerge", "tomesd", "limit"],
                    help="vanilla: no merging; tokenmerge: this library's ToMe; tomesd: the reference package "
@@ -71,12 +66,12 @@ def add_parser(sub) -> None:
                         "Default: vanilla tokenmerge tomesd limit")
     p.add_argument("--ratios", nargs="+", type=_ratio, default=[0.5], metavar="R",
                    help="merge ratios of the merging modes. Default: 0.5")
-    p.add_argument("--todo-factors", nargs="+", type=_positive, default=[2], metavar="F",
+    p.add_argument("--todo-factors", nargs="+", type=positive_int, default=[2], metavar="F",
                    help="downsampling factors per side of the todo mode (2 = 4x fewer keys/values). Default: 2")
     p.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["sdpa"],
                    help="attention backend: vanilla (diffusers' unfused attention), sdpa (PyTorch fused), "
                         "xformers (if installed). Default: sdpa")
-    p.add_argument("--repeats", type=_positive, default=3, help="timed runs per mode per cell, after one warm-up "
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per mode per cell, after one warm-up "
                    "(default 3; more on a noisy machine)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto (default)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
@@ -98,14 +93,7 @@ def run(args, parser) -> int:
 
     from ..bench import report, runner
 
-    if args.device == "auto":
-        device = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
-    else:
-        device = args.device
-    try:
-        device = torch.device(device)
-    except RuntimeError:
-        parser.error(f"--device must be cpu, cuda, cuda:N, mps or auto; got {args.device!r}")
+    device = pick_device(args.device, parser)
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "float16"))
     if "tomesd" in args.modes:
         try:

@@ -1,0 +1,143 @@
+"""``tokenmerge quality``: fidelity of merged generations to the vanilla model's, from identical noise."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from .common import pick_device, positive_int
+
+HELP = """\
+Generate every prompt x seed with the vanilla model and with each method (same noise), and report fidelity to
+vanilla (PSNR, SSIM: per image, mean and 95% confidence interval), seconds per image, a grid (rows prompts,
+columns methods), Markdown and JSON, and a speed-vs-fidelity plot. Images are cached (--cache): a rerun with one
+more method generates only that method's images.
+
+Methods are specs NAME[:VALUE][,KEY=VALUE...]: tome:0.5 (ratio), todo:2 (factor), tomesd:0.5 (reference package),
+with options of apply_patch/apply_todo, e.g. tome:0.5,stop=0.5 or todo:2,mode=avg.
+
+With no --model, the embedded Fashion-MNIST model runs on its class names as prompts. Scale out with
+`accelerate launch --num_processes N -m tokenmerge quality ...`: the prompts are split across processes.
+"""
+
+
+def _spec(text: str):
+    from ..methods import parse_spec
+
+    try:
+        return parse_spec(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_common(p, default_methods: list[str], default_steps: int) -> None:
+    """Options shared by ``quality`` and ``demo``."""
+    p.add_argument("--model", default=None, metavar="PATH_OR_ID",
+                   help="a real diffusers pipeline: a local folder (with model_index.json) or a cached hub id. "
+                        "Default: the embedded Fashion-MNIST model. Nothing is downloaded.")
+    p.add_argument("--methods", nargs="+", type=_spec, default=[_spec(m) for m in default_methods], metavar="SPEC",
+                   help=f"methods to compare with vanilla (default: {' '.join(default_methods)})")
+    p.add_argument("--steps", type=positive_int, default=default_steps,
+                   help=f"denoising steps (default {default_steps})")
+    p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the pipeline's)")
+    p.add_argument("--size", type=positive_int, default=None, metavar="PX",
+                   help="image height and width for --model pipelines (default: the pipeline's)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto (default)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="default: float16 on CUDA/MPS, float32 on CPU")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_parser(sub) -> None:
+    from ..quality.extra import EXTRA_METRICS
+
+    p = sub.add_parser("quality", help="image fidelity of merged vs vanilla generations (PSNR, SSIM, grid)",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(p, ["tome:0.3", "tome:0.5", "tome:0.6"], 20)
+    p.add_argument("--prompts", default=None, metavar="SOURCE",
+                   help="parti (the Parti prompts, shipped), classes (the embedded model's), or a file: one prompt a "
+                        "line, or a TSV with a Prompt column. Default: parti with --model, classes without")
+    p.add_argument("--category", nargs="+", default=None, help="Parti categories to keep (e.g. Animals Vehicles)")
+    p.add_argument("--count", type=positive_int, default=None,
+                   help="at most this many prompts, spread over the categories (default: all)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds per prompt (default 0)")
+    p.add_argument("--metrics", nargs="+", choices=EXTRA_METRICS, default=[],
+                   help="extra metrics, run when their library and weights are here: clip (CLIP score), fid, kid, "
+                        "lpips; a missing file is named in the report, the rest still runs")
+    p.add_argument("--clip-model", default=None, metavar="PATH_OR_ID",
+                   help="CLIP model for --metrics clip (local folder or cached id; default openai/clip-vit-base-patch16)")
+    p.add_argument("--cache", type=Path, default=None, help="image cache folder (default OUT/cache)")
+    p.add_argument("--out", type=Path, default=Path("quality-results"), help="output folder (default quality-results)")
+    p.add_argument("--stem", default="quality", help="file name stem of the outputs (default quality)")
+    p.add_argument("--grid-rows", type=positive_int, default=8, help="prompts shown in the grid (default 8)")
+    p.set_defaults(run=run)
+
+
+def load(args, parser):
+    """(pipeline, model key, device) for ``--model`` or the embedded model, moved to the chosen device."""
+    import torch
+
+    device = pick_device(args.device, parser)
+    dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "float16"))
+    if args.model is None:
+        from ..fashion import load_fashion_pipeline
+
+        try:
+            pipe, key = load_fashion_pipeline(), "embedded Fashion-MNIST"
+        except FileNotFoundError as err:
+            parser.error(str(err))
+        if args.size is not None:
+            parser.error("--size applies to --model pipelines; the embedded model makes 32x32 images")
+    else:
+        from ..bench.presets import load_pipeline
+
+        try:
+            pipe, key = load_pipeline(args.model, dtype), args.model
+        except FileNotFoundError as err:
+            parser.error(f"--model: {err}")
+    pipe = pipe.to(device) if pipe.dtype == dtype else pipe.to(device=device, dtype=dtype)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, key, device
+
+
+def _check_methods(methods, parser) -> None:
+    if any(m.name == "tomesd" for m in methods):
+        try:
+            import tomesd  # noqa: F401
+        except ImportError:
+            parser.error("--methods tomesd:...: needs the tomesd package (pip install tomesd==0.1.3)")
+
+
+def run(args, parser) -> int:
+    from ..quality.extra import make_extra_metrics
+    from ..quality.prompts import load_prompts
+    from ..quality.report import markdown, write_report
+    from ..quality.run import QualityJob, run_job
+
+    _check_methods(args.methods, parser)
+    try:
+        prompts = load_prompts(args.prompts or ("classes" if args.model is None else "parti"), args.category,
+                               args.count)
+    except ValueError as err:
+        parser.error(f"--prompts/--category/--count: {err}")
+    if args.model is None:
+        from ..fashion import class_ids
+
+        try:
+            class_ids(prompts)
+        except ValueError as err:
+            parser.error(f"--prompts: {err}")
+    pipe, key, device = load(args, parser)
+    job = QualityJob(key, prompts, args.seeds, args.methods, args.steps, args.guidance, args.size,
+                     args.cache or args.out / "cache")
+    extra = make_extra_metrics(args.metrics, args.clip_model) if args.metrics else None
+    report = run_job(pipe, job, device, progress=not args.no_progress, extra_metrics=extra)
+    if report is None:  # a worker process of a data-parallel run: the main process reports
+        return 0
+    command = "tokenmerge quality " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["quality"] else sys.argv[1:])
+    paths = write_report(report, args.out, args.stem, command, args.grid_rows)
+    print(markdown(report))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0

@@ -1,0 +1,125 @@
+"""Methods named by short text specs, for the command line: ``tome:0.5``, ``todo:2,stop=0.5``, ``tomesd:0.5``.
+
+Grammar: ``NAME[:VALUE][,KEY=VALUE...]``. NAME is one of ``METHODS``; VALUE is ToMe's ratio or ToDo's factor;
+KEY=VALUE pairs are keyword arguments of ``apply_patch`` / ``apply_todo`` / ``tomesd.apply_patch``
+(``stop=0.5``, ``reuse_steps=2``, ``mode=avg``...). A spec is checked when parsed: a bad name or option raises
+``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ToDoConfig, ToMeConfig
+
+__all__ = ["METHODS", "MethodSpec", "parse_spec"]
+
+METHODS = {
+    "vanilla": "no merging",
+    "tome": "this library's ToMe; VALUE = ratio (default 0.5)",
+    "todo": "token downsampling of self-attention keys/values; VALUE = factor per side (default 2)",
+    "tomesd": "the reference tomesd package, on the same blocks as ours; VALUE = ratio (default 0.5)",
+}
+
+
+def _value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    value: float | int | None = None
+    options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def label(self) -> str:
+        head = self.name if self.value is None else f"{self.name} {self.value:g}"
+        return " ".join([head] + [f"{k}={v}" for k, v in self.options])
+
+    def kwargs(self) -> dict:
+        return dict(self.options)
+
+    def check(self) -> None:
+        """Raise ``ValueError``/``TypeError`` (naming the option) if the method would refuse these settings."""
+        if self.name == "tome":
+            ToMeConfig(ratio=self.value, **self.kwargs())
+        elif self.name == "todo":
+            ToDoConfig(downsample=self.value, **self.kwargs())
+        elif self.name == "tomesd":
+            ToMeConfig(ratio=self.value)
+            unknown = set(self.kwargs()) - {"sx", "sy", "use_rand", "merge_attn", "merge_crossattn", "merge_mlp",
+                                            "max_downsample"}
+            if unknown:
+                raise ValueError(f"tomesd takes no option {sorted(unknown)}")
+
+    def apply(self, model) -> None:
+        import tokenmerge
+
+        if self.name == "tome":
+            tokenmerge.apply_patch(model, ratio=self.value, **self.kwargs())
+        elif self.name == "todo":
+            tokenmerge.apply_todo(model, downsample=self.value, **self.kwargs())
+        elif self.name == "tomesd":
+            import tomesd
+
+            kwargs = self.kwargs()
+            kwargs.setdefault("max_downsample", auto_downsample(model))  # tomesd's own default misses SDXL
+            tomesd.apply_patch(model, ratio=self.value, **kwargs)
+
+    def remove(self, model) -> None:
+        if self.name == "tomesd":
+            import tomesd
+
+            tomesd.remove_patch(model)
+        elif self.name != "vanilla":
+            import tokenmerge
+
+            tokenmerge.remove_patch(model)
+
+
+def auto_downsample(model) -> int:
+    """The downsampling of the finest level with attention: the blocks our default (and so tomesd's) patches."""
+    from .adapters import find_denoisers
+
+    return 2 ** min(b.level for b in find_denoisers(model)[0].blocks)
+
+
+def parse_spec(text: str) -> MethodSpec:
+    """``"tome:0.5,stop=0.5"`` -> ``MethodSpec("tome", 0.5, (("stop", 0.5),))``, checked."""
+    head, *pairs = [part.strip() for part in text.split(",")]
+    name, _, value = head.partition(":")
+    name = name.strip().lower()
+    if name not in METHODS:
+        raise ValueError(f"method spec {text!r}: method must be one of {', '.join(METHODS)}; got {name!r}")
+    if name == "vanilla":
+        if value or pairs:
+            raise ValueError(f"method spec {text!r}: vanilla takes no value or options")
+        return MethodSpec("vanilla")
+    number = _value(value) if value else (2 if name == "todo" else 0.5)
+    if not isinstance(number, (int, float)) or isinstance(number, bool):
+        raise ValueError(f"method spec {text!r}: the value after ':' must be a number, got {value!r}")
+    options = []
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"method spec {text!r}: options are KEY=VALUE, got {pair!r}")
+        options.append((key.strip(), _value(raw.strip())))
+    spec = MethodSpec(name, float(number) if name != "todo" else number, tuple(options))
+    try:
+        spec.check()
+    except TypeError as err:  # an unknown keyword
+        raise ValueError(f"method spec {text!r}: {err}") from None
+    except ValueError as err:
+        raise ValueError(f"method spec {text!r}: {err}") from None
+    return spec

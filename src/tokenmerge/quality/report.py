@@ -1,0 +1,86 @@
+"""Write a quality report: Markdown and JSON, the image grid (rows prompts, columns methods), the plot."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+__all__ = ["markdown", "write_report", "make_grid"]
+
+
+def _num(x, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) else str(x)
+
+
+def markdown(report: dict, command: str | None = None) -> str:
+    lines = []
+    if command:
+        lines += [f"`{command}`", ""]
+    lines += [f"Model: {report['model']}; {report['prompts']} prompts x {len(report['seeds'])} seeds, "
+              f"{report['steps']} steps; fidelity is to the vanilla image from the same noise "
+              "(mean with 95% confidence interval; PSNR in dB, inf = identical).", "",
+              "| method | PSNR (dB) | SSIM | s / image (median) | speed-up |", "|---|---|---|---|---|"]
+    for m in report["methods"]:
+        ci = lambda v, f: "" if not isinstance(v, float) else f" ± {v:{f}}"  # noqa: E731
+        lines.append(f"| {m['label']} | {_num(m['psnr_mean'], '.2f')}{ci(m['psnr_ci95'], '.2f')} "
+                     f"| {_num(m['ssim_mean'], '.4f')}{ci(m['ssim_ci95'], '.4f')} "
+                     f"| {m['seconds_median']:.3f} | {m['speedup']:.2f}x |")
+    for name, value in (report.get("extra") or {}).items():
+        lines += ["", f"- {name}: {value}"]
+    return "\n".join(lines) + "\n"
+
+
+def make_grid(images: list[list], row_labels: list[str], col_labels: list[str], cell: int = 128):
+    """A labelled grid image: ``images[row][col]`` are PIL images, scaled (nearest) to ``cell`` pixels."""
+    from PIL import Image, ImageDraw
+
+    label_w, head_h = 150, 28
+    grid = Image.new("RGB", (label_w + cell * len(col_labels), head_h + cell * len(row_labels)), "white")
+    draw = ImageDraw.Draw(grid)
+    for c, text in enumerate(col_labels):
+        draw.text((label_w + c * cell + 4, 4), textwrap.shorten(text, 22), fill="black")
+    for r, (row, text) in enumerate(zip(images, row_labels)):
+        wrapped = "\n".join(textwrap.wrap(text, 22)[:5])
+        draw.multiline_text((4, head_h + r * cell + 4), wrapped, fill="black")
+        for c, img in enumerate(row):
+            grid.paste(img.convert("RGB").resize((cell, cell), Image.NEAREST), (label_w + c * cell, head_h + r * cell))
+    return grid
+
+
+def write_report(report: dict, out: Path, stem: str = "quality", command: str | None = None,
+                 grid_rows: int = 8) -> dict[str, Path]:
+    """Write ``stem``.md / .json / -grid.png / -plot.png into ``out``; returns the paths written."""
+    from PIL import Image
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / f"{stem}.md", "json": out / f"{stem}.json", "grid": out / f"{stem}-grid.png"}
+    paths["markdown"].write_text(markdown(report, command))
+    paths["json"].write_text(json.dumps(dict(report, command=command), indent=1) + "\n")
+    labels = [m["label"] for m in report["methods"]]
+    by_item: dict[tuple, dict] = {}
+    for row in report["images"]:
+        by_item.setdefault((row["prompt"], row["seed"]), {})[row["label"]] = row["image"]
+    items = list(by_item)[:grid_rows]
+    rows = [[Image.open(by_item[item][label]) for label in labels] for item in items]
+    make_grid(rows, [f"{p} (seed {s})" for p, s in items], labels).save(paths["grid"])
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return paths
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for m in report["methods"][1:]:
+        if isinstance(m["psnr_mean"], float):
+            ax.scatter(m["speedup"], m["psnr_mean"])
+            ax.annotate(m["label"], (m["speedup"], m["psnr_mean"]), fontsize=8)
+    ax.set_xlabel("speed-up over vanilla (median s / image)")
+    ax.set_ylabel("PSNR to vanilla (dB)")
+    ax.set_title(f"{report['model']}: speed vs fidelity")
+    fig.tight_layout()
+    paths["plot"] = out / f"{stem}-plot.png"
+    fig.savefig(paths["plot"], dpi=100)
+    plt.close(fig)
+    return paths

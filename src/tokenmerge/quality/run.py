@@ -1,0 +1,174 @@
+"""Generate vanilla and each method's images from identical noise, cache them, and measure fidelity and time.
+
+Work items are (prompt, seed) pairs; inside an item the methods take turns (vanilla, A, B, ...), so timings
+drift alike. Under ``accelerate launch`` the items are split across processes; every image lands in the shared
+cache, and the main process builds the report from it once all are done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..methods import MethodSpec
+from .metrics import mean_ci, psnr, ssim, to_tensor
+
+__all__ = ["QualityJob", "run_job", "VANILLA"]
+
+VANILLA = MethodSpec("vanilla")
+
+
+@dataclass
+class QualityJob:
+    model_key: str  # "embedded", or the --model path / id: part of every cache key
+    prompts: list[str]
+    seeds: list[int]
+    specs: list[MethodSpec]  # the configurations compared with vanilla
+    steps: int
+    guidance: float | None = None
+    size: int | None = None
+    cache: Path = Path("tokenmerge-quality/cache")
+    extra_call_kwargs: dict = field(default_factory=dict)
+
+    @property
+    def all_specs(self) -> list[MethodSpec]:
+        return [VANILLA] + [s for s in self.specs if s.name != "vanilla"]
+
+    def key(self, spec: MethodSpec, prompt: str, seed: int) -> str:
+        text = json.dumps([self.model_key, spec.label, prompt, seed, self.steps, self.guidance, self.size],
+                          sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def _call_kwargs(job: QualityJob, prompt: str, seed: int, device: torch.device, steps: int) -> dict:
+    kwargs = dict(job.extra_call_kwargs, num_inference_steps=steps,
+                  generator=torch.Generator("cpu").manual_seed(seed))  # CPU noise: the same on every device
+    if job.guidance is not None:
+        kwargs["guidance_scale"] = job.guidance
+    if job.size is not None:
+        kwargs["height"] = kwargs["width"] = job.size
+    return kwargs
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _generate(pipe, job: QualityJob, spec: MethodSpec, prompt: str, seed: int, device, steps: int):
+    spec.apply(pipe)
+    try:
+        _sync(device)
+        start = time.perf_counter()
+        image = pipe(prompt, **_call_kwargs(job, prompt, seed, device, steps)).images[0]
+        _sync(device)
+        return image, time.perf_counter() - start
+    finally:
+        spec.remove(pipe)
+
+
+def generate_items(pipe, job: QualityJob, items: list[tuple[str, int]], device, progress=None, rank: int = 0) -> int:
+    """Generate what the cache lacks for ``items``; returns the number of images generated."""
+    job.cache.mkdir(parents=True, exist_ok=True)
+    todo = [(p, s, spec) for p, s in items for spec in job.all_specs
+            if not (job.cache / f"{job.key(spec, p, s)}.png").exists()]
+    if todo:  # warm-up: one short run per method, untimed, so the first timed image pays no start-up cost
+        for spec in {t[2] for t in todo}:
+            _generate(pipe, job, spec, todo[0][0], todo[0][1], device, min(job.steps, 2))
+    for prompt, seed, spec in todo:
+        image, seconds = _generate(pipe, job, spec, prompt, seed, device, job.steps)
+        key = job.key(spec, prompt, seed)
+        image.save(job.cache / f"{key}.png")
+        (job.cache / f"{key}.json").write_text(json.dumps(
+            {"prompt": prompt, "seed": seed, "label": spec.label, "seconds": seconds, "steps": job.steps,
+             "device": str(device), "process": rank}))
+        if progress is not None:
+            progress.update(1)
+    return len(todo)
+
+
+def _finite(x: float):
+    return x if x == x and abs(x) != float("inf") else str(x)
+
+
+def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -> dict:
+    """The report: per-image and per-method PSNR/SSIM against vanilla, and seconds per image."""
+    from PIL import Image
+
+    rows, per_spec = [], {s.label: {"psnr": [], "ssim": [], "seconds": []} for s in job.all_specs}
+    images: dict[str, list] = {s.label: [] for s in job.all_specs}
+    for prompt, seed in items:
+        ref_key = job.key(VANILLA, prompt, seed)
+        ref_img = Image.open(job.cache / f"{ref_key}.png")
+        ref = to_tensor(ref_img)
+        for spec in job.all_specs:
+            key = job.key(spec, prompt, seed)
+            img = Image.open(job.cache / f"{key}.png")
+            meta = json.loads((job.cache / f"{key}.json").read_text())
+            x = to_tensor(img)
+            p, s = float(psnr(x, ref)), float(ssim(x, ref))
+            images[spec.label].append(img)
+            stats = per_spec[spec.label]
+            stats["psnr"].append(p)
+            stats["ssim"].append(s)
+            stats["seconds"].append(meta["seconds"])
+            rows.append({"prompt": prompt, "seed": seed, "label": spec.label, "psnr": _finite(p), "ssim": s,
+                         "seconds": meta["seconds"], "process": meta.get("process", 0),
+                         "image": str(job.cache / f"{key}.png")})
+    base = statistics.median(per_spec[VANILLA.label]["seconds"])
+    summary = []
+    for spec in job.all_specs:
+        stats = per_spec[spec.label]
+        pm, pci = mean_ci(stats["psnr"])
+        sm, sci = mean_ci(stats["ssim"])
+        sec = statistics.median(stats["seconds"])
+        summary.append({"label": spec.label, "n": len(stats["psnr"]), "psnr_mean": _finite(pm),
+                        "psnr_ci95": _finite(pci), "ssim_mean": sm, "ssim_ci95": _finite(sci),
+                        "seconds_median": sec, "speedup": base / sec})
+    report = {"model": job.model_key, "steps": job.steps, "guidance": job.guidance, "size": job.size,
+              "prompts": len({p for p, _ in items}), "seeds": sorted({s for _, s in items}),
+              "methods": summary, "images": rows}
+    if extra_metrics is not None:
+        report["extra"] = extra_metrics(job, items, images)
+    return report
+
+
+def run_job(pipe, job: QualityJob, device, progress=True, extra_metrics=None) -> dict | None:
+    """Generate (split across processes under accelerate) and, on the main process, return the report."""
+    from tqdm.auto import tqdm
+
+    items = [(p, s) for p in job.prompts for s in job.seeds]
+    state = _distributed_state(device)
+    mine = items if state is None else items[state.process_index::state.num_processes]
+    main = state is None or state.is_main_process
+    bar = tqdm(total=len(mine) * len(job.all_specs), desc="quality", disable=not (progress and main), unit="img")
+    made = generate_items(pipe, job, mine, device, bar, 0 if state is None else state.process_index)
+    bar.close()
+    if state is not None:
+        state.wait_for_everyone()
+    if not main:
+        return None
+    report = collect(job, items, extra_metrics)
+    report["generated"] = made if state is None else None
+    report["processes"] = 1 if state is None else state.num_processes
+    return report
+
+
+def _distributed_state(device: torch.device):
+    """accelerate's process state when launched with several processes (``accelerate launch``, ``torchrun``),
+    else None. On a CPU, accelerate joins the processes only when told ``cpu=True``."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from accelerate import PartialState
+
+    return PartialState(cpu=device.type == "cpu")
