@@ -234,14 +234,21 @@ def _tiny_tokenizer(tmp_path):
     return CLIPTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), model_max_length=16)
 
 
-def make_sd_pipeline(tmp_path, controlnet: bool = False):
-    """A ``StableDiffusionPipeline`` (or ``StableDiffusionControlNetPipeline``) of tiny random parts."""
-    from diffusers import AutoencoderKL, DDIMScheduler
-    from transformers import CLIPTextConfig, CLIPTextModel
+def make_vae(latent_channels: int = 4):
+    from diffusers import AutoencoderKL
 
     torch.manual_seed(0)
-    vae = AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
-                        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=32).eval()
+    return AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=latent_channels,
+                         norm_num_groups=32, shift_factor=0.0).eval()
+
+
+def make_sd_pipeline(tmp_path, controlnet: bool = False):
+    """A ``StableDiffusionPipeline`` (or ``StableDiffusionControlNetPipeline``) of tiny random parts."""
+    from diffusers import DDIMScheduler
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    vae = make_vae()
     text_encoder = CLIPTextModel(CLIPTextConfig(
         bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=CROSS_DIM, intermediate_size=37,
         num_attention_heads=4, num_hidden_layers=2, vocab_size=64, max_position_embeddings=16,
@@ -276,3 +283,101 @@ def make_clip_folder(tmp_path):
                               tokenizer=_tiny_tokenizer(tmp_path))
     processor.save_pretrained(folder)
     return folder
+
+
+# ---- patch transformers (DiT family) --------------------------------------------------------------------------
+def make_dit(seed: int = 0):
+    from diffusers import DiTTransformer2DModel
+
+    torch.manual_seed(seed)
+    return DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+                                 num_layers=2, sample_size=8, patch_size=2, norm_num_groups=2).eval()
+
+
+def make_pixart(seed: int = 0):
+    from diffusers import PixArtTransformer2DModel
+
+    torch.manual_seed(seed)
+    return PixArtTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+                                    num_layers=2, sample_size=8, patch_size=2, cross_attention_dim=16,
+                                    caption_channels=16, norm_num_groups=2).eval()
+
+
+def make_sd3(seed: int = 0):
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(seed)
+    return SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+                                 num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+                                 pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16,
+                                 dual_attention_layers=(0,)).eval()
+
+
+def make_flux(seed: int = 0):
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    return FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                  attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                  pooled_projection_dim=32, axes_dims_rope=(4, 6, 6)).eval()
+
+
+def dit_inputs(kind: str, batch: int = 2, h: int = 8, w: int = 8, seed: int = 0) -> dict:
+    """Keyword inputs of a tiny transformer of ``kind`` for a latent of ``h`` x ``w`` (Flux: token grid)."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.full((batch,), 500.0)
+    if kind == "dit":
+        return dict(hidden_states=torch.randn(batch, 4, h, w, generator=g), timestep=t.long(),
+                    class_labels=torch.arange(batch) % 10)
+    if kind == "pixart":
+        return dict(hidden_states=torch.randn(batch, 4, h, w, generator=g), timestep=t.long(),
+                    encoder_hidden_states=torch.randn(batch, 5, 16, generator=g),
+                    added_cond_kwargs={"resolution": None, "aspect_ratio": None})
+    if kind == "sd3":
+        return dict(hidden_states=torch.randn(batch, 4, h, w, generator=g), timestep=t,
+                    encoder_hidden_states=torch.randn(batch, 5, 16, generator=g),
+                    pooled_projections=torch.randn(batch, 16, generator=g))
+    if kind == "flux":
+        img_ids = torch.zeros(h, w, 3)
+        img_ids[..., 1] = torch.arange(h)[:, None]
+        img_ids[..., 2] = torch.arange(w)[None, :]
+        return dict(hidden_states=torch.randn(batch, h * w, 16, generator=g), timestep=t / 1000,
+                    encoder_hidden_states=torch.randn(batch, 5, 32, generator=g),
+                    pooled_projections=torch.randn(batch, 32, generator=g),
+                    img_ids=img_ids.reshape(-1, 3), txt_ids=torch.zeros(5, 3))
+    raise ValueError(kind)
+
+
+def make_dit_pipeline(kind: str):
+    """(pipeline of tiny random parts, call kwargs) for ``kind`` in dit/pixart/sd3/flux; text encoders are left
+    out and the prompt embeddings passed directly (no tokenizer files needed)."""
+    import diffusers
+    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
+
+    r = torch.Generator().manual_seed(1)
+    common = dict(num_inference_steps=2, output_type="pt")
+    if kind == "dit":
+        pipe = diffusers.DiTPipeline(transformer=make_dit(), vae=make_vae(), scheduler=DDIMScheduler())
+        return pipe, dict(common, class_labels=[1])
+    size = dict(height=32, width=32)
+    if kind == "pixart":
+        pipe = diffusers.PixArtAlphaPipeline(tokenizer=None, text_encoder=None, transformer=make_pixart(),
+                                             vae=make_vae(), scheduler=DDIMScheduler())
+        return pipe, dict(common, **size, prompt=None, negative_prompt=None, use_resolution_binning=False,
+                          prompt_embeds=torch.randn(1, 5, 16, generator=r), prompt_attention_mask=torch.ones(1, 5),
+                          negative_prompt_embeds=torch.randn(1, 5, 16, generator=r),
+                          negative_prompt_attention_mask=torch.ones(1, 5))
+    none = dict(text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None)
+    if kind == "sd3":
+        pipe = diffusers.StableDiffusion3Pipeline(transformer=make_sd3(), scheduler=FlowMatchEulerDiscreteScheduler(),
+                                                  vae=make_vae(), text_encoder_3=None, tokenizer_3=None, **none)
+        return pipe, dict(common, **size, prompt_embeds=torch.randn(1, 5, 16, generator=r),
+                          pooled_prompt_embeds=torch.randn(1, 16, generator=r),
+                          negative_prompt_embeds=torch.randn(1, 5, 16, generator=r),
+                          negative_pooled_prompt_embeds=torch.randn(1, 16, generator=r))
+    if kind == "flux":  # 4 latent channels packed 2x2 = the transformer's 16 input channels
+        pipe = diffusers.FluxPipeline(transformer=make_flux(), scheduler=FlowMatchEulerDiscreteScheduler(),
+                                      vae=make_vae(), **none)
+        return pipe, dict(common, **size, prompt_embeds=torch.randn(1, 5, 32, generator=r),
+                          pooled_prompt_embeds=torch.randn(1, 32, generator=r))
+    raise ValueError(kind)

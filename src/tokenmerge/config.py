@@ -54,8 +54,18 @@ class _WhenAndReuse:
     num_train_timesteps: int = 1000
     share_plans: bool = False
     reuse_steps: int = 1
+    blocks: tuple[int, ...] | None = None
 
     def _check_when_and_reuse(self, upper: float) -> None:
+        if self.blocks is not None:
+            try:
+                picked = tuple(self.blocks)
+            except TypeError:
+                picked = None
+            if not picked or not all(isinstance(i, int) and not isinstance(i, bool) for i in picked):
+                raise ValueError("blocks must be None (every block the level rule selects) or a non-empty "
+                                 f"sequence of block indices, e.g. range(0, 28, 2); got {self.blocks!r}")
+            object.__setattr__(self, "blocks", picked)
         if self.ratio_end is not None:
             end = self.ratio_end
             if isinstance(end, bool) or not isinstance(end, numbers.Real) or not (0.0 <= float(end) <= upper):

@@ -57,6 +57,7 @@ class _CallState(threading.local):
         self.grids: dict[int, tuple[int, int]] = {}  # token grid of each block in this call
         self.shared: dict[int, tuple] = {}  # share_plans: level -> (plan, batch, tokens)
         self.unchunked: dict[int, int] = {}  # feed-forward chunk sizes set aside during a block call
+        self.prefixes: dict[int, int] = {}  # joint attention: text tokens before the image's in this call
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class _Target:
 
     attr: str
     arg: ArgSpec
-    self_attention: bool
+    kind: str  # "self", "cross", "mlp" or "joint" (see adapters.base.BASIC_TARGETS)
     context: ArgSpec | None = None  # where self-attention takes other keys/values (ToDo passes them there)
 
 
@@ -98,6 +99,8 @@ class DenoiserPatch:
         self.state = _CallState()
         self._handles: list = []
         self._targets: list[list[_Target]] = []
+        self._inputs: list[ArgSpec] = []  # where each block's forward takes its tokens
+        self._grid_cache: tuple = (None, None)  # Flux: (img_ids identity, grid) read once per generation
         self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
 
     def __getstate__(self):  # run-time state is per thread and per call: never copied
@@ -122,18 +125,25 @@ class DenoiserPatch:
 
     def _install_block(self, index: int, site: BlockSite) -> None:
         block = site.module
+        wanted = {"self": self.config.merge_attn, "joint": self.config.merge_attn,
+                  "cross": self.config.merge_crossattn, "mlp": self.config.merge_mlp}
         targets = []
-        for attr, wanted in (("attn1", self.config.merge_attn), ("attn2", self.config.merge_crossattn),
-                             ("ff", self.config.merge_mlp)):
+        for attr, kind in site.targets:
             sub = getattr(block, attr, None)
-            if wanted and isinstance(sub, nn.Module):
+            if wanted[kind] and isinstance(sub, nn.Module):
                 arg = ArgSpec.of(sub, ("hidden_states", "x"), default_index=0)
-                context = ArgSpec.of(sub, ("encoder_hidden_states", "context")) if attr == "attn1" else None
-                if self.todo and attr == "attn1" and context is None:
-                    raise TypeError(f"tokenmerge: {site.path}.attn1 takes no encoder_hidden_states/context "
+                context = ArgSpec.of(sub, ("encoder_hidden_states", "context")) if kind == "self" else None
+                if self.todo and kind == "joint":
+                    raise ValueError(
+                        f"tokenmerge: ToDo cannot patch {site.path}.{attr}: it is joint attention over image and "
+                        "text tokens (SD3/Flux), whose keys and values are made inside one attention call; pooling "
+                        "the image tokens there would pool their queries too. Use ToMe (apply_patch) on this model")
+                if self.todo and kind == "self" and context is None:
+                    raise TypeError(f"tokenmerge: {site.path}.{attr} takes no encoder_hidden_states/context "
                                     "argument to pass downsampled keys and values through (ToDo)")
-                targets.append(_Target(attr, arg, attr == "attn1", context))
+                targets.append(_Target(attr, arg, kind, context))
         self._targets.append(targets)
+        self._inputs.append(ArgSpec.of(block, ("hidden_states", "x"), default_index=0))
         self._handles.append(block.register_forward_pre_hook(_Hook(self, "_block_pre", index), with_kwargs=True))
         self._handles.append(block.register_forward_hook(_Hook(self, "_block_post", index), always_call=True))
         for t, target in enumerate(targets):
@@ -147,6 +157,7 @@ class DenoiserPatch:
             handle.remove()
         self._handles.clear()
         self._targets.clear()
+        self._inputs.clear()
         self.state.reset(self.blocks)
         if getattr(self.site.module, PATCH_ATTR, None) is self:
             delattr(self.site.module, PATCH_ATTR)
@@ -154,14 +165,9 @@ class DenoiserPatch:
     # ---- denoiser -----------------------------------------------------------------------------------------
     def _denoiser_pre(self, _, module, args, kwargs):
         sample = self.site.sample.read(args, kwargs)
-        if not isinstance(sample, torch.Tensor) or sample.dim() < 3:
-            raise TypeError(
-                f"tokenmerge: {type(module).__name__}.forward got no image-like '{self.site.sample.name}' tensor "
-                f"(expected (batch, channels, height, width)); got {type(sample).__name__}"
-            )
         state = self.state
         state.reset(self.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
-        state.size = (int(sample.shape[-2]), int(sample.shape[-1]))
+        state.size = self._grid(module, sample)
         timestep = self.site.timestep.read(args, kwargs) if self.site.timestep is not None else None
         state.step_key = _step_key(timestep, sample.device)
         cfg = self.config
@@ -179,10 +185,33 @@ class DenoiserPatch:
             if t is None:
                 raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
                                 f"{type(module).__name__}.forward got none")
-            progress = 1.0 - t / cfg.num_train_timesteps
+            progress = 1.0 - t * self.site.timestep_scale / cfg.num_train_timesteps
             state.active = cfg.start <= progress <= cfg.stop
             state.ratio = cfg.ratio_at(progress)
         return None
+
+    def _grid(self, module, sample) -> tuple[int, int]:
+        """The token grid (height, width) of the finest level, from the latent or (Flux) the image ids."""
+        site = self.site
+        if site.grid_from_ids:
+            if not isinstance(sample, torch.Tensor) or sample.dim() not in (2, 3) or sample.shape[-1] < 3:
+                raise TypeError(f"tokenmerge: {type(module).__name__}.forward got no img_ids tensor "
+                                f"(tokens, 3) to read the image grid from; got {type(sample).__name__}")
+            key = (sample.data_ptr(), tuple(sample.shape), sample.device)
+            if self._grid_cache[0] != key:  # one host read per new img_ids (once per generation), not per step
+                ids = sample.reshape(-1, sample.shape[-1])[: sample.shape[-2]]
+                h, w = (int(v) + 1 for v in (ids[:, 1].max() - ids[:, 1].min(), ids[:, 2].max() - ids[:, 2].min()))
+                if h * w != ids.shape[0]:
+                    raise RuntimeError(f"tokenmerge: img_ids of {ids.shape[0]} tokens do not form a {h}x{w} grid")
+                self._grid_cache = (key, (h, w))
+            return self._grid_cache[1]
+        if not isinstance(sample, torch.Tensor) or sample.dim() < 3:
+            raise TypeError(
+                f"tokenmerge: {type(module).__name__}.forward got no image-like '{site.sample.name}' tensor "
+                f"(expected (batch, channels, height, width)); got {type(sample).__name__}"
+            )
+        h, w = int(sample.shape[-2]), int(sample.shape[-1])
+        return (h // site.patch, w // site.patch) if site.patch > 1 else (h, w)
 
     def _denoiser_post(self, _, module, args, output):
         self.state.reset(self.blocks)
@@ -198,24 +227,31 @@ class DenoiserPatch:
             )
         if not state.active:
             return None
-        x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+        x = self._inputs[index].read(args, kwargs)
         h, w = state.size
         for _ in range(site.level):
             h, w = math.ceil(h / 2), math.ceil(w / 2)
         batch, tokens = x.shape[0], x.shape[1]
+        if tokens > h * w and any(t.kind == "joint" for t in self._targets[index]):
+            x, tokens = x[:, -h * w:], h * w  # text tokens first, then the image's (older Flux single blocks)
         if tokens != h * w:
             raise RuntimeError(
                 f"tokenmerge: block {site.path} (level {site.level}) got {tokens} tokens, but a latent of "
                 f"{state.size[0]}x{state.size[1]} gives a {h}x{w} grid at that level"
             )
+        if self.site.shared_plan:  # one pattern for the batch: a merged token has one position for all images
+            x, batch = x.mean(0, keepdim=True), 1
         plan = self._reused_plan(index, site, batch, tokens)
         if plan is None:
             offsets = None
-            if cfg.use_rand and batch % 2 == 0:  # odd batch: no cond/uncond pairs, tomesd turns rand off
+            # odd batch: no cond/uncond pairs, tomesd turns rand off (a shared plan keeps it)
+            if cfg.use_rand and (batch % 2 == 0 or self.site.shared_plan):
                 windows = (h // cfg.sy) * (w // cfg.sx)
                 salt = self._seed_key ^ ((index * 0xC2B2AE35) & _MASK32)
                 offsets = random_offsets(windows, cfg.sx * cfg.sy, _mix32(state.step_key ^ salt), x.device)
             plan = self.matcher(x, h, w, cfg.sx, cfg.sy, int(tokens * state.ratio), offsets)
+            if self.site.shared_plan and plan.num_merged:
+                plan = _SharedPlan(plan)
             self._keep_plan(index, site, plan, batch, tokens)
         state.plans[index] = plan
         state.grids[index] = (h, w)
@@ -261,15 +297,17 @@ class DenoiserPatch:
             return None
         target = self._targets[key // 4][key % 4]
         context = target.context.read(args, kwargs) if target.context is not None else None
-        downsample = self.todo and target.self_attention and context is None
+        downsample = self.todo and target.kind == "self" and context is None
         if plan.num_merged == 0 and not downsample:
             return None
-        if target.self_attention and context is None and kwargs.get("attention_mask") is not None:
+        if target.kind == "self" and context is None and kwargs.get("attention_mask") is not None:
             raise RuntimeError(
                 "tokenmerge: self-attention with an attention_mask over image tokens cannot be merged or "
                 "downsampled; apply the patch with merge_attn=False for this model"
             )
         x = target.arg.read(args, kwargs)
+        if target.kind == "joint":
+            return self._merge_joint(key, plan, target, x, args, kwargs)
         if downsample:  # ToDo: keys and values from the pooled grid of the full (unmerged) tokens
             h, w = self.state.grids[key // 4]
             pooled = downsample_tokens(x, h, w, self.config.downsample, self.config.mode)
@@ -278,16 +316,76 @@ class DenoiserPatch:
             args, kwargs = _replace(args, kwargs, target.arg, plan.merge(x))
         return args, kwargs
 
+    def _merge_joint(self, key: int, plan, target: _Target, x: torch.Tensor, args, kwargs):
+        """Joint attention: merge the image tokens (after a text prefix, if any) and their rotary positions."""
+        prefix = x.shape[1] - plan.num_tokens
+        merged = plan.merge(x[:, prefix:])
+        self.state.prefixes[key] = prefix
+        args, kwargs = _replace(args, kwargs, target.arg, torch.cat([x[:, :prefix], merged], 1) if prefix else merged)
+        rotary = kwargs.get("image_rotary_emb")
+        if rotary is not None:
+            if not isinstance(plan, _SharedPlan):
+                raise RuntimeError("tokenmerge: rotary positions need one merge pattern for the batch (shared_plan)")
+            # positions cover the text tokens (all of them, whatever is in this call's prefix), then the image's
+            text = _rows(rotary) - plan.num_tokens
+            keep = torch.cat([torch.arange(text, device=merged.device), text + plan.representatives()])
+            kwargs = {**kwargs, "image_rotary_emb": _take_rows(rotary, keep)}
+        return args, kwargs
+
     def _unmerge_output(self, key: int, module, args, output):
         plan = self.state.plans.get(key // 4)
         if plan is None or plan.num_merged == 0:
             return None
+        target = self._targets[key // 4][key % 4]
+        if target.kind == "joint":
+            prefix = self.state.prefixes.pop(key, 0)
+            if isinstance(output, (tuple, list)):  # (image, text[, ...]): the image part is first
+                return type(output)([plan.unmerge(output[0]), *output[1:]])
+            if prefix:
+                return torch.cat([output[:, :prefix], plan.unmerge(output[:, prefix:])], 1)
         if not isinstance(output, torch.Tensor):
-            target = self._targets[key // 4][key % 4]
             raise RuntimeError(
                 f"tokenmerge: {target.attr} returned a {type(output).__name__}, expected a tensor to unmerge"
             )
         return plan.unmerge(output)
+
+
+class _SharedPlan:
+    """One batch-1 merge pattern applied to every image of the batch (expanded once per batch size)."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.num_tokens, self.num_slots, self.num_merged = plan.num_tokens, plan.num_slots, plan.num_merged
+        self._by_batch: dict[int, object] = {}
+        self._reps = None
+
+    def _for(self, batch: int):
+        plan = self._by_batch.get(batch)
+        if plan is None:
+            plan = self._by_batch[batch] = self.plan.expand(batch)
+        return plan
+
+    def representatives(self) -> torch.Tensor:  # (M,)
+        if self._reps is None:
+            self._reps = self.plan.representatives()[0]
+        return self._reps
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        return self._for(x.shape[0]).merge(x)
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        return self._for(x.shape[0]).unmerge(x)
+
+
+def _rows(rotary) -> int:
+    return (rotary[0] if isinstance(rotary, (tuple, list)) else rotary).shape[-2]
+
+
+def _take_rows(rotary, index: torch.Tensor):
+    """Rotary embeddings (a tensor, or a (cos, sin) pair) at the token rows ``index`` (dimension -2)."""
+    if isinstance(rotary, (tuple, list)):
+        return type(rotary)(r.index_select(-2, index) for r in rotary)
+    return rotary.index_select(-2, index)
 
 
 def _replace(args: tuple, kwargs: dict, spec: ArgSpec, value):

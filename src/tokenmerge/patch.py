@@ -32,6 +32,7 @@ def apply_patch(
     num_train_timesteps: int = 1000,
     share_plans: bool = False,
     reuse_steps: int = 1,
+    blocks=None,
 ):
     """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
 
@@ -60,6 +61,9 @@ def apply_patch(
         share_plans: one merge plan per level and call, reused by the level's other blocks (changes results;
             off by default).
         reuse_steps: keep plans for this many consecutive denoiser calls (1, the default: recompute).
+        blocks: which of the blocks the level rule selects to patch, by index (negative from the end):
+            ``range(0, 28, 2)`` every other block, ``range(4, 20)`` a range. ``None`` (default): all of them.
+            For DiT-family transformers (one resolution) this is the way to choose blocks.
 
     Returns:
         ``model``, patched. Applying again replaces the previous patch. Raises ``ValueError`` for bad
@@ -68,7 +72,7 @@ def apply_patch(
     """
     config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
                         start=start, stop=stop, ratio_end=ratio_end, num_train_timesteps=num_train_timesteps,
-                        share_plans=share_plans, reuse_steps=reuse_steps)
+                        share_plans=share_plans, reuse_steps=reuse_steps, blocks=blocks)
     return apply_config(model, config)
 
 
@@ -89,6 +93,7 @@ def apply_todo(
     num_train_timesteps: int = 1000,
     share_plans: bool = False,
     reuse_steps: int = 1,
+    blocks=None,
 ):
     """Patch a diffusion model with ToDo (token downsampling, arXiv 2402.13573), in place.
 
@@ -104,20 +109,24 @@ def apply_todo(
             ``seed`` as in ``apply_patch``. Keys and values are pooled from the unmerged tokens.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``apply_patch``.
         share_plans, reuse_steps: reuse of the query-merging plans, as in ``apply_patch``.
+        blocks: which blocks, by index, as in ``apply_patch``.
+
+    ToDo needs self-attention that takes separate keys/values (UNets, DiT, PixArt); the joint attention of
+    SD3 and Flux is refused with a ``ValueError`` that says why.
 
     Returns:
         ``model``, patched (replacing any earlier tokenmerge patch). ``remove_patch`` removes it.
     """
     config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start=start, stop=stop,
                         ratio_end=ratio_end, num_train_timesteps=num_train_timesteps, share_plans=share_plans,
-                        reuse_steps=reuse_steps)
+                        reuse_steps=reuse_steps, blocks=blocks)
     return apply_config(model, config)
 
 
 def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None):
     """``apply_patch`` with a ready ``ToMeConfig`` (``matcher``: see ``DenoiserPatch``)."""
     sites = find_denoisers(model)
-    plans = [(site, select_blocks(site, config.max_downsample)) for site in sites]
+    plans = [(site, select_blocks(site, config.max_downsample, config.blocks)) for site in sites]
     if not any(blocks for _, blocks in plans):
         raise ValueError(_nothing_matched(sites, config.max_downsample))
     for site, blocks in plans:
@@ -153,14 +162,24 @@ def _restore(snapshot: list) -> None:
         DenoiserPatch(site, config, blocks, matcher).install()
 
 
-def select_blocks(site: DenoiserSite, max_downsample: int | None) -> list[BlockSite]:
-    """The blocks of ``site`` that a ``max_downsample`` setting selects (``None``: the finest level with any)."""
+def select_blocks(site: DenoiserSite, max_downsample: int | None,
+                  indices: tuple[int, ...] | None = None) -> list[BlockSite]:
+    """The blocks of ``site`` that a ``max_downsample`` setting selects (``None``: the finest level with any),
+    then, if ``indices`` is given, those at these positions of that list (negative counts from the end)."""
     if not site.blocks:
         return []
     if max_downsample is None:
         finest = min(b.level for b in site.blocks)
-        return [b for b in site.blocks if b.level == finest]
-    return [b for b in site.blocks if b.downsample <= max_downsample]
+        chosen = [b for b in site.blocks if b.level == finest]
+    else:
+        chosen = [b for b in site.blocks if b.downsample <= max_downsample]
+    if indices is None or not chosen:
+        return chosen
+    bad = [i for i in indices if not -len(chosen) <= i < len(chosen)]
+    if bad:
+        raise ValueError(f"blocks {bad} out of range: {site.path or type(site.module).__name__} has "
+                         f"{len(chosen)} blocks at the selected levels (indices 0..{len(chosen) - 1})")
+    return [chosen[i] for i in sorted({i % len(chosen) for i in indices})]
 
 
 def _nothing_matched(sites: list[DenoiserSite], max_downsample: int | None) -> str:

@@ -1,5 +1,8 @@
 """Model support as data: each family's adapter says which denoisers and blocks to patch.
 
+Families: diffusers UNets/ControlNets (``diffusers_unet``), diffusers patch transformers: DiT, PixArt, SD3, Flux
+(``diffusers_dit``), and LDM-style UNets (``ldm``).
+
 ``find_denoisers`` accepts what users hold: a diffusers pipeline (every denoiser in ``components``), a bare
 UNet / ControlNet / multi-ControlNet, or an LDM-style object, and raises ``TypeError`` for anything else.
 """
@@ -8,19 +11,19 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import diffusers_unet, ldm
+from . import diffusers_dit, diffusers_unet, ldm
 from .base import ArgSpec, BlockSite, DenoiserSite, is_transformer_block
 
 __all__ = ["ArgSpec", "BlockSite", "DenoiserSite", "find_denoisers", "held_modules", "is_transformer_block", "SUPPORTED"]
 
 SUPPORTED = (
     "a diffusers pipeline (its unet and controlnet components, multi-ControlNet included), "
-    "a diffusers UNet2DConditionModel or ControlNetModel, "
+    "a diffusers UNet2DConditionModel or ControlNetModel, a DiT, PixArt, SD3 or Flux transformer, "
     "or an LDM-style model (CompVis/Stability code: an object with .model.diffusion_model or .diffusion_model, "
     "or the UNetModel itself with input_blocks/middle_block/output_blocks)"
 )
 
-_ADAPTERS = (diffusers_unet.find, ldm.find)
+_ADAPTERS = (diffusers_unet.find, diffusers_dit.find, ldm.find)
 
 
 def _resolve(obj, dotted: str):
@@ -54,7 +57,7 @@ def held_modules(model) -> dict[str, nn.Module]:
         return {"": model}
     components = getattr(model, "components", None)
     if not isinstance(components, dict):
-        components = {name: getattr(model, name, None) for name in ("unet", "controlnet", "model")}
+        components = {name: getattr(model, name, None) for name in ("unet", "controlnet", "transformer", "model")}
     return {name: c for name, c in components.items() if isinstance(c, nn.Module)}
 
 

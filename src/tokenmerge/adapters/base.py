@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-__all__ = ["ArgSpec", "BlockSite", "DenoiserSite", "is_transformer_block", "transformer_blocks_in"]
+__all__ = ["ArgSpec", "BASIC_TARGETS", "BlockSite", "DenoiserSite", "is_transformer_block", "transformer_blocks_in"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,12 @@ class ArgSpec:
         return None
 
 
+# What a block's sub-modules are, as (attribute, kind). Kinds: "self" (self-attention over the image tokens),
+# "cross" (cross-attention: its queries are image tokens), "mlp" (feed-forward), "joint" (attention over image
+# and text tokens together, as in SD3 and Flux: the image tokens are merged, the text tokens pass untouched).
+BASIC_TARGETS = (("attn1", "self"), ("attn2", "cross"), ("ff", "mlp"))
+
+
 @dataclass
 class BlockSite:
     """A transformer block to patch. ``level`` counts the 2x downsamplings above its resolution (0 = full)."""
@@ -48,6 +54,7 @@ class BlockSite:
     path: str
     module: nn.Module
     level: int
+    targets: tuple[tuple[str, str], ...] = BASIC_TARGETS
 
     @property
     def downsample(self) -> int:
@@ -64,6 +71,10 @@ class DenoiserSite:
     sample: ArgSpec
     timestep: ArgSpec | None
     blocks: list[BlockSite] = field(default_factory=list)
+    patch: int = 1  # latent pixels per token side at level 0 (a DiT's patch size)
+    grid_from_ids: bool = False  # ``sample`` is Flux's ``img_ids`` (token, 3) rather than a latent
+    timestep_scale: float = 1.0  # the denoiser's timestep times this is on the 0..num_train_timesteps scale
+    shared_plan: bool = False  # one merge pattern for the whole batch (tokens carry rotary positions)
 
 
 def is_transformer_block(module: nn.Module) -> bool:

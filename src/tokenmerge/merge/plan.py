@@ -47,6 +47,22 @@ class MergePlan:
         offsets = torch.arange(self.batch, device=self.flat_dest.device).unsqueeze(1) * self.num_slots
         return self.flat_dest.view(self.batch, self.num_tokens) - offsets
 
+    def expand(self, batch: int) -> "MergePlan":
+        """This batch-1 plan applied to every element of a batch of ``batch`` (one pattern for all)."""
+        if self.batch != 1:
+            raise ValueError(f"expand needs a plan made for batch 1, this one has batch {self.batch}")
+        return self if batch == 1 else MergePlan(self.dest.expand(batch, -1), self.num_slots)
+
+    def representatives(self) -> torch.Tensor:
+        """``(B, M)``: for each slot, the lowest index of the tokens merged into it (its position's owner).
+
+        ``amin`` is order-independent, so the answer is the same on every device and run.
+        """
+        dest = self.dest
+        tokens = torch.arange(self.num_tokens, device=dest.device).expand_as(dest)
+        out = torch.full((self.batch, self.num_slots), self.num_tokens, device=dest.device, dtype=dest.dtype)
+        return out.scatter_reduce(1, dest, tokens, "amin")
+
     def _check(self, x: torch.Tensor, tokens: int, what: str) -> None:
         if x.dim() != 3 or x.shape[0] != self.batch or x.shape[1] != tokens:
             raise RuntimeError(
