@@ -77,9 +77,13 @@ def _auto_downsample(unet) -> int:
     return 2 ** min(b.level for b in find_denoisers(unet)[0].blocks)
 
 
-def set_attention(unet, backend: str) -> None:
+def set_attention(unet, backend: str, family: str = "unet") -> None:
     from diffusers.models import attention_processor as ap
 
+    if family in ("sd3", "flux"):  # their own joint processors, SDPA-based: nothing else computes their attention
+        if backend != "sdpa":
+            raise ValueError(f"attention {backend!r} is not available for the {family} preset; use sdpa")
+        return
     if backend == "vanilla":
         unet.set_attn_processor(ap.AttnProcessor())
     elif backend == "sdpa":
@@ -114,9 +118,8 @@ def _is_oom(err: BaseException) -> bool:
 
 
 @torch.no_grad()
-def _step(unet, inputs) -> None:
-    sample, t, context, extra = inputs
-    unet(sample, t, context, **extra)
+def _step(unet, inputs: dict) -> None:
+    unet(**inputs)
 
 
 def versions(device: torch.device) -> dict:
@@ -140,7 +143,7 @@ def versions(device: torch.device) -> dict:
 
 def time_cell(unet, preset, cell: Cell, modes: list[Mode], repeats: int, device, dtype, progress=None) -> list[dict]:
     """Time every mode on one cell; one record per mode (``status`` "ok" or "OOM")."""
-    set_attention(unet, cell.attention)
+    set_attention(unet, cell.attention, preset.family)
     inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
     times: dict[str, list[float]] = {m.label: [] for m in modes}
     peak: dict[str, int] = {}
@@ -210,7 +213,7 @@ def _memory_child(payload: str) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     try:
         unet = preset.build(dtype)
-        set_attention(unet, cell.attention)
+        set_attention(unet, cell.attention, preset.family)
         inputs = preset.inputs(cell.batch, cell.resolution, dtype, torch.device("cpu"))
         mode.apply(unet)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -92,6 +92,7 @@ def run(args, parser) -> int:
     import torch
 
     from ..bench import report, runner
+    from ..bench.presets import PRESETS
 
     device = pick_device(args.device, parser)
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "float16"))
@@ -100,6 +101,15 @@ def run(args, parser) -> int:
             import tomesd  # noqa: F401
         except ImportError:
             parser.error("--modes tomesd needs the tomesd package (pip install tomesd==0.1.3), or leave it out")
+    families = {PRESETS[n].family for n in args.preset} if not args.model else {"unet"}
+    if "tomesd" in args.modes and families - {"unet"}:
+        parser.error("--modes tomesd: tomesd patches UNets only; leave it out for the transformer presets")
+    if "limit" in args.modes and "flux" in families:
+        parser.error("--modes limit: not available for Flux (its merged tokens carry rotary positions)")
+    joint = families & {"sd3", "flux"}
+    if joint and ("todo" in args.modes or args.attention != ["sdpa"]):
+        parser.error(f"--preset {' '.join(sorted(joint))}: joint attention runs with --attention sdpa only, and "
+                     "ToDo cannot apply to it (--modes todo)")
     missing = [a for a in args.attention if a not in runner.available_attention()]
     if missing:
         parser.error(f"--attention {' '.join(missing)}: not available here (xformers is not installed)")

@@ -61,7 +61,9 @@ def write_report(report: dict, out: Path, stem: str = "quality", command: str | 
     by_item: dict[tuple, dict] = {}
     for row in report["images"]:
         by_item.setdefault((row["prompt"], row["seed"]), {})[row["label"]] = row["image"]
-    items = list(by_item)[:grid_rows]
+    # rows: every prompt with its first seed, then the next seeds, so a few rows still show every prompt
+    seeds = sorted({seed for _, seed in by_item})
+    items = sorted(by_item, key=lambda item: seeds.index(item[1]))[:grid_rows]
     rows = [[Image.open(by_item[item][label]) for label in labels] for item in items]
     make_grid(rows, [f"{p} (seed {s})" for p, s in items], labels).save(paths["grid"])
     try:
