@@ -119,7 +119,11 @@ def _is_oom(err: BaseException) -> bool:
 
 @torch.no_grad()
 def _step(unet, inputs: dict) -> None:
-    unet(**inputs)
+    if "sample" in inputs:  # a UNet: the latent by position, as tomesd (which reads args[0]) needs
+        rest = {k: v for k, v in inputs.items() if k != "sample"}
+        unet(inputs["sample"], **rest)
+    else:
+        unet(**inputs)
 
 
 def versions(device: torch.device) -> dict:
