@@ -20,6 +20,7 @@ import torch
 
 import tokenmerge
 from tokenmerge.merge.plan import slice_matcher
+from tokenmerge.methods import auto_downsample
 
 from .presets import Preset, resolve
 
@@ -52,7 +53,7 @@ class Mode:
             import tomesd
 
             # the same blocks as ours: tomesd's own default (1) matches nothing on SDXL
-            tomesd.apply_patch(unet, ratio=self.ratio, max_downsample=_auto_downsample(unet))
+            tomesd.apply_patch(unet, ratio=self.ratio, max_downsample=auto_downsample(unet))
 
     def remove(self, unet) -> None:
         if self.name == "tomesd":
@@ -69,12 +70,6 @@ class Cell:
     attention: str
     resolution: int
     batch: int
-
-
-def _auto_downsample(unet) -> int:
-    from tokenmerge.adapters import find_denoisers
-
-    return 2 ** min(b.level for b in find_denoisers(unet)[0].blocks)
 
 
 def set_attention(unet, backend: str, family: str = "unet") -> None:

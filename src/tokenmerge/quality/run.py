@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..bench.runner import _sync
 from ..methods import MethodSpec
 from .metrics import mean_ci, psnr, ssim, to_tensor
 
@@ -54,13 +55,6 @@ def _call_kwargs(job: QualityJob, prompt: str, seed: int, device: torch.device, 
     if job.size is not None:
         kwargs["height"] = kwargs["width"] = job.size
     return kwargs
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def _generate(pipe, job: QualityJob, spec: MethodSpec, prompt: str, seed: int, device, steps: int):
