@@ -13,7 +13,8 @@ from tiny_models import dit_inputs, make_dit, make_flux, make_pixart, make_sd3
 
 diffusers = pytest.importorskip("diffusers")
 MAKERS = {"dit": make_dit, "pixart": make_pixart, "sd3": make_sd3, "flux": make_flux}
-NEEDS = {"dit": "DiTTransformer2DModel", "pixart": "PixArtTransformer2DModel", "sd3": "SD3Transformer2DModel",
+# DiT and PixArt are built as the generic Transformer2DModel on diffusers before 0.28 (see tiny_models)
+NEEDS = {"dit": "Transformer2DModel", "pixart": "Transformer2DModel", "sd3": "SD3Transformer2DModel",
          "flux": "FluxTransformer2DModel"}
 
 
@@ -221,5 +222,6 @@ def test_pipelines_end_to_end(kind):
     assert tokenmerge.describe_patch(pipe).denoisers[0].path == "transformer"
     merged = generate()
     tokenmerge.remove_patch(pipe)
+    plain, merged = torch.as_tensor(plain), torch.as_tensor(merged)  # old DiTPipeline returns numpy
     assert merged.shape == plain.shape and torch.isfinite(merged).all() and not torch.equal(merged, plain)
-    assert torch.equal(generate(), plain)
+    assert torch.equal(torch.as_tensor(generate()), plain)

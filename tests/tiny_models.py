@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import torch
@@ -238,9 +239,12 @@ def make_vae(latent_channels: int = 4):
     from diffusers import AutoencoderKL
 
     torch.manual_seed(0)
+    extra = {}
+    if "shift_factor" in inspect.signature(AutoencoderKL.__init__).parameters:
+        extra["shift_factor"] = 0.0  # Flux pipelines read it; diffusers before 0.30 has no such argument
     return AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
                          up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=latent_channels,
-                         norm_num_groups=32, shift_factor=0.0).eval()
+                         norm_num_groups=32, **extra).eval()
 
 
 def make_sd_pipeline(tmp_path, controlnet: bool = False):
@@ -286,21 +290,32 @@ def make_clip_folder(tmp_path):
 
 
 # ---- patch transformers (DiT family) --------------------------------------------------------------------------
-def make_dit(seed: int = 0):
-    from diffusers import DiTTransformer2DModel
+def _transformer_class(name: str, **legacy):
+    """``diffusers.<name>``, or on diffusers before 0.28 (no such class) the generic ``Transformer2DModel``
+    with the ``legacy`` settings that made it that model (how those versions' DiT/PixArt pipelines built it)."""
+    import functools
 
+    import diffusers
+
+    if hasattr(diffusers, name):
+        return getattr(diffusers, name)
+    return functools.partial(diffusers.Transformer2DModel, **legacy)
+
+
+def make_dit(seed: int = 0):
+    cls = _transformer_class("DiTTransformer2DModel", norm_type="ada_norm_zero", num_embeds_ada_norm=1000)
     torch.manual_seed(seed)
-    return DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
-                                 num_layers=2, sample_size=8, patch_size=2, norm_num_groups=2).eval()
+    return cls(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+               num_layers=2, sample_size=8, patch_size=2, norm_num_groups=2).eval()
 
 
 def make_pixart(seed: int = 0):
-    from diffusers import PixArtTransformer2DModel
-
+    cls = _transformer_class("PixArtTransformer2DModel", norm_type="ada_norm_single", num_embeds_ada_norm=1000,
+                             use_linear_projection=False, norm_elementwise_affine=False, norm_eps=1e-6)
     torch.manual_seed(seed)
-    return PixArtTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
-                                    num_layers=2, sample_size=8, patch_size=2, cross_attention_dim=16,
-                                    caption_channels=16, norm_num_groups=2).eval()
+    return cls(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+               num_layers=2, sample_size=8, patch_size=2, cross_attention_dim=16,
+               caption_channels=16, norm_num_groups=2).eval()
 
 
 def make_sd3(seed: int = 0):
@@ -352,7 +367,7 @@ def make_dit_pipeline(kind: str):
     """(pipeline of tiny random parts, call kwargs) for ``kind`` in dit/pixart/sd3/flux; text encoders are left
     out and the prompt embeddings passed directly (no tokenizer files needed)."""
     import diffusers
-    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
+    from diffusers import DDIMScheduler
 
     r = torch.Generator().manual_seed(1)
     common = dict(num_inference_steps=2, output_type="pt")
@@ -367,6 +382,8 @@ def make_dit_pipeline(kind: str):
                           prompt_embeds=torch.randn(1, 5, 16, generator=r), prompt_attention_mask=torch.ones(1, 5),
                           negative_prompt_embeds=torch.randn(1, 5, 16, generator=r),
                           negative_prompt_attention_mask=torch.ones(1, 5))
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
     none = dict(text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None)
     if kind == "sd3":
         pipe = diffusers.StableDiffusion3Pipeline(transformer=make_sd3(), scheduler=FlowMatchEulerDiscreteScheduler(),
