@@ -105,3 +105,70 @@ def test_model_from_a_local_folder(tmp_path):
     assert rc == 0
     rows = list(csv.DictReader((out / "bench.csv").open()))
     assert [r["preset"] for r in rows] == ["pipe", "pipe"] and all(r["status"] == "ok" for r in rows)
+
+
+def test_methods_whole_generations_and_breakdown(tmp_path):
+    out = tmp_path / "res"
+    rc = main(["bench", "--preset", "tiny", "--resolutions", "128", "--modes", "vanilla", "tokenmerge", "limit", "todo",
+               "todo-limit", "--methods", "tome:0.5,reuse_steps=2", "todo:2,mode=avg", "--steps", "2", "--breakdown",
+               "--repeats", "1", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    records = [json.loads(line) for line in (out / "bench.jsonl").open()]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["label"] for r in steps] == ["vanilla", "tokenmerge 0.5", "limit 0.5", "todo 2", "todo-limit 2",
+                                           "tokenmerge 0.5 reuse_steps=2", "todo 2 mode=avg"]
+    assert all(r["status"] == "ok" and r["generate_s"] > 0 and len(r["generate_times_s"]) == 1 for r in steps)
+    todo = next(r for r in steps if r["label"] == "todo 2")
+    assert todo["gain_kept"] is None or todo["gain_kept"] == pytest.approx(
+        (todo["speedup"] - 1) / (next(r for r in steps if r["label"] == "todo-limit 2")["speedup"] - 1))
+    parts = {r["spec"]: r["phases_s"] for r in records if r["kind"] == "breakdown"}
+    # vanilla and nothing else is left out: it has no patched blocks; "tome:0" is the unmerged reference
+    assert set(parts) == {"tome:0", "tome:0.5", "limit:0.5", "todo:2", "todo-limit:2", "tome:0.5,reuse_steps=2",
+                          "todo:2,mode=avg"}
+    for spec, ph in parts.items():
+        assert {"block", "similarity", "merge", "self", "unmerge"} <= set(ph), spec
+        inner = sum(v for k, v in ph.items() if k != "block")
+        assert 0 < inner <= ph["block"] * 1.001, spec  # the phases happen inside the blocks
+    md = (out / "bench.md").read_text()
+    assert "whole generation (2 steps + VAE decode)" in md and "Inside the patched blocks" in md
+    assert "| unmerged blocks (tome 0) |" in md and "% of blocks |" in md
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--methods", "fast:1"], "method must be one of"),
+    (["--methods", "tome:0.5,bogus=1"], "bogus"),
+    (["--steps", "-1"], ">= 0"),
+])
+def test_method_and_steps_errors(args, words, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["bench", "--preset", "tiny", *args])
+    assert err.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["pixart", "sd3", "flux"])
+def test_whole_generation_of_transformer_families(kind):
+    """The bench's generation loop (scheduler, guidance, Flux's unpacking, VAE decode) on tiny transformers."""
+    import diffusers
+    import torch
+
+    from tiny_models import make_flux, make_pixart, make_sd3
+    from tokenmerge.bench import runner
+    from tokenmerge.bench.presets import Preset
+    from tokenmerge.methods import MethodSpec
+
+    needs = {"pixart": "PixArtTransformer2DModel", "sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel"}
+    if not hasattr(diffusers, needs[kind]):
+        pytest.skip(f"diffusers {diffusers.__version__} has no {needs[kind]}")
+    model = {"pixart": make_pixart, "sd3": make_sd3, "flux": make_flux}[kind]()
+    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
+    text_dim = {"pixart": 16, "sd3": 16, "flux": 32}[kind]
+    preset = Preset(f"tiny-{kind}", "test", config, text_tokens=5, family=kind, text_dim=text_dim)
+    cell = runner.Cell(preset.name, "sdpa", 64, 1)
+    inputs = preset.inputs(1, 64, torch.float32, torch.device("cpu"))
+    vae = runner._vae(preset, torch.float32, "cpu")
+    image = runner.generate(model, vae, preset, inputs, 2)
+    assert image.shape == (1, 3, 16, 16) and torch.isfinite(image).all()
+    times = runner.time_generation(model, preset, cell, [MethodSpec("vanilla"), MethodSpec("tome", 0.5)], 1, 2,
+                                   torch.device("cpu"), torch.float32)
+    assert all(len(ts) == 1 and ts[0] > 0 for ts in times.values())

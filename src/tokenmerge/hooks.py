@@ -89,9 +89,13 @@ class _Hook:
 class DenoiserPatch:
     """The installed patch of one denoiser: its config, the selected blocks, and the hook handles."""
 
-    def __init__(self, site: DenoiserSite, config: ToMeConfig | ToDoConfig, blocks: list[BlockSite], matcher=None):
-        """``matcher(metric, h, w, sx, sy, r, offsets) -> plan`` replaces ToMe's matching (the bench's limit)."""
+    def __init__(self, site: DenoiserSite, config: ToMeConfig | ToDoConfig, blocks: list[BlockSite], matcher=None,
+                 downsampler=None):
+        """``matcher(metric, h, w, sx, sy, r, offsets) -> plan`` replaces ToMe's matching and
+        ``downsampler(x, h, w, factor, mode)`` ToDo's pooling (the bench's zero-overhead limits)."""
         self.matcher = matcher or bipartite_soft_matching_2d
+        self.downsampler = downsampler or downsample_tokens
+        self.timer = None  # the bench's phase timer (bench.breakdown), None in normal use
         self.site = site
         self.config = config
         self.todo = isinstance(config, ToDoConfig) and config.downsample > 1
@@ -219,6 +223,8 @@ class DenoiserPatch:
 
     # ---- blocks -------------------------------------------------------------------------------------------
     def _block_pre(self, index: int, block, args, kwargs):
+        if self.timer is not None:
+            self.timer.begin("block")
         cfg, site, state = self.config, self.blocks[index], self.state
         if state.size is None:
             raise RuntimeError(
@@ -249,7 +255,11 @@ class DenoiserPatch:
                 windows = (h // cfg.sy) * (w // cfg.sx)
                 salt = self._seed_key ^ ((index * 0xC2B2AE35) & _MASK32)
                 offsets = random_offsets(windows, cfg.sx * cfg.sy, _mix32(state.step_key ^ salt), x.device)
+            if self.timer is not None:
+                self.timer.begin("similarity")
             plan = self.matcher(x, h, w, cfg.sx, cfg.sy, int(tokens * state.ratio), offsets)
+            if self.timer is not None:
+                self.timer.end("similarity")
             if self.site.shared_plan and plan.num_merged:
                 plan = _SharedPlan(plan)
             self._keep_plan(index, site, plan, batch, tokens)
@@ -284,6 +294,8 @@ class DenoiserPatch:
             state.kept[key] = (plan, batch, tokens, state.calls, state.ratio)
 
     def _block_post(self, index: int, block, args, output):
+        if self.timer is not None:
+            self.timer.end("block")
         self.state.plans.pop(index, None)
         self.state.grids.pop(index, None)
         if index in self.state.unchunked:
@@ -292,6 +304,15 @@ class DenoiserPatch:
 
     # ---- sub-modules --------------------------------------------------------------------------------------
     def _merge_input(self, key: int, module, args, kwargs):
+        if self.timer is None:
+            return self._merge_input_now(key, args, kwargs)
+        self.timer.begin("merge")
+        out = self._merge_input_now(key, args, kwargs)
+        self.timer.end("merge")
+        self.timer.begin(self._targets[key // 4][key % 4].kind)
+        return out
+
+    def _merge_input_now(self, key: int, args, kwargs):
         plan = self.state.plans.get(key // 4)
         if plan is None:
             return None
@@ -310,7 +331,7 @@ class DenoiserPatch:
             return self._merge_joint(key, plan, target, x, args, kwargs)
         if downsample:  # ToDo: keys and values from the pooled grid of the full (unmerged) tokens
             h, w = self.state.grids[key // 4]
-            pooled = downsample_tokens(x, h, w, self.config.downsample, self.config.mode)
+            pooled = self.downsampler(x, h, w, self.config.downsample, self.config.mode)
             args, kwargs = _replace(args, kwargs, target.context, pooled)
         if plan.num_merged:
             args, kwargs = _replace(args, kwargs, target.arg, plan.merge(x))
@@ -333,6 +354,15 @@ class DenoiserPatch:
         return args, kwargs
 
     def _unmerge_output(self, key: int, module, args, output):
+        if self.timer is None:
+            return self._unmerge_output_now(key, output)
+        self.timer.end(self._targets[key // 4][key % 4].kind)
+        self.timer.begin("unmerge")
+        out = self._unmerge_output_now(key, output)
+        self.timer.end("unmerge")
+        return out
+
+    def _unmerge_output_now(self, key: int, output):
         plan = self.state.plans.get(key // 4)
         if plan is None or plan.num_merged == 0:
             return None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .config import ToDoConfig, ToMeConfig
 
-__all__ = ["METHODS", "MethodSpec", "parse_spec"]
+__all__ = ["METHODS", "BENCH_METHODS", "MethodSpec", "parse_spec"]
 
 METHODS = {
     "vanilla": "no merging",
@@ -20,6 +20,13 @@ METHODS = {
     "todo": "token downsampling of self-attention keys/values; VALUE = factor per side (default 2)",
     "tomesd": "the reference tomesd package, on the same blocks as ours; VALUE = ratio (default 0.5)",
 }
+# Speed references for the bench only: their outputs are meaningless as images.
+BENCH_METHODS = {
+    "limit": "ToMe's zero-overhead limit: attention on the merged token count, merge = a slice, unmerge = a repeat; "
+             "VALUE = ratio",
+    "todo-limit": "ToDo's zero-overhead limit: keys/values = a slice of the pooled token count; VALUE = factor",
+}
+_FACTOR_METHODS = ("todo", "todo-limit")
 
 
 def _value(text: str):
@@ -47,14 +54,25 @@ class MethodSpec:
         head = self.name if self.value is None else f"{self.name} {self.value:g}"
         return " ".join([head] + [f"{k}={v}" for k, v in self.options])
 
+    @property
+    def text(self) -> str:
+        """The spec as ``parse_spec`` reads it back."""
+        head = self.name if self.value is None else f"{self.name}:{self.value:g}"
+        return ",".join([head] + [f"{k}={v}" for k, v in self.options])
+
+    @property
+    def is_factor(self) -> bool:
+        """Whether ``value`` is a ToDo factor (else a ToMe ratio, or nothing for vanilla)."""
+        return self.name in _FACTOR_METHODS
+
     def kwargs(self) -> dict:
         return dict(self.options)
 
     def check(self) -> None:
         """Raise ``ValueError``/``TypeError`` (naming the option) if the method would refuse these settings."""
-        if self.name == "tome":
+        if self.name in ("tome", "limit"):
             ToMeConfig(ratio=self.value, **self.kwargs())
-        elif self.name == "todo":
+        elif self.name in _FACTOR_METHODS:
             ToDoConfig(downsample=self.value, **self.kwargs())
         elif self.name == "tomesd":
             ToMeConfig(ratio=self.value)
@@ -70,6 +88,15 @@ class MethodSpec:
             tokenmerge.apply_patch(model, ratio=self.value, **self.kwargs())
         elif self.name == "todo":
             tokenmerge.apply_todo(model, downsample=self.value, **self.kwargs())
+        elif self.name == "limit":
+            from .merge.plan import slice_matcher
+
+            tokenmerge.apply_config(model, ToMeConfig(ratio=self.value, **self.kwargs()), matcher=slice_matcher)
+        elif self.name == "todo-limit":
+            from .merge.downsample import slice_downsampler
+
+            tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()),
+                                    downsampler=slice_downsampler)
         elif self.name == "tomesd":
             import tomesd
 
@@ -95,18 +122,22 @@ def auto_downsample(model) -> int:
     return 2 ** min(b.level for b in find_denoisers(model)[0].blocks)
 
 
-def parse_spec(text: str) -> MethodSpec:
-    """``"tome:0.5,stop=0.5"`` -> ``MethodSpec("tome", 0.5, (("stop", 0.5),))``, checked."""
+def parse_spec(text: str, bench: bool = False) -> MethodSpec:
+    """``"tome:0.5,stop=0.5"`` -> ``MethodSpec("tome", 0.5, (("stop", 0.5),))``, checked.
+
+    ``bench=True`` also accepts the bench's speed references ``limit`` and ``todo-limit``.
+    """
     head, *pairs = [part.strip() for part in text.split(",")]
     name, _, value = head.partition(":")
     name = name.strip().lower()
-    if name not in METHODS:
-        raise ValueError(f"method spec {text!r}: method must be one of {', '.join(METHODS)}; got {name!r}")
+    allowed = {**METHODS, **BENCH_METHODS} if bench else METHODS
+    if name not in allowed:
+        raise ValueError(f"method spec {text!r}: method must be one of {', '.join(allowed)}; got {name!r}")
     if name == "vanilla":
         if value or pairs:
             raise ValueError(f"method spec {text!r}: vanilla takes no value or options")
         return MethodSpec("vanilla")
-    number = _value(value) if value else (2 if name == "todo" else 0.5)
+    number = _value(value) if value else (2 if name in _FACTOR_METHODS else 0.5)
     if not isinstance(number, (int, float)) or isinstance(number, bool):
         raise ValueError(f"method spec {text!r}: the value after ':' must be a number, got {value!r}")
     options = []
@@ -115,7 +146,7 @@ def parse_spec(text: str) -> MethodSpec:
         if not eq or not key.strip():
             raise ValueError(f"method spec {text!r}: options are KEY=VALUE, got {pair!r}")
         options.append((key.strip(), _value(raw.strip())))
-    spec = MethodSpec(name, float(number) if name != "todo" else number, tuple(options))
+    spec = MethodSpec(name, number if name in _FACTOR_METHODS else float(number), tuple(options))
     try:
         spec.check()
     except TypeError as err:  # an unknown keyword

@@ -123,8 +123,8 @@ def apply_todo(
     return apply_config(model, config)
 
 
-def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None):
-    """``apply_patch`` with a ready ``ToMeConfig`` (``matcher``: see ``DenoiserPatch``)."""
+def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsampler=None):
+    """``apply_patch`` with a ready config (``matcher``, ``downsampler``: see ``DenoiserPatch``)."""
     sites = find_denoisers(model)
     plans = [(site, select_blocks(site, config.max_downsample, config.blocks)) for site in sites]
     if not any(blocks for _, blocks in plans):
@@ -142,7 +142,7 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None):
     try:
         for site, blocks in plans:
             if blocks:
-                patch = DenoiserPatch(site, config, blocks, matcher)
+                patch = DenoiserPatch(site, config, blocks, matcher, downsampler)
                 patch.install()
                 installed.append(patch)
     except BaseException:
@@ -154,12 +154,12 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None):
 
 
 def _snapshot(model) -> list:
-    return [(p.site, p.config, p.blocks, p.matcher) for p in _patches(model)]
+    return [(p.site, p.config, p.blocks, p.matcher, p.downsampler) for p in _patches(model)]
 
 
 def _restore(snapshot: list) -> None:
-    for site, config, blocks, matcher in snapshot:
-        DenoiserPatch(site, config, blocks, matcher).install()
+    for args in snapshot:
+        DenoiserPatch(*args).install()
 
 
 def select_blocks(site: DenoiserSite, max_downsample: int | None,

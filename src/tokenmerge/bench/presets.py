@@ -57,15 +57,22 @@ class Preset:
             return dict(hidden_states=randn(n, 4, latent, latent), timestep=t, encoder_hidden_states=text,
                         added_cond_kwargs={"resolution": None, "aspect_ratio": None})
         if self.family == "sd3":
-            return dict(hidden_states=randn(n, 16, latent, latent), timestep=t, encoder_hidden_states=text,
-                        pooled_projections=randn(n, self.unet["pooled_projection_dim"]))
+            return dict(hidden_states=randn(n, self.unet["in_channels"], latent, latent), timestep=t,
+                        encoder_hidden_states=text, pooled_projections=randn(n, self.unet["pooled_projection_dim"]))
         side = latent // 2  # Flux packs 2x2 latent pixels into one token
         ids = torch.zeros(side, side, 3)
         ids[..., 1], ids[..., 2] = torch.arange(side)[:, None], torch.arange(side)[None, :]
+        guidance = {"guidance": torch.full((n,), 3.5, device=device)} if self.unet.get("guidance_embeds") else {}
         return dict(hidden_states=randn(n, side * side, self.unet["in_channels"]), timestep=t / 1000,
-                    guidance=torch.full((n,), 3.5, device=device), encoder_hidden_states=text,
-                    pooled_projections=randn(n, self.unet["pooled_projection_dim"]),
-                    img_ids=ids.reshape(-1, 3).to(device), txt_ids=torch.zeros(self.text_tokens, 3, device=device))
+                    encoder_hidden_states=text, pooled_projections=randn(n, self.unet["pooled_projection_dim"]),
+                    img_ids=ids.reshape(-1, 3).to(device), txt_ids=torch.zeros(self.text_tokens, 3, device=device),
+                    **guidance)
+
+    @property
+    def latent_channels(self) -> int:
+        """Channels of the VAE latent (Flux packs 2x2 latent pixels into one token's channels)."""
+        channels = self.unet.get("in_channels", 4)
+        return channels // 4 if self.family == "flux" else channels
 
 
 _CLASSES = {"unet": "UNet2DConditionModel", "pixart": "PixArtTransformer2DModel", "sd3": "SD3Transformer2DModel",

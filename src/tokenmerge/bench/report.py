@@ -14,18 +14,34 @@ def _speedup(vanilla, t):
     return vanilla / t if vanilla and t else None
 
 
+def _steps(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("kind", "step") == "step"]
+
+
+def _limit_label(r: dict) -> str | None:
+    """The zero-overhead reference a mode's gain is measured against: ToMe's limit or ToDo's."""
+    if r["mode"] in ("tokenmerge", "tomesd"):
+        return f"limit {r['ratio']:g}"
+    if r["mode"] == "todo":
+        return f"todo-limit {r['factor']:g}"
+    return None
+
+
 def annotate(records: list[dict]) -> None:
-    """Add ``speedup`` (vanilla time / this time, same cell) and ``gain_kept`` (share of the limit's gain)."""
+    """Add ``speedup`` (vanilla time / this time, same cell), ``gain_kept`` (share of the limit's gain) and, with
+    generation times, ``generate_speedup``."""
     by_cell = defaultdict(dict)
-    for r in records:
+    for r in _steps(records):
         by_cell[(r["preset"], r["attention"], r["resolution"], r["batch"])][r["label"]] = r
     for cell in by_cell.values():
-        base = cell.get("vanilla", {}).get("median_s")
+        base = cell.get("vanilla", {})
         for r in cell.values():
-            r["speedup"] = _speedup(base, r["median_s"])
+            r["speedup"] = _speedup(base.get("median_s"), r["median_s"])
+            if r.get("generate_s"):
+                r["generate_speedup"] = _speedup(base.get("generate_s"), r["generate_s"])
         for r in cell.values():
-            limit = cell.get(f"limit {r['ratio']:g}")
-            if r["mode"] in ("tokenmerge", "tomesd") and limit and limit.get("speedup") and r["speedup"]:
+            limit = cell.get(_limit_label(r) or "")
+            if limit and limit.get("speedup") and r["speedup"]:
                 gain = limit["speedup"] - 1
                 # a share of a gain inside timing noise means nothing: only report it for a real gain
                 r["gain_kept"] = (r["speedup"] - 1) / gain if gain > 0.05 else None
@@ -46,8 +62,43 @@ def _fmt(r) -> str:
     return text
 
 
+def _table(rows: list[dict], labels: list[str], fmt) -> list[str]:
+    lines = ["| resolution | batch | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+    cells = defaultdict(dict)
+    for r in rows:
+        cells[(r["resolution"], r["batch"])][r["label"]] = r
+    for (res, batch), by_label in cells.items():
+        lines.append(f"| {res} | {batch} | " + " | ".join(fmt(by_label.get(lb)) for lb in labels) + " |")
+    return lines + [""]
+
+
+def _fmt_generate(r) -> str:
+    if r is None or not r.get("generate_s"):
+        return "" if r is None else r["status"] if r["status"] != "ok" else ""
+    text = f"{r['generate_s']:.3g} s"
+    if r["mode"] != "vanilla" and r.get("generate_speedup"):
+        text += f" ({(r['generate_speedup'] - 1) * 100:+.0f}%)"
+    return text
+
+
+def _breakdown_lines(rows: list[dict]) -> list[str]:
+    from .breakdown import PHASES
+
+    phases = [p for p in PHASES if any(p in r["phases_s"] for r in rows)]
+    lines = ["| mode | " + " | ".join(phases) + " | merge machinery |", "|---|" + "---|" * (len(phases) + 1)]
+    for r in rows:
+        ph = r["phases_s"]
+        cost = sum(ph.get(k, 0.0) for k in ("similarity", "merge", "unmerge"))
+        share = f"{cost / ph['block'] * 100:.1f}% of blocks" if ph.get("block") else ""
+        label = "unmerged blocks (tome 0)" if r["spec"] == "tome:0" else r["label"]
+        lines.append(f"| {label} | " + " | ".join(f"{ph[k] * 1000:.0f} ms" if k in ph else "" for k in phases)
+                     + f" | {share} |")
+    return lines + [""]
+
+
 def markdown(records: list[dict], meta: dict, command: str) -> str:
-    labels = list(dict.fromkeys(r["label"] for r in records))
+    steps = _steps(records)
+    labels = list(dict.fromkeys(r["label"] for r in steps))
     lines = [
         f"Command: `{command}`",
         "",
@@ -56,22 +107,26 @@ def markdown(records: list[dict], meta: dict, command: str) -> str:
         + (f", tomesd {meta['tomesd']}" if "tomesd" in meta else "")
         + f". One UNet step with classifier-free guidance (the UNet sees 2 x batch), median of {meta['repeats']} "
         "runs after a warm-up, modes interleaved. Speed-up in % against vanilla in the same cell; "
-        "'% of limit': share of the zero-overhead limit's gain at that ratio. Memory: " + meta["memory"] + ".",
+        "'% of limit': share of the zero-overhead limit's gain at that ratio (ToDo: at that factor). "
+        "Memory: " + meta["memory"] + ".",
         "",
     ]
     groups = defaultdict(list)
-    for r in records:
+    for r in steps:
         groups[(r["preset"], r["attention"])].append(r)
     for (preset, attention), rows in groups.items():
-        lines += [f"### {preset}, {attention} attention", "",
-                  "| resolution | batch | " + " | ".join(labels) + " |",
-                  "|---|---|" + "---|" * len(labels)]
-        cells = defaultdict(dict)
-        for r in rows:
-            cells[(r["resolution"], r["batch"])][r["label"]] = r
-        for (res, batch), by_label in cells.items():
-            lines.append(f"| {res} | {batch} | " + " | ".join(_fmt(by_label.get(lb)) for lb in labels) + " |")
-        lines.append("")
+        lines += [f"### {preset}, {attention} attention", ""] + _table(rows, labels, _fmt)
+        if any(r.get("generate_s") for r in rows):
+            lines += [f"#### {preset}, {attention} attention: whole generation ({meta.get('steps')} steps + VAE "
+                      f"decode), median of {meta['repeats']}", ""] + _table(rows, labels, _fmt_generate)
+    parts = defaultdict(list)
+    for r in records:
+        if r.get("kind") == "breakdown":
+            parts[(r["preset"], r["attention"], r["resolution"], r["batch"])].append(r)
+    for (preset, attention, res, batch), rows in parts.items():
+        lines += [f"#### Inside the patched blocks: {preset}, {attention} attention, {res} px, batch {batch} "
+                  "(seconds per step, medians; synchronised at every phase, so slower than the step above)", ""]
+        lines += _breakdown_lines(rows)
     return "\n".join(lines)
 
 
@@ -83,10 +138,10 @@ def plot(records: list[dict], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    has_mem = any(r.get("peak_mem_mb") for r in records)
+    has_mem = any(r.get("peak_mem_mb") for r in _steps(records))
     fig, axes = plt.subplots(1, 2 if has_mem else 1, figsize=(11 if has_mem else 6, 4), squeeze=False)
     series = defaultdict(list)
-    for r in records:
+    for r in _steps(records):
         if r["status"] == "ok":
             series[(r["preset"], r["attention"], r["batch"], r["label"])].append(r)
     for (preset, attention, batch, label), rows in sorted(series.items()):
@@ -116,8 +171,9 @@ def write_outputs(records: list[dict], meta: dict, out_dir: Path, command: str, 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out_dir / f"{stem}.md", "csv": out_dir / f"{stem}.csv", "jsonl": out_dir / f"{stem}.jsonl"}
     paths["markdown"].write_text(markdown(records, meta, command) + "\n")
-    columns = ["preset", "attention", "resolution", "batch", "mode", "ratio", "label", "status", "median_s", "runs",
-               "speedup", "gain_kept", "peak_mem_mb", "step_mem_mb", "dtype", "device"]
+    columns = ["kind", "preset", "attention", "resolution", "batch", "mode", "ratio", "factor", "spec", "label",
+               "status", "median_s", "runs", "speedup", "gain_kept", "generate_s", "generate_speedup", "phases_s",
+               "peak_mem_mb", "step_mem_mb", "dtype", "device"]
     with paths["csv"].open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns + sorted(meta), extrasaction="ignore")
         writer.writeheader()

@@ -19,49 +19,28 @@ from dataclasses import asdict, dataclass
 import torch
 
 import tokenmerge
-from tokenmerge.merge.plan import slice_matcher
-from tokenmerge.methods import auto_downsample
+from tokenmerge.methods import MethodSpec, parse_spec
 
-from .presets import Preset, resolve
+from .presets import Preset, load_pipeline, resolve
 
-__all__ = ["Mode", "Cell", "run_grid", "ATTENTION_BACKENDS", "MODE_NAMES"]
+__all__ = ["Cell", "run_grid", "bench_label", "ATTENTION_BACKENDS", "MODE_NAMES"]
 
-MODE_NAMES = ("vanilla", "tokenmerge", "tomesd", "limit", "todo")
+# --modes names; each becomes a MethodSpec (methods.parse_spec) per ratio or factor
+MODE_NAMES = ("vanilla", "tokenmerge", "tomesd", "limit", "todo", "todo-limit")
 ATTENTION_BACKENDS = ("vanilla", "sdpa", "xformers")
+# this library's methods: they install tokenmerge hooks, so their phases can be timed (--breakdown)
+OWN_METHODS = ("tome", "todo", "limit", "todo-limit")
 
 
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    ratio: float = 0.0
-    factor: int = 0  # ToDo's downsampling factor
+def bench_label(spec: MethodSpec) -> str:
+    """The column name of a method in the tables: this library's ToMe is "tokenmerge" beside "tomesd"."""
+    return "tokenmerge" + spec.label[4:] if spec.name == "tome" else spec.label
 
-    @property
-    def label(self) -> str:
-        if self.name == "todo":
-            return f"todo {self.factor}"
-        return self.name if self.name == "vanilla" else f"{self.name} {self.ratio:g}"
 
-    def apply(self, unet) -> None:
-        if self.name == "todo":
-            tokenmerge.apply_todo(unet, downsample=self.factor)
-        elif self.name == "tokenmerge":
-            tokenmerge.apply_patch(unet, ratio=self.ratio)
-        elif self.name == "limit":
-            tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(ratio=self.ratio), matcher=slice_matcher)
-        elif self.name == "tomesd":
-            import tomesd
-
-            # the same blocks as ours: tomesd's own default (1) matches nothing on SDXL
-            tomesd.apply_patch(unet, ratio=self.ratio, max_downsample=auto_downsample(unet))
-
-    def remove(self, unet) -> None:
-        if self.name == "tomesd":
-            import tomesd
-
-            tomesd.remove_patch(unet)
-        elif self.name != "vanilla":
-            tokenmerge.remove_patch(unet)
+def _record_fields(spec: MethodSpec) -> dict:
+    return dict(mode="tokenmerge" if spec.name == "tome" else spec.name, spec=spec.text, label=bench_label(spec),
+                ratio=0.0 if spec.is_factor or spec.value is None else spec.value,
+                factor=spec.value if spec.is_factor else 0, options=dict(spec.options))
 
 
 @dataclass(frozen=True)
@@ -140,16 +119,17 @@ def versions(device: torch.device) -> dict:
     return info
 
 
-def time_cell(unet, preset, cell: Cell, modes: list[Mode], repeats: int, device, dtype, progress=None) -> list[dict]:
+def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, device, dtype,
+              progress=None) -> list[dict]:
     """Time every mode on one cell; one record per mode (``status`` "ok" or "OOM")."""
     set_attention(unet, cell.attention, preset.family)
     inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
-    times: dict[str, list[float]] = {m.label: [] for m in modes}
+    times: dict[str, list[float]] = {m.text: [] for m in modes}
     peak: dict[str, int] = {}
-    status = {m.label: "ok" for m in modes}
+    status = {m.text: "ok" for m in modes}
     for rep in range(repeats + 1):  # round 0 warms up
         for mode in modes:
-            if status[mode.label] != "ok":
+            if status[mode.text] != "ok":
                 continue
             mode.apply(unet)
             try:
@@ -160,31 +140,30 @@ def time_cell(unet, preset, cell: Cell, modes: list[Mode], repeats: int, device,
                 _step(unet, inputs)
                 _sync(device)
                 if rep:
-                    times[mode.label].append(time.perf_counter() - start)
+                    times[mode.text].append(time.perf_counter() - start)
                 if device.type == "cuda":
-                    peak[mode.label] = max(peak.get(mode.label, 0), torch.cuda.max_memory_allocated(device))
+                    peak[mode.text] = max(peak.get(mode.text, 0), torch.cuda.max_memory_allocated(device))
             except Exception as err:
                 if not _is_oom(err):
                     raise
-                status[mode.label] = "OOM"
+                status[mode.text] = "OOM"
             finally:
                 mode.remove(unet)
             if progress is not None:
                 progress.update(1)
     records = []
     for mode in modes:
-        ts = times[mode.label]
-        records.append(dict(asdict(cell), mode=mode.name, ratio=mode.ratio, factor=mode.factor, label=mode.label,
-                            status=status[mode.label], median_s=statistics.median(ts) if ts else None,
-                            runs=len(ts), times_s=ts,
-                            peak_mem_mb=peak[mode.label] / 2**20 if mode.label in peak else None))
+        ts = times[mode.text]
+        records.append(dict(asdict(cell), **_record_fields(mode), status=status[mode.text],
+                            median_s=statistics.median(ts) if ts else None, runs=len(ts), times_s=ts,
+                            peak_mem_mb=peak[mode.text] / 2**20 if mode.text in peak else None))
     return records
 
 
-def memory_cell(preset: Preset, cell: Cell, mode: Mode, dtype: str, limit_mb: int | None,
+def memory_cell(preset: Preset, cell: Cell, mode: MethodSpec, dtype: str, limit_mb: int | None,
                 timeout: float = 3600) -> dict:
     """Peak resident memory of one step in a fresh process (the CPU's way to measure), under ``limit_mb``."""
-    payload = json.dumps({"cell": asdict(cell), "mode": asdict(mode), "dtype": dtype, "limit_mb": limit_mb,
+    payload = json.dumps({"cell": asdict(cell), "mode": mode.text, "dtype": dtype, "limit_mb": limit_mb,
                           "model": preset.model})
     proc = subprocess.run([sys.executable, "-m", "tokenmerge.bench.runner", payload], capture_output=True,
                           text=True, timeout=timeout)
@@ -201,7 +180,7 @@ def memory_cell(preset: Preset, cell: Cell, mode: Mode, dtype: str, limit_mb: in
 
 def _memory_child(payload: str) -> None:
     spec = json.loads(payload)
-    cell, mode = Cell(**spec["cell"]), Mode(**spec["mode"])
+    cell, mode = Cell(**spec["cell"]), parse_spec(spec["mode"], bench=True)
     dtype = getattr(torch, spec["dtype"])
     preset = resolve(cell.preset if spec["model"] is None else None, spec["model"], dtype)
     from diffusers import UNet2DConditionModel  # noqa: F401  (imports first: the limit is for the model and step)
@@ -225,14 +204,122 @@ def _memory_child(payload: str) -> None:
         print(json.dumps({"status": "OOM", "peak_rss_mb": None, "step_rss_mb": None}), flush=True)
 
 
-def run_grid(presets, attentions, resolutions, batches, modes, repeats, device, dtype, memory=False,
-             memory_limit_mb=None, progress=True, log=print) -> tuple[list[dict], dict]:
+def breakdown_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, device, dtype) -> list[dict]:
+    """Time the phases inside the patched blocks (similarity, merge, attention, unmerge) for this library's
+    methods, with the device synchronised at every phase boundary (so the total is slower than a normal step).
+    ``tome:0`` runs the same blocks unmerged, as the reference. One record per method: medians per step."""
+    from .breakdown import PhaseTimer, attach
+
+    own = [MethodSpec("tome", 0.0)] + [m for m in modes if m.name in OWN_METHODS]
+    set_attention(unet, cell.attention, preset.family)
+    inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
+    runs: dict[str, list[dict]] = {m.text: [] for m in own}
+    for rep in range(repeats + 1):
+        for mode in own:
+            mode.apply(unet)
+            timer = PhaseTimer(device)
+            attach(unet, timer)
+            try:
+                _step(unet, inputs)
+            finally:
+                mode.remove(unet)
+            if rep:
+                runs[mode.text].append(timer.totals())
+    records = []
+    for mode in own:
+        phases = sorted({k for run in runs[mode.text] for k in run})
+        medians = {k: statistics.median(run.get(k, 0.0) for run in runs[mode.text]) for k in phases}
+        records.append(dict(asdict(cell), **_record_fields(mode), phases_s=medians, runs=len(runs[mode.text])))
+    return records
+
+
+def _vae(preset: Preset, dtype, device):
+    """The preset's VAE: the pipeline's own for --model, else the SD/SD3/Flux VAE architecture, random weights."""
+    if preset.model is not None:
+        return load_pipeline(preset.model, dtype).vae.to(device).eval()
+    from diffusers import AutoencoderKL
+
+    channels = preset.latent_channels
+    torch.manual_seed(0)
+    if preset.name.startswith("tiny"):
+        return AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=channels,
+                             norm_num_groups=32).to(device, dtype).eval()
+    return AutoencoderKL(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+                         up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2,
+                         latent_channels=channels).to(device, dtype).eval()
+
+
+@torch.no_grad()
+def generate(unet, vae, preset: Preset, inputs: dict, steps: int, guidance: float = 7.5):
+    """A text-to-image denoising loop of ``steps`` steps and the VAE decode, as a pipeline runs them, on the
+    bench's inputs (prompt embeddings given: the text encoder's few milliseconds are left out)."""
+    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
+
+    flow = preset.family in ("sd3", "flux")
+    scheduler = FlowMatchEulerDiscreteScheduler() if flow else DDIMScheduler()
+    scheduler.set_timesteps(steps)
+    key = "sample" if "sample" in inputs else "hidden_states"
+    cfg = preset.family != "flux"
+    n = inputs[key].shape[0]
+    x = inputs[key][: n // 2] if cfg else inputs[key]
+    rest = {k: v for k, v in inputs.items() if k not in (key, "timestep")}
+    for t in scheduler.timesteps:
+        model_in = torch.cat([x, x]) if cfg else x
+        step_t = torch.full((n,), float(t) / (1000 if preset.family == "flux" else 1), device=x.device)
+        out = _call(unet, key, model_in, step_t, rest).sample
+        if cfg:
+            uncond, cond = out.chunk(2)
+            out = uncond + guidance * (cond - uncond)
+        out = out[:, : x.shape[1]]  # PixArt predicts a variance too
+        x = scheduler.step(out, t, x).prev_sample
+    if preset.family == "flux":  # unpack 2x2 latent pixels per token
+        side = int(round(x.shape[1] ** 0.5))
+        c = preset.latent_channels
+        x = x.view(x.shape[0], side, side, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(x.shape[0], c, 2 * side, 2 * side)
+    return vae.decode(x / vae.config.scaling_factor).sample
+
+
+def _call(unet, key, x, t, rest):
+    return unet(x, timestep=t, **rest) if key == "sample" else unet(**{key: x, "timestep": t}, **rest)
+
+
+def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, steps: int, device, dtype,
+                    progress=None) -> dict[str, list[float]]:
+    """Seconds of ``generate`` per mode, interleaved, after one VAE warm-up (the steps were warmed by
+    ``time_cell``)."""
+    vae = _vae(preset, dtype, device)
+    inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
+    generate(unet, vae, preset, inputs, 1)  # warms the scheduler and the VAE at this size
+    times: dict[str, list[float]] = {m.text: [] for m in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            mode.apply(unet)
+            try:
+                _sync(device)
+                start = time.perf_counter()
+                generate(unet, vae, preset, inputs, steps)
+                _sync(device)
+                times[mode.text].append(time.perf_counter() - start)
+            finally:
+                mode.remove(unet)
+            if progress is not None:
+                progress.update(1)
+    return times
+
+
+def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec], repeats, device, dtype,
+             memory=False, memory_limit_mb=None, progress=True, breakdown=False, steps=0,
+             log=print) -> tuple[list[dict], dict]:
+    """Every cell of the grid; records of step times (and memory), plus, with ``breakdown``, records of the
+    phases (``kind="breakdown"``), and with ``steps``, each record's ``generate_s`` (the end-to-end time)."""
     from tqdm.auto import tqdm
 
     device = torch.device(device)
     dtype_name = str(dtype).split(".")[-1]
-    total = len(presets) * len(attentions) * len(resolutions) * len(batches) * len(modes) * (repeats + 1)
-    bar = tqdm(total=total, desc="bench", disable=not progress, unit="step")
+    cells = len(presets) * len(attentions) * len(resolutions) * len(batches)
+    total = cells * len(modes) * (repeats + 1) + (cells * len(modes) * repeats if steps else 0)
+    bar = tqdm(total=total, desc="bench", disable=not progress, unit="run")
     records = []
     for preset in presets:
         name = preset.name
@@ -242,37 +329,44 @@ def run_grid(presets, attentions, resolutions, batches, modes, repeats, device, 
                 for batch in batches:
                     cell = Cell(name, attention, resolution, batch)
                     if memory_limit_mb is not None and device.type == "cpu":
-                        probes = {m.label: memory_cell(preset, cell, m, dtype_name, memory_limit_mb)
-                                  for m in modes}
-                        fits = [m for m in modes if probes[m.label]["status"] == "ok"]
+                        probes = {m.text: memory_cell(preset, cell, m, dtype_name, memory_limit_mb) for m in modes}
+                        fits = [m for m in modes if probes[m.text]["status"] == "ok"]
                     else:
                         probes, fits = {}, list(modes)
                     cell_records = time_cell(unet, preset, cell, fits, repeats, device, dtype, bar) if fits else []
                     bar.update((repeats + 1) * (len(modes) - len(fits)))
-                    done = {r["label"] for r in cell_records}
+                    done = {r["spec"] for r in cell_records}
                     for m in modes:
-                        if m.label not in done:
-                            cell_records.append(dict(asdict(cell), mode=m.name, ratio=m.ratio, factor=m.factor,
-                                                      label=m.label,
-                                                      status="OOM", median_s=None, runs=0, times_s=[],
-                                                      peak_mem_mb=None))
+                        if m.text not in done:
+                            cell_records.append(dict(asdict(cell), **_record_fields(m), status="OOM", median_s=None,
+                                                     runs=0, times_s=[], peak_mem_mb=None))
                     for r in cell_records:
-                        probe = probes.get(r["label"])
+                        probe = probes.get(r["spec"])
                         if probe is None and memory and device.type == "cpu" and r["status"] == "ok":
-                            probe = memory_cell(preset, cell, Mode(r["mode"], r["ratio"], r.get("factor", 0)), dtype_name,
-                                                None)
+                            probe = memory_cell(preset, cell, parse_spec(r["spec"], bench=True), dtype_name, None)
                         if probe is not None:
                             r["peak_mem_mb"], r["step_mem_mb"] = probe["peak_rss_mb"], probe["step_rss_mb"]
                             if probe["status"] == "OOM":
                                 r["status"] = "OOM"
+                    ok = [m for m in modes if any(r["spec"] == m.text and r["status"] == "ok" for r in cell_records)]
+                    if steps and ok:
+                        gen = time_generation(unet, preset, cell, ok, repeats, steps, device, dtype, bar)
+                        for r in cell_records:
+                            ts = gen.get(r["spec"])
+                            if ts:
+                                r["generate_s"], r["generate_times_s"] = statistics.median(ts), ts
+                    if breakdown and ok:
+                        cell_records += [dict(r, kind="breakdown", status="ok")
+                                         for r in breakdown_cell(unet, preset, cell, ok, repeats, device, dtype)]
                     records += cell_records
         del unet
     bar.close()
-    meta = dict(versions(device), dtype=dtype_name, repeats=repeats,
+    meta = dict(versions(device), dtype=dtype_name, repeats=repeats, steps=steps,
                 memory="CUDA allocator peak" if device.type == "cuda" else
                 ("peak RSS of an isolated one-step process" if memory or memory_limit_mb else "not measured"),
                 memory_limit_mb=memory_limit_mb)
     for r in records:
+        r.setdefault("kind", "step")
         r["dtype"] = meta["dtype"]
         r["device"] = meta["device_name"]
     return records, meta

@@ -42,9 +42,26 @@ def _megabytes(text: str) -> int:
     return max(1, int(float(m.group(1)) * scale))
 
 
+def _spec(text: str):
+    from ..methods import parse_spec
+
+    try:
+        return parse_spec(text, bench=True)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _steps(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"steps must be >= 0 (0: no end-to-end timing); got {text}")
+    return value
+
+
 def add_parser(sub) -> None:
     from ..bench.presets import PRESETS
     from ..bench.runner import ATTENTION_BACKENDS, MODE_NAMES
+    from ..methods import BENCH_METHODS, METHODS
 
     p = sub.add_parser("bench", help="speed/memory table: vanilla vs tokenmerge vs tomesd vs the limit",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,12 +79,18 @@ def add_parser(sub) -> None:
                    help="vanilla: no merging; tokenmerge: this library's ToMe; tomesd: the reference package "
                         "(if installed), on the same blocks; limit: the same attention on the merged token count "
                         "with a free merge (a slice) and unmerge (a repeat): the best any merge could do; "
-                        "todo: token downsampling of keys/values (--todo-factors). "
+                        "todo: token downsampling of keys/values (--todo-factors); todo-limit: attention on the "
+                        "pooled key/value count with free pooling (a slice). "
                         "Default: vanilla tokenmerge tomesd limit")
     p.add_argument("--ratios", nargs="+", type=_ratio, default=[0.5], metavar="R",
                    help="merge ratios of the merging modes. Default: 0.5")
     p.add_argument("--todo-factors", nargs="+", type=positive_int, default=[2], metavar="F",
-                   help="downsampling factors per side of the todo mode (2 = 4x fewer keys/values). Default: 2")
+                   help="downsampling factors per side of the todo modes (2 = 4x fewer keys/values). Default: 2")
+    p.add_argument("--methods", nargs="+", type=_spec, default=[], metavar="SPEC",
+                   help="more modes as method specs NAME[:VALUE][,KEY=VALUE...], the options of apply_patch / "
+                        "apply_todo: e.g. 'tome:0.5,reuse_steps=2' (plans kept 2 steps), 'tome:0.5,share_plans=true', "
+                        "'tome:0.5,stop=0.5' (first half of the steps: use with --steps), 'todo:2,mode=avg', "
+                        "'todo:2,ratio=0.3'. Names: " + ", ".join({**METHODS, **BENCH_METHODS}))
     p.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["sdpa"],
                    help="attention backend: vanilla (diffusers' unfused attention), sdpa (PyTorch fused), "
                         "xformers (if installed). Default: sdpa")
@@ -76,6 +99,14 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto (default)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="default: float16 on CUDA/MPS, float32 on CPU")
+    p.add_argument("--steps", type=_steps, default=0, metavar="N",
+                   help="also time whole generations: N denoising steps with a real scheduler and guidance, then the "
+                        "VAE decode (random weights for presets; prompt embeddings given, so no text encoder), "
+                        "modes interleaved, --repeats times each. 0 (default) = off; small on a CPU (e.g. 4)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time the phases inside the patched blocks (similarity, merge, attention, unmerge) "
+                        "for this library's modes, against the same blocks unmerged; the device is synchronised at "
+                        "every phase boundary, so read shares, not step times")
     p.add_argument("--memory", action="store_true",
                    help="measure peak memory on a CPU too (one isolated process per mode and cell: slow); "
                         "on CUDA the allocator's peak is always reported")
@@ -88,6 +119,18 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def _modes(args) -> list:
+    """The modes of the run, as method specs: vanilla first, then each mode per ratio / factor, then --methods."""
+    from ..methods import MethodSpec
+
+    modes = [MethodSpec("vanilla")] if "vanilla" in args.modes else []
+    by_ratio = [n for n in args.modes if n in ("tokenmerge", "tomesd", "limit")]
+    modes += [MethodSpec("tome" if n == "tokenmerge" else n, r) for r in args.ratios for n in by_ratio]
+    modes += [MethodSpec(n, f) for n in args.modes if n in ("todo", "todo-limit") for f in args.todo_factors]
+    modes += [m for m in args.methods if m not in modes]
+    return modes
+
+
 def run(args, parser) -> int:
     import torch
 
@@ -96,28 +139,27 @@ def run(args, parser) -> int:
 
     device = pick_device(args.device, parser)
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "float16"))
-    if "tomesd" in args.modes:
+    modes = _modes(args)
+    names = {m.name for m in modes}
+    if "tomesd" in names:
         try:
             import tomesd  # noqa: F401
         except ImportError:
             parser.error("--modes tomesd needs the tomesd package (pip install tomesd==0.1.3), or leave it out")
     families = {PRESETS[n].family for n in args.preset} if not args.model else {"unet"}
-    if "tomesd" in args.modes and families - {"unet"}:
+    if "tomesd" in names and families - {"unet"}:
         parser.error("--modes tomesd: tomesd patches UNets only; leave it out for the transformer presets")
-    if "limit" in args.modes and "flux" in families:
+    if "limit" in names and "flux" in families:
         parser.error("--modes limit: not available for Flux (its merged tokens carry rotary positions)")
     joint = families & {"sd3", "flux"}
-    if joint and ("todo" in args.modes or args.attention != ["sdpa"]):
+    if joint and (names & {"todo", "todo-limit"} or args.attention != ["sdpa"]):
         parser.error(f"--preset {' '.join(sorted(joint))}: joint attention runs with --attention sdpa only, and "
-                     "ToDo cannot apply to it (--modes todo)")
+                     "ToDo cannot apply to it (--modes todo / todo-limit)")
     missing = [a for a in args.attention if a not in runner.available_attention()]
     if missing:
         parser.error(f"--attention {' '.join(missing)}: not available here (xformers is not installed)")
-    modes = [runner.Mode("vanilla")] if "vanilla" in args.modes else []
-    modes += [runner.Mode(name, ratio) for ratio in args.ratios for name in args.modes
-              if name not in ("vanilla", "todo")]
-    if "todo" in args.modes:
-        modes += [runner.Mode("todo", factor=f) for f in args.todo_factors]
+    if not modes:
+        parser.error("--modes/--methods: nothing to run")
     from ..bench.presets import resolve
 
     try:
@@ -126,7 +168,8 @@ def run(args, parser) -> int:
         parser.error(f"--model: {err}")
     records, meta = runner.run_grid(presets, args.attention, args.resolutions, args.batch_sizes, modes,
                                     args.repeats, device, dtype, memory=args.memory,
-                                    memory_limit_mb=args.memory_limit, progress=not args.no_progress)
+                                    memory_limit_mb=args.memory_limit, progress=not args.no_progress,
+                                    breakdown=args.breakdown, steps=args.steps)
     command = "tokenmerge bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
         else "tokenmerge bench ..."
     paths = report.write_outputs(records, meta, args.out, command, args.stem)
