@@ -68,8 +68,14 @@ def test_random_offsets_are_a_pure_function_of_the_key_and_uniform():
 
 @pytest.mark.parametrize("h, w", [(8, 8), (9, 7), (4, 6)])
 @pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
-def test_parity_with_tomesd_merge_function(h, w, ratio):
+@pytest.mark.parametrize("chunk", [None, 50])  # 50 elements: sources scored a row or two at a time
+def test_parity_with_tomesd_merge_function(h, w, ratio, chunk, monkeypatch):
     from tomesd.merge import bipartite_soft_matching_random2d
+
+    from tokenmerge.merge import bipartite
+
+    if chunk is not None:
+        monkeypatch.setattr(bipartite, "SCORE_CHUNK", chunk)
 
     torch.manual_seed(1)
     x = torch.randn(2, h * w, 16)
@@ -111,3 +117,16 @@ def test_merge_plan_from_dest():
     x = torch.tensor([[[1.0], [2.0], [4.0], [8.0]]])
     assert plan.merge(x).flatten().tolist() == [1.0, 3.0, 8.0]
     assert plan.unmerge(plan.merge(x)).flatten().tolist() == [1.0, 3.0, 3.0, 8.0]
+
+
+@pytest.mark.parametrize("chunk", [1, 100, 1000, 10**9])
+def test_scores_in_chunks_give_the_same_matches(chunk):
+    from tokenmerge.merge.bipartite import best_matches
+
+    torch.manual_seed(0)
+    a = torch.nn.functional.normalize(torch.randn(2, 300, 16), dim=-1)
+    b = torch.nn.functional.normalize(torch.randn(2, 100, 16), dim=-1)
+    whole_values, whole_index = (a @ b.transpose(1, 2)).max(dim=-1)
+    values, index = best_matches(a, b, chunk)
+    assert torch.equal(index, whole_index)
+    torch.testing.assert_close(values, whole_values, rtol=0, atol=1e-6)

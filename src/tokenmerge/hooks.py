@@ -32,8 +32,11 @@ __all__ = ["DenoiserPatch", "PATCH_ATTR"]
 PATCH_ATTR = "_tokenmerge_patch"
 
 
-class _CallState(threading.local):
+class _CallState:
     """What one denoiser call tells its blocks. ``reset()`` forgets it (end of call, or an error).
+
+    One per thread (``DenoiserPatch.state``), and one for code that ``torch.compile`` traces: dynamo follows
+    mutations of a plain object, not of a ``threading.local``.
 
     ``kept`` (plans kept across calls for ``reuse_steps``) and ``calls`` survive ``reset()``.
     """
@@ -100,7 +103,7 @@ class DenoiserPatch:
         self.config = config
         self.todo = isinstance(config, ToDoConfig) and config.downsample > 1
         self.blocks = blocks
-        self.state = _CallState()
+        self._local, self._traced = threading.local(), _CallState()
         self._handles: list = []
         self._targets: list[list[_Target]] = []
         self._inputs: list[ArgSpec] = []  # where each block's forward takes its tokens
@@ -108,11 +111,21 @@ class DenoiserPatch:
         self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
 
     def __getstate__(self):  # run-time state is per thread and per call: never copied
-        return {k: v for k, v in self.__dict__.items() if k != "state"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_traced")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self.state = _CallState()
+        self._local, self._traced = threading.local(), _CallState()
+
+    @property
+    def state(self) -> _CallState:
+        """This thread's call state (or, while torch.compile traces, the traced code's)."""
+        if torch.compiler.is_compiling():
+            return self._traced
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = _CallState()
+        return state
 
     # ---- installation -------------------------------------------------------------------------------------
     def install(self) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from .plan import IdentityPlan, MergePlan
 
-__all__ = ["bipartite_soft_matching_2d", "window_destinations", "random_offsets"]
+__all__ = ["bipartite_soft_matching_2d", "best_matches", "window_destinations", "random_offsets"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -49,9 +49,10 @@ def _grid(h: int, w: int, sx: int, sy: int, device: torch.device):
     origin = (torch.arange(hsy).unsqueeze(1) * (sy * w) + torch.arange(wsx).unsqueeze(0) * sx).reshape(-1)
     offset = torch.tensor([(k // sx) * w + (k % sx) for k in range(choices)])  # token offset of choice k
     others = torch.tensor([[j for j in range(choices) if j != k] for k in range(choices)])  # (S, S-1)
-    covered = torch.zeros(h, w, dtype=torch.bool)
-    covered[: hsy * sy, : wsx * sx] = True
-    rest = (~covered).reshape(-1).nonzero().squeeze(1)  # tokens outside every window: always sources
+    # tokens outside every window (always sources), in grid order: the right columns of the covered rows, then
+    # the rows below (no data-dependent ops: torch.compile traces this when it ignores the cache)
+    right = (torch.arange(hsy * sy).unsqueeze(1) * w + torch.arange(wsx * sx, w).unsqueeze(0)).reshape(-1)
+    rest = torch.cat([right, torch.arange(hsy * sy * w, h * w)])
     to = functools.partial(torch.Tensor.to, device=device)
     return to(origin), to(offset), to(offset[others]), to(rest)
 
@@ -59,9 +60,11 @@ def _grid(h: int, w: int, sx: int, sy: int, device: torch.device):
 def window_destinations(h: int, w: int, sx: int, sy: int, offsets: torch.Tensor | None, device):
     """Token indices ``(dst, src)`` of the grid for the given per-window choice (``None``: top-left)."""
     device = torch.device(device)
+    # torch.compile traces the functions under their caches (and bakes the tables into the graph)
+    compiling = torch.compiler.is_compiling()
     if offsets is None:
-        return _top_left(h, w, sx, sy, device)
-    origin, offset, other_offsets, rest = _grid(h, w, sx, sy, device)
+        return (_top_left.__wrapped__ if compiling else _top_left)(h, w, sx, sy, device)
+    origin, offset, other_offsets, rest = (_grid.__wrapped__ if compiling else _grid)(h, w, sx, sy, device)
     dst = origin + offset[offsets]
     src = (origin.unsqueeze(1) + other_offsets[offsets]).reshape(-1)
     return dst, torch.cat([src, rest])
@@ -69,9 +72,30 @@ def window_destinations(h: int, w: int, sx: int, sy: int, offsets: torch.Tensor 
 
 @functools.lru_cache(maxsize=256)
 def _top_left(h: int, w: int, sx: int, sy: int, device: torch.device):
-    origin, offset, other_offsets, rest = _grid(h, w, sx, sy, device)
+    origin, offset, other_offsets, rest = _grid.__wrapped__(h, w, sx, sy, device)
     src = (origin.unsqueeze(1) + other_offsets[0]).reshape(-1)
     return origin + offset[0], torch.cat([src, rest])
+
+
+# Similarity scores computed at once, at most (elements): above, sources are taken in chunks of rows, so the
+# (B, Ns, Nd) matrix (3.2 GB per image at 2048 px for SD 1.5) is never held whole, and each chunk's maximum is
+# taken while the chunk is still in cache. Every row is the same computation either way (same results).
+SCORE_CHUNK = 2**22
+
+
+def best_matches(src: torch.Tensor, dst: torch.Tensor, chunk: int | None = None):
+    """For each source row, the highest similarity to any destination and which: ``(B, Ns)`` values, indices.
+
+    ``src`` ``(B, Ns, C)`` and ``dst`` ``(B, Nd, C)`` are unit vectors; scores are their dot products.
+    """
+    chunk = SCORE_CHUNK if chunk is None else chunk
+    batch, num_src, num_dst = src.shape[0], src.shape[1], dst.shape[1]
+    rows = max(1, chunk // max(1, batch * num_dst))
+    dst_t = dst.transpose(1, 2)
+    if rows >= num_src:
+        return (src @ dst_t).max(dim=-1)
+    parts = [(src[:, i: i + rows] @ dst_t).max(dim=-1) for i in range(0, num_src, rows)]
+    return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
 
 def bipartite_soft_matching_2d(
@@ -106,8 +130,7 @@ def bipartite_soft_matching_2d(
         num_src, num_dst = src.shape[0], dst.shape[0]
         r = min(r, num_src)
         metric = metric / metric.norm(dim=-1, keepdim=True)
-        scores = metric.index_select(1, src) @ metric.index_select(1, dst).transpose(1, 2)  # (B, Ns, Nd)
-        best, best_dst = scores.max(dim=-1)  # (B, Ns)
+        best, best_dst = best_matches(metric.index_select(1, src), metric.index_select(1, dst))  # (B, Ns)
         order = best.argsort(dim=-1, descending=True)  # (B, Ns): merged sources first
         kept = num_src - r
         # Slot layout of the merged sequence: [kept sources in `order` ... | destinations in grid order].
