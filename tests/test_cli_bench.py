@@ -172,3 +172,18 @@ def test_whole_generation_of_transformer_families(kind):
     times = runner.time_generation(model, preset, cell, [MethodSpec("vanilla"), MethodSpec("tome", 0.5)], 1, 2,
                                    torch.device("cpu"), torch.float32)
     assert all(len(ts) == 1 and ts[0] > 0 for ts in times.values())
+
+
+@pytest.mark.compile
+def test_compiled_modes_side_by_side(tmp_path):
+    pytest.importorskip("torch._inductor")
+    out = tmp_path / "res"
+    rc = main(["bench", "--preset", "tiny", "--resolutions", "64", "--modes", "vanilla", "tokenmerge", "--compile",
+               "--repeats", "1", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    rows = [json.loads(line) for line in (out / "bench.jsonl").open()]
+    assert [(r["label"], r["compiled"]) for r in rows] == [
+        ("vanilla", False), ("tokenmerge 0.5", False), ("vanilla compiled", True), ("tokenmerge 0.5 compiled", True)]
+    assert all(r["status"] == "ok" and r["median_s"] > 0 for r in rows)
+    assert rows[3]["speedup_vs_compiled"] == pytest.approx(rows[2]["median_s"] / rows[3]["median_s"])
+    assert "vs vanilla compiled" in (out / "bench.md").read_text()

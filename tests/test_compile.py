@@ -1,12 +1,14 @@
 """torch.compile (inductor, CPU) of patched models: one graph, no breaks caused by our hooks, same results."""
 
 import pytest
+
 import torch
 
 import tokenmerge
 from tiny_models import make_unet
 
 pytest.importorskip("torch._inductor")
+pytestmark = pytest.mark.compile
 
 
 @pytest.fixture(autouse=True)

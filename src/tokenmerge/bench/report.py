@@ -20,10 +20,11 @@ def _steps(records: list[dict]) -> list[dict]:
 
 def _limit_label(r: dict) -> str | None:
     """The zero-overhead reference a mode's gain is measured against: ToMe's limit or ToDo's."""
+    suffix = " compiled" if r.get("compiled") else ""
     if r["mode"] in ("tokenmerge", "tomesd"):
-        return f"limit {r['ratio']:g}"
+        return f"limit {r['ratio']:g}" + suffix
     if r["mode"] == "todo":
-        return f"todo-limit {r['factor']:g}"
+        return f"todo-limit {r['factor']:g}" + suffix
     return None
 
 
@@ -35,8 +36,11 @@ def annotate(records: list[dict]) -> None:
         by_cell[(r["preset"], r["attention"], r["resolution"], r["batch"])][r["label"]] = r
     for cell in by_cell.values():
         base = cell.get("vanilla", {})
+        compiled_base = cell.get("vanilla compiled", {})
         for r in cell.values():
             r["speedup"] = _speedup(base.get("median_s"), r["median_s"])
+            if r.get("compiled"):  # compiled modes against compiled vanilla (and eager vanilla in `speedup`)
+                r["speedup_vs_compiled"] = _speedup(compiled_base.get("median_s"), r["median_s"])
             if r.get("generate_s"):
                 r["generate_speedup"] = _speedup(base.get("generate_s"), r["generate_s"])
         for r in cell.values():
@@ -53,7 +57,9 @@ def _fmt(r) -> str:
     if r["status"] != "ok":
         return r["status"]
     text = f"{r['median_s']:.3g} s"
-    if r["mode"] != "vanilla" and r.get("speedup"):
+    if r.get("speedup_vs_compiled"):
+        text += f" ({(r['speedup_vs_compiled'] - 1) * 100:+.0f}% vs vanilla compiled)"
+    elif r["mode"] != "vanilla" and r.get("speedup"):
         text += f" ({(r['speedup'] - 1) * 100:+.0f}%)"
         if r.get("gain_kept") is not None:
             text += f", {r['gain_kept'] * 100:.0f}% of limit"
@@ -105,6 +111,8 @@ def markdown(records: list[dict], meta: dict, command: str) -> str:
         f"Device: {meta['device_name']} ({meta['device']}, {meta['threads']} threads), {meta['dtype']}; "
         f"torch {meta['torch']}, diffusers {meta['diffusers']}, tokenmerge {meta['tokenmerge']}"
         + (f", tomesd {meta['tomesd']}" if "tomesd" in meta else "")
+        + (". Modes marked 'compiled' ran under torch.compile (default inductor), interleaved with the eager runs; "
+           "their % is against compiled vanilla" if meta.get("compile") else "")
         + f". One UNet step with classifier-free guidance (the UNet sees 2 x batch), median of {meta['repeats']} "
         "runs after a warm-up, modes interleaved. Speed-up in % against vanilla in the same cell; "
         "'% of limit': share of the zero-overhead limit's gain at that ratio (ToDo: at that factor). "
@@ -172,7 +180,7 @@ def write_outputs(records: list[dict], meta: dict, out_dir: Path, command: str, 
     paths = {"markdown": out_dir / f"{stem}.md", "csv": out_dir / f"{stem}.csv", "jsonl": out_dir / f"{stem}.jsonl"}
     paths["markdown"].write_text(markdown(records, meta, command) + "\n")
     columns = ["kind", "preset", "attention", "resolution", "batch", "mode", "ratio", "factor", "spec", "label",
-               "status", "median_s", "runs", "speedup", "gain_kept", "generate_s", "generate_speedup", "phases_s",
+               "compiled", "status", "median_s", "runs", "speedup", "speedup_vs_compiled", "gain_kept", "generate_s", "generate_speedup", "phases_s",
                "peak_mem_mb", "step_mem_mb", "dtype", "device"]
     with paths["csv"].open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns + sorted(meta), extrasaction="ignore")

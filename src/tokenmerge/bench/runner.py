@@ -119,44 +119,73 @@ def versions(device: torch.device) -> dict:
     return info
 
 
+def _compile_friendly() -> None:
+    """Every mode x compiled variant is its own set of guards on the same code: let dynamo keep them all."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+
+
 def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, device, dtype,
-              progress=None) -> list[dict]:
-    """Time every mode on one cell; one record per mode (``status`` "ok" or "OOM")."""
+              progress=None, compile: bool = False) -> list[dict]:
+    """Time every mode on one cell; one record per mode (``status`` "ok", "OOM" or why compiling failed).
+
+    ``compile``: every mode also runs under ``torch.compile``, interleaved with the eager runs (the warm-up round
+    compiles)."""
     set_attention(unet, cell.attention, preset.family)
     inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
-    times: dict[str, list[float]] = {m.text: [] for m in modes}
+    runs = [(m, False) for m in modes] + ([(m, True) for m in modes] if compile else [])
+    if compile:
+        _compile_friendly()
+
+    def key(run):
+        return run[0].text + (" compiled" if run[1] else "")
+
+    times: dict[str, list[float]] = {key(r): [] for r in runs}
     peak: dict[str, int] = {}
-    status = {m.text: "ok" for m in modes}
+    status = {key(r): "ok" for r in runs}
     for rep in range(repeats + 1):  # round 0 warms up
-        for mode in modes:
-            if status[mode.text] != "ok":
+        for run in runs:
+            mode, compiled = run
+            k = key(run)
+            if status[k] != "ok":
                 continue
             mode.apply(unet)
             try:
+                model = torch.compile(unet) if compiled else unet
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
                 _sync(device)
                 start = time.perf_counter()
-                _step(unet, inputs)
+                _step(model, inputs)
                 _sync(device)
                 if rep:
-                    times[mode.text].append(time.perf_counter() - start)
+                    times[k].append(time.perf_counter() - start)
                 if device.type == "cuda":
-                    peak[mode.text] = max(peak.get(mode.text, 0), torch.cuda.max_memory_allocated(device))
+                    peak[k] = max(peak.get(k, 0), torch.cuda.max_memory_allocated(device))
             except Exception as err:
-                if not _is_oom(err):
+                if _is_oom(err):
+                    status[k] = "OOM"
+                elif compiled:  # e.g. a reference package that does not trace: say so, go on
+                    status[k] = f"compile failed ({type(err).__name__})"
+                else:
                     raise
-                status[mode.text] = "OOM"
             finally:
                 mode.remove(unet)
             if progress is not None:
                 progress.update(1)
     records = []
-    for mode in modes:
-        ts = times[mode.text]
-        records.append(dict(asdict(cell), **_record_fields(mode), status=status[mode.text],
+    for run in runs:
+        k = key(run)
+        fields = _record_fields(run[0])
+        if run[1]:
+            fields["label"] += " compiled"
+        ts = times[k]
+        records.append(dict(asdict(cell), **fields, compiled=run[1], status=status[k],
                             median_s=statistics.median(ts) if ts else None, runs=len(ts), times_s=ts,
-                            peak_mem_mb=peak[mode.text] / 2**20 if mode.text in peak else None))
+                            peak_mem_mb=peak[k] / 2**20 if k in peak else None))
     return records
 
 
@@ -309,7 +338,7 @@ def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: 
 
 
 def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec], repeats, device, dtype,
-             memory=False, memory_limit_mb=None, progress=True, breakdown=False, steps=0,
+             memory=False, memory_limit_mb=None, progress=True, breakdown=False, steps=0, compile=False,
              log=print) -> tuple[list[dict], dict]:
     """Every cell of the grid; records of step times (and memory), plus, with ``breakdown``, records of the
     phases (``kind="breakdown"``), and with ``steps``, each record's ``generate_s`` (the end-to-end time)."""
@@ -318,7 +347,7 @@ def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec],
     device = torch.device(device)
     dtype_name = str(dtype).split(".")[-1]
     cells = len(presets) * len(attentions) * len(resolutions) * len(batches)
-    total = cells * len(modes) * (repeats + 1) + (cells * len(modes) * repeats if steps else 0)
+    total = cells * len(modes) * (repeats + 1) * (2 if compile else 1) + (cells * len(modes) * repeats if steps else 0)
     bar = tqdm(total=total, desc="bench", disable=not progress, unit="run")
     records = []
     for preset in presets:
@@ -333,26 +362,28 @@ def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec],
                         fits = [m for m in modes if probes[m.text]["status"] == "ok"]
                     else:
                         probes, fits = {}, list(modes)
-                    cell_records = time_cell(unet, preset, cell, fits, repeats, device, dtype, bar) if fits else []
-                    bar.update((repeats + 1) * (len(modes) - len(fits)))
+                    cell_records = time_cell(unet, preset, cell, fits, repeats, device, dtype, bar,
+                                             compile=compile) if fits else []
+                    bar.update((repeats + 1) * (len(modes) - len(fits)) * (2 if compile else 1))
                     done = {r["spec"] for r in cell_records}
                     for m in modes:
                         if m.text not in done:
                             cell_records.append(dict(asdict(cell), **_record_fields(m), status="OOM", median_s=None,
                                                      runs=0, times_s=[], peak_mem_mb=None))
                     for r in cell_records:
-                        probe = probes.get(r["spec"])
+                        probe = probes.get(r["spec"]) if not r.get("compiled") else None
                         if probe is None and memory and device.type == "cpu" and r["status"] == "ok":
                             probe = memory_cell(preset, cell, parse_spec(r["spec"], bench=True), dtype_name, None)
                         if probe is not None:
                             r["peak_mem_mb"], r["step_mem_mb"] = probe["peak_rss_mb"], probe["step_rss_mb"]
                             if probe["status"] == "OOM":
                                 r["status"] = "OOM"
-                    ok = [m for m in modes if any(r["spec"] == m.text and r["status"] == "ok" for r in cell_records)]
+                    ok = [m for m in modes if any(r["spec"] == m.text and r["status"] == "ok" and not r.get("compiled")
+                                                  for r in cell_records)]
                     if steps and ok:
                         gen = time_generation(unet, preset, cell, ok, repeats, steps, device, dtype, bar)
                         for r in cell_records:
-                            ts = gen.get(r["spec"])
+                            ts = None if r.get("compiled") else gen.get(r["spec"])
                             if ts:
                                 r["generate_s"], r["generate_times_s"] = statistics.median(ts), ts
                     if breakdown and ok:
@@ -361,7 +392,7 @@ def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec],
                     records += cell_records
         del unet
     bar.close()
-    meta = dict(versions(device), dtype=dtype_name, repeats=repeats, steps=steps,
+    meta = dict(versions(device), dtype=dtype_name, repeats=repeats, steps=steps, compile=compile,
                 memory="CUDA allocator peak" if device.type == "cuda" else
                 ("peak RSS of an isolated one-step process" if memory or memory_limit_mb else "not measured"),
                 memory_limit_mb=memory_limit_mb)

@@ -103,6 +103,10 @@ def add_parser(sub) -> None:
                    help="also time whole generations: N denoising steps with a real scheduler and guidance, then the "
                         "VAE decode (random weights for presets; prompt embeddings given, so no text encoder), "
                         "modes interleaved, --repeats times each. 0 (default) = off; small on a CPU (e.g. 4)")
+    p.add_argument("--compile", action="store_true",
+                   help="also run every mode under torch.compile (inductor), interleaved with the eager runs; the "
+                        "warm-up round compiles (minutes per mode on a CPU). Compiled modes are compared with "
+                        "compiled vanilla")
     p.add_argument("--breakdown", action="store_true",
                    help="also time the phases inside the patched blocks (similarity, merge, attention, unmerge) "
                         "for this library's modes, against the same blocks unmerged; the device is synchronised at "
@@ -169,7 +173,7 @@ def run(args, parser) -> int:
     records, meta = runner.run_grid(presets, args.attention, args.resolutions, args.batch_sizes, modes,
                                     args.repeats, device, dtype, memory=args.memory,
                                     memory_limit_mb=args.memory_limit, progress=not args.no_progress,
-                                    breakdown=args.breakdown, steps=args.steps)
+                                    breakdown=args.breakdown, steps=args.steps, compile=args.compile)
     command = "tokenmerge bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
         else "tokenmerge bench ..."
     paths = report.write_outputs(records, meta, args.out, command, args.stem)
