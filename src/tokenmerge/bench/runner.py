@@ -283,10 +283,10 @@ def _vae(preset: Preset, dtype, device):
 def generate(unet, vae, preset: Preset, inputs: dict, steps: int, guidance: float = 7.5):
     """A text-to-image denoising loop of ``steps`` steps and the VAE decode, as a pipeline runs them, on the
     bench's inputs (prompt embeddings given: the text encoder's few milliseconds are left out)."""
-    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
+    import diffusers
 
-    flow = preset.family in ("sd3", "flux")
-    scheduler = FlowMatchEulerDiscreteScheduler() if flow else DDIMScheduler()
+    flow = preset.family in ("sd3", "flux")  # flow matching (diffusers >= 0.29, as are these models)
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler() if flow else diffusers.DDIMScheduler()
     scheduler.set_timesteps(steps)
     key = "sample" if "sample" in inputs else "hidden_states"
     cfg = preset.family != "flux"
