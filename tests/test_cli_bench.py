@@ -70,6 +70,9 @@ def test_memory_limit_that_fits_measures_memory(tmp_path):
     (["--memory-limit", "lots"], "512MB"),
     (["--attention", "xformers"], "xformers"),
     (["--device", "tpu"], "--device"),
+    (["--methods", "fast:1"], "method must be one of"),
+    (["--methods", "tome:0.5,bogus=1"], "bogus"),
+    (["--steps", "-1"], ">= 0"),
 ])
 def test_argument_errors(args, words, capsys):
     with pytest.raises(SystemExit) as err:
@@ -132,18 +135,6 @@ def test_methods_whole_generations_and_breakdown(tmp_path):
     md = (out / "bench.md").read_text()
     assert "whole generation (2 steps + VAE decode)" in md and "Inside the patched blocks" in md
     assert "| unmerged blocks (tome 0) |" in md and "% of blocks |" in md
-
-
-@pytest.mark.parametrize("args, words", [
-    (["--methods", "fast:1"], "method must be one of"),
-    (["--methods", "tome:0.5,bogus=1"], "bogus"),
-    (["--steps", "-1"], ">= 0"),
-])
-def test_method_and_steps_errors(args, words, capsys):
-    with pytest.raises(SystemExit) as err:
-        main(["bench", "--preset", "tiny", *args])
-    assert err.value.code == 2
-    assert words in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["pixart", "sd3", "flux"])

@@ -8,6 +8,7 @@ KEY=VALUE pairs are keyword arguments of ``apply_patch`` / ``apply_todo`` / ``to
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from .config import ToDoConfig, ToMeConfig
@@ -103,6 +104,15 @@ class MethodSpec:
             kwargs = self.kwargs()
             kwargs.setdefault("max_downsample", auto_downsample(model))  # tomesd's own default misses SDXL
             tomesd.apply_patch(model, ratio=self.value, **kwargs)
+
+    @contextlib.contextmanager
+    def applied(self, model):
+        """``with spec.applied(model):`` the method is on inside the block and removed after, whatever happens."""
+        self.apply(model)
+        try:
+            yield model
+        finally:
+            self.remove(model)
 
     def remove(self, model) -> None:
         if self.name == "tomesd":

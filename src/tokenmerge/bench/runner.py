@@ -91,13 +91,22 @@ def _is_oom(err: BaseException) -> bool:
         type(err).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(err).lower()
 
 
+def timed(device: torch.device, fn, *args):
+    """``(fn(*args), seconds)``, the device synchronised before and after."""
+    _sync(device)
+    start = time.perf_counter()
+    out = fn(*args)
+    _sync(device)
+    return out, time.perf_counter() - start
+
+
 @torch.no_grad()
-def _step(unet, inputs: dict) -> None:
+def _step(unet, inputs: dict):
+    """One denoiser call on the keyword ``inputs``; its output."""
     if "sample" in inputs:  # a UNet: the latent by position, as tomesd (which reads args[0]) needs
         rest = {k: v for k, v in inputs.items() if k != "sample"}
-        unet(inputs["sample"], **rest)
-    else:
-        unet(**inputs)
+        return unet(inputs["sample"], **rest)
+    return unet(**inputs)
 
 
 def versions(device: torch.device) -> dict:
@@ -152,19 +161,16 @@ def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, d
             k = key(run)
             if status[k] != "ok":
                 continue
-            mode.apply(unet)
             try:
-                model = torch.compile(unet) if compiled else unet
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                _sync(device)
-                start = time.perf_counter()
-                _step(model, inputs)
-                _sync(device)
-                if rep:
-                    times[k].append(time.perf_counter() - start)
-                if device.type == "cuda":
-                    peak[k] = max(peak.get(k, 0), torch.cuda.max_memory_allocated(device))
+                with mode.applied(unet):
+                    model = torch.compile(unet) if compiled else unet
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(device)
+                    seconds = timed(device, _step, model, inputs)[1]
+                    if rep:
+                        times[k].append(seconds)
+                    if device.type == "cuda":
+                        peak[k] = max(peak.get(k, 0), torch.cuda.max_memory_allocated(device))
             except Exception as err:
                 if _is_oom(err):
                     status[k] = "OOM"
@@ -172,8 +178,6 @@ def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, d
                     status[k] = f"compile failed ({type(err).__name__})"
                 else:
                     raise
-            finally:
-                mode.remove(unet)
             if progress is not None:
                 progress.update(1)
     records = []
@@ -245,13 +249,10 @@ def breakdown_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: i
     runs: dict[str, list[dict]] = {m.text: [] for m in own}
     for rep in range(repeats + 1):
         for mode in own:
-            mode.apply(unet)
             timer = PhaseTimer(device)
-            attach(unet, timer)
-            try:
+            with mode.applied(unet):
+                attach(unet, timer)
                 _step(unet, inputs)
-            finally:
-                mode.remove(unet)
             if rep:
                 runs[mode.text].append(timer.totals())
     records = []
@@ -296,7 +297,7 @@ def generate(unet, vae, preset: Preset, inputs: dict, steps: int, guidance: floa
     for t in scheduler.timesteps:
         model_in = torch.cat([x, x]) if cfg else x
         step_t = torch.full((n,), float(t) / (1000 if preset.family == "flux" else 1), device=x.device)
-        out = _call(unet, key, model_in, step_t, rest).sample
+        out = _step(unet, {key: model_in, "timestep": step_t, **rest}).sample
         if cfg:
             uncond, cond = out.chunk(2)
             out = uncond + guidance * (cond - uncond)
@@ -309,10 +310,6 @@ def generate(unet, vae, preset: Preset, inputs: dict, steps: int, guidance: floa
     return vae.decode(x / vae.config.scaling_factor).sample
 
 
-def _call(unet, key, x, t, rest):
-    return unet(x, timestep=t, **rest) if key == "sample" else unet(**{key: x, "timestep": t}, **rest)
-
-
 def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, steps: int, device, dtype,
                     progress=None) -> dict[str, list[float]]:
     """Seconds of ``generate`` per mode, interleaved, after one VAE warm-up (the steps were warmed by
@@ -323,15 +320,8 @@ def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: 
     times: dict[str, list[float]] = {m.text: [] for m in modes}
     for _ in range(repeats):
         for mode in modes:
-            mode.apply(unet)
-            try:
-                _sync(device)
-                start = time.perf_counter()
-                generate(unet, vae, preset, inputs, steps)
-                _sync(device)
-                times[mode.text].append(time.perf_counter() - start)
-            finally:
-                mode.remove(unet)
+            with mode.applied(unet):
+                times[mode.text].append(timed(device, generate, unet, vae, preset, inputs, steps)[1])
             if progress is not None:
                 progress.update(1)
     return times

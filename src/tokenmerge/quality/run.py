@@ -10,13 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..bench.runner import _sync
+from ..bench.runner import timed
 from ..methods import MethodSpec
 from .metrics import mean_ci, psnr, ssim, to_tensor
 
@@ -58,15 +57,9 @@ def _call_kwargs(job: QualityJob, prompt: str, seed: int, device: torch.device, 
 
 
 def _generate(pipe, job: QualityJob, spec: MethodSpec, prompt: str, seed: int, device, steps: int):
-    spec.apply(pipe)
-    try:
-        _sync(device)
-        start = time.perf_counter()
-        image = pipe(prompt, **_call_kwargs(job, prompt, seed, device, steps)).images[0]
-        _sync(device)
-        return image, time.perf_counter() - start
-    finally:
-        spec.remove(pipe)
+    with spec.applied(pipe):
+        out, seconds = timed(device, lambda: pipe(prompt, **_call_kwargs(job, prompt, seed, device, steps)))
+    return out.images[0], seconds
 
 
 def generate_items(pipe, job: QualityJob, items: list[tuple[str, int]], device, progress=None, rank: int = 0) -> int:
