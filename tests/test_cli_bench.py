@@ -60,6 +60,26 @@ def test_memory_limit_that_fits_measures_memory(tmp_path):
     assert row["status"] == "ok" and float(row["peak_mem_mb"]) > 50
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the inherited high-water mark is Linux's")
+def test_memory_probe_reports_its_own_peak_not_its_parents():
+    """Linux carries ``ru_maxrss`` across fork + exec: a probe started by a parent holding 2 GB more than the
+    probe needs would report the parent's figure (the 1024 px rows of an earlier table read 14.7 GB, step 0)."""
+    from tokenmerge.bench.runner import Cell, memory_cell, peak_rss_mb, rss_mb
+    from tokenmerge.bench.presets import resolve
+    from tokenmerge.methods import MethodSpec
+
+    ballast = bytearray(2 * 2**30)  # resident: zero pages are touched
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    parent = rss_mb()
+    assert parent > 2048 and peak_rss_mb() >= parent
+    probe = memory_cell(resolve("tiny"), Cell("tiny", "sdpa", 64, 1), MethodSpec("vanilla"), "float32", None)
+    del ballast
+    assert probe["status"] == "ok"
+    assert 50 < probe["peak_rss_mb"] < parent - 1024, (probe, parent)
+    assert 0 <= probe["step_rss_mb"] < probe["peak_rss_mb"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["--resolutions", "100"], "multiple of 8"),
     (["--resolutions", "32"], ">= 64"),
@@ -178,3 +198,21 @@ def test_compiled_modes_side_by_side(tmp_path):
     assert all(r["status"] == "ok" and r["median_s"] > 0 for r in rows)
     assert rows[3]["speedup_vs_compiled"] == pytest.approx(rows[2]["median_s"] / rows[3]["median_s"])
     assert "vs vanilla compiled" in (out / "bench.md").read_text()
+
+
+def test_table_shows_the_spread_of_paired_rounds_and_step_memory():
+    from tokenmerge.bench.report import annotate, markdown
+
+    cell = dict(kind="step", preset="p", attention="sdpa", resolution=512, batch=1, status="ok", ratio=0.5, factor=0,
+                compiled=False)
+    records = [dict(cell, mode="vanilla", label="vanilla", median_s=11.0, times_s=[10.0, 12.0]),
+               dict(cell, mode="tokenmerge", label="tokenmerge 0.5", median_s=6.5, times_s=[5.0, 8.0],
+                    peak_mem_mb=3072.0, step_mem_mb=1024.0),
+               dict(cell, mode="limit", label="limit 0.5", median_s=6.0, times_s=[6.0])]  # unpaired: no spread
+    annotate(records)
+    assert records[1]["speedup_runs"] == [2.0, 1.5] and records[2]["speedup_runs"] is None
+    meta = dict(device_name="x", device="cpu", threads=2, dtype="float32", torch="t", diffusers="d",
+                tokenmerge="m", repeats=2, memory="peak RSS of an isolated one-step process")
+    md = markdown(records, meta, "cmd")
+    assert "6.5 s (+69% [+50, +100]), 83% of limit, 3.00 GB (1.00 GB step)" in md
+    assert "6 s (+83%) |" in md

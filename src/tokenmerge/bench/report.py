@@ -28,6 +28,14 @@ def _limit_label(r: dict) -> str | None:
     return None
 
 
+def _paired(vanilla_runs, runs) -> list[float] | None:
+    """Speed-up of each round: vanilla's run i over this mode's run i. The modes take turns within a round, so a
+    round's pair shares the machine's state; the spread of these is the noise a speed-up must stand out of."""
+    if not vanilla_runs or not runs or len(vanilla_runs) != len(runs):
+        return None
+    return [v / t for v, t in zip(vanilla_runs, runs)]
+
+
 def annotate(records: list[dict]) -> None:
     """Add ``speedup`` (vanilla time / this time, same cell), ``gain_kept`` (share of the limit's gain) and, with
     generation times, ``generate_speedup``."""
@@ -39,6 +47,7 @@ def annotate(records: list[dict]) -> None:
         compiled_base = cell.get("vanilla compiled", {})
         for r in cell.values():
             r["speedup"] = _speedup(base.get("median_s"), r["median_s"])
+            r["speedup_runs"] = _paired(base.get("times_s"), r.get("times_s"))
             if r.get("compiled"):  # compiled modes against compiled vanilla (and eager vanilla in `speedup`)
                 r["speedup_vs_compiled"] = _speedup(compiled_base.get("median_s"), r["median_s"])
             if r.get("generate_s"):
@@ -60,11 +69,15 @@ def _fmt(r) -> str:
     if r.get("speedup_vs_compiled"):
         text += f" ({(r['speedup_vs_compiled'] - 1) * 100:+.0f}% vs vanilla compiled)"
     elif r["mode"] != "vanilla" and r.get("speedup"):
-        text += f" ({(r['speedup'] - 1) * 100:+.0f}%)"
+        runs = r.get("speedup_runs") or []
+        spread = f" [{(min(runs) - 1) * 100:+.0f}, {(max(runs) - 1) * 100:+.0f}]" if len(runs) > 1 else ""
+        text += f" ({(r['speedup'] - 1) * 100:+.0f}%{spread})"
         if r.get("gain_kept") is not None:
             text += f", {r['gain_kept'] * 100:.0f}% of limit"
     if r.get("peak_mem_mb") is not None:
         text += f", {r['peak_mem_mb'] / 1024:.2f} GB"
+        if r.get("step_mem_mb") is not None:
+            text += f" ({r['step_mem_mb'] / 1024:.2f} GB step)"
     return text
 
 
@@ -115,8 +128,11 @@ def markdown(records: list[dict], meta: dict, command: str) -> str:
            "their % is against compiled vanilla" if meta.get("compile") else "")
         + f". One UNet step with classifier-free guidance (the UNet sees 2 x batch), median of {meta['repeats']} "
         "runs after a warm-up, modes interleaved. Speed-up in % against vanilla in the same cell; "
+        "[a, b]: the lowest and highest speed-up of a single round (vanilla's run over this mode's run in the same "
+        "round), the noise a figure must stand out of. "
         "'% of limit': share of the zero-overhead limit's gain at that ratio (ToDo: at that factor). "
-        "Memory: " + meta["memory"] + ".",
+        "Memory: " + meta["memory"] + (" (step: what one step adds to the resident memory before it)"
+                                       if "isolated" in meta["memory"] else "") + ".",
         "",
     ]
     groups = defaultdict(list)

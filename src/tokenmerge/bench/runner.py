@@ -211,6 +211,49 @@ def memory_cell(preset: Preset, cell: Cell, mode: MethodSpec, dtype: str, limit_
     raise RuntimeError(f"memory probe failed for {cell} {mode}:\n{proc.stderr[-2000:]}")
 
 
+def _proc_status_mb(field: str) -> float | None:
+    """A ``kB`` field of ``/proc/self/status`` (Linux) in MB, or None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, in MB (Linux; elsewhere its peak, the best the OS tells)."""
+    now = _proc_status_mb("VmRSS")
+    return now if now is not None else peak_rss_mb()
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak resident memory in MB.
+
+    Linux: ``VmHWM``, the high-water mark of this process's address space. Not ``ru_maxrss``: Linux carries that
+    across ``execve`` from the forked parent, so a probe started by a parent holding 14 GB would report 14 GB
+    whatever it used itself. Elsewhere ``ru_maxrss`` (bytes on macOS, kilobytes on the other Unixes).
+    """
+    hwm = _proc_status_mb("VmHWM")
+    if hwm is not None:
+        return hwm
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the peak (``VmHWM``) to the current resident size, so that it measures what follows (Linux >= 4.0,
+    through ``/proc/self/clear_refs``). False where the OS does not allow it: the peak then spans the process."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _memory_child(payload: str) -> None:
     spec = json.loads(payload)
     cell, mode = Cell(**spec["cell"]), parse_spec(spec["mode"], bench=True)
@@ -227,10 +270,13 @@ def _memory_child(payload: str) -> None:
         set_attention(unet, cell.attention, preset.family)
         inputs = preset.inputs(cell.batch, cell.resolution, dtype, torch.device("cpu"))
         mode.apply(unet)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        setup_peak = peak_rss_mb()
+        before = rss_mb()
+        reset_peak_rss()  # from here the high-water mark is the step's (where the OS can reset it)
         _step(unet, inputs)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(json.dumps({"status": "ok", "peak_rss_mb": peak, "step_rss_mb": peak - before}), flush=True)
+        step_peak = peak_rss_mb()
+        print(json.dumps({"status": "ok", "peak_rss_mb": max(setup_peak, step_peak),
+                          "step_rss_mb": max(0.0, step_peak - before)}), flush=True)
     except Exception as err:
         if not _is_oom(err):
             raise
