@@ -88,6 +88,8 @@ def test_memory_probe_reports_its_own_peak_not_its_parents():
     (["--preset", "sd99"], "invalid choice"),
     (["--modes", "fast"], "invalid choice"),
     (["--memory-limit", "lots"], "512MB"),
+    (["--warmup", "-1"], "warmup must be >= 0"),
+    (["--warmup", "0", "--compile"], "--warmup 0 with --compile"),
     (["--attention", "xformers"], "xformers"),
     (["--device", "tpu"], "--device"),
     (["--methods", "fast:1"], "method must be one of"),
@@ -216,3 +218,18 @@ def test_table_shows_the_spread_of_paired_rounds_and_step_memory():
     md = markdown(records, meta, "cmd")
     assert "6.5 s (+69% [+50, +100]), 83% of limit, 3.00 GB (1.00 GB step)" in md
     assert "6 s (+83%) |" in md
+
+
+def test_no_warmup_round_times_every_round(tmp_path, monkeypatch):
+    from tokenmerge.bench import runner
+
+    calls = []
+    real_timed = runner.timed
+    monkeypatch.setattr(runner, "timed", lambda *a: calls.append(1) or real_timed(*a))
+    out = tmp_path / "res"
+    assert main(["bench", "--preset", "tiny", "--resolutions", "64", "--modes", "vanilla", "tokenmerge",
+                 "--repeats", "2", "--warmup", "0", "--out", str(out), "--no-progress"]) == 0
+    records = [json.loads(line) for line in (out / "bench.jsonl").open()]
+    assert len(calls) == 2 * 2  # modes x rounds: none untimed
+    assert [len(r["times_s"]) for r in records] == [2, 2] and records[0]["meta"]["warmup"] == 0
+    assert "median of 2 runs after no warm-up round" in (out / "bench.md").read_text()

@@ -115,6 +115,10 @@ def _breakdown_lines(rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def _warmups(n: int) -> str:
+    return "no warm-up round" if n == 0 else "a warm-up round" if n == 1 else f"{n} warm-up rounds"
+
+
 def markdown(records: list[dict], meta: dict, command: str) -> str:
     steps = _steps(records)
     labels = list(dict.fromkeys(r["label"] for r in steps))
@@ -127,7 +131,7 @@ def markdown(records: list[dict], meta: dict, command: str) -> str:
         + (". Modes marked 'compiled' ran under torch.compile (default inductor), interleaved with the eager runs; "
            "their % is against compiled vanilla" if meta.get("compile") else "")
         + f". One UNet step with classifier-free guidance (the UNet sees 2 x batch), median of {meta['repeats']} "
-        "runs after a warm-up, modes interleaved. Speed-up in % against vanilla in the same cell; "
+        f"runs after {_warmups(meta.get('warmup', 1))}, modes interleaved. Speed-up in % against vanilla in the same cell; "
         "[a, b]: the lowest and highest speed-up of a single round (vanilla's run over this mode's run in the same "
         "round), the noise a figure must stand out of. "
         "'% of limit': share of the zero-overhead limit's gain at that ratio (ToDo: at that factor). "

@@ -138,11 +138,11 @@ def _compile_friendly() -> None:
 
 
 def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, device, dtype,
-              progress=None, compile: bool = False) -> list[dict]:
+              progress=None, compile: bool = False, warmup: int = 1) -> list[dict]:
     """Time every mode on one cell; one record per mode (``status`` "ok", "OOM" or why compiling failed).
 
-    ``compile``: every mode also runs under ``torch.compile``, interleaved with the eager runs (the warm-up round
-    compiles)."""
+    ``warmup`` untimed rounds come first. ``compile``: every mode also runs under ``torch.compile``, interleaved
+    with the eager runs (the warm-up round compiles)."""
     set_attention(unet, cell.attention, preset.family)
     inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
     runs = [(m, False) for m in modes] + ([(m, True) for m in modes] if compile else [])
@@ -155,7 +155,7 @@ def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, d
     times: dict[str, list[float]] = {key(r): [] for r in runs}
     peak: dict[str, int] = {}
     status = {key(r): "ok" for r in runs}
-    for rep in range(repeats + 1):  # round 0 warms up
+    for rep in range(warmup + repeats):  # the first ``warmup`` rounds are not timed
         for run in runs:
             mode, compiled = run
             k = key(run)
@@ -167,7 +167,7 @@ def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, d
                     if device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats(device)
                     seconds = timed(device, _step, model, inputs)[1]
-                    if rep:
+                    if rep >= warmup:
                         times[k].append(seconds)
                     if device.type == "cuda":
                         peak[k] = max(peak.get(k, 0), torch.cuda.max_memory_allocated(device))
@@ -283,7 +283,8 @@ def _memory_child(payload: str) -> None:
         print(json.dumps({"status": "OOM", "peak_rss_mb": None, "step_rss_mb": None}), flush=True)
 
 
-def breakdown_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, device, dtype) -> list[dict]:
+def breakdown_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, device, dtype,
+                   warmup: int = 1) -> list[dict]:
     """Time the phases inside the patched blocks (similarity, merge, attention, unmerge) for this library's
     methods, with the device synchronised at every phase boundary (so the total is slower than a normal step).
     ``tome:0`` runs the same blocks unmerged, as the reference. One record per method: medians per step."""
@@ -293,13 +294,13 @@ def breakdown_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: i
     set_attention(unet, cell.attention, preset.family)
     inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
     runs: dict[str, list[dict]] = {m.text: [] for m in own}
-    for rep in range(repeats + 1):
+    for rep in range(warmup + repeats):
         for mode in own:
             timer = PhaseTimer(device)
             with mode.applied(unet):
                 attach(unet, timer)
                 _step(unet, inputs)
-            if rep:
+            if rep >= warmup:
                 runs[mode.text].append(timer.totals())
     records = []
     for mode in own:
@@ -375,7 +376,7 @@ def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: 
 
 def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec], repeats, device, dtype,
              memory=False, memory_limit_mb=None, progress=True, breakdown=False, steps=0, compile=False,
-             log=print) -> tuple[list[dict], dict]:
+             log=print, warmup: int = 1) -> tuple[list[dict], dict]:
     """Every cell of the grid; records of step times (and memory), plus, with ``breakdown``, records of the
     phases (``kind="breakdown"``), and with ``steps``, each record's ``generate_s`` (the end-to-end time)."""
     from tqdm.auto import tqdm
@@ -383,7 +384,7 @@ def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec],
     device = torch.device(device)
     dtype_name = str(dtype).split(".")[-1]
     cells = len(presets) * len(attentions) * len(resolutions) * len(batches)
-    total = cells * len(modes) * (repeats + 1) * (2 if compile else 1) + (cells * len(modes) * repeats if steps else 0)
+    total = cells * len(modes) * (warmup + repeats) * (2 if compile else 1) + (cells * len(modes) * repeats if steps else 0)
     bar = tqdm(total=total, desc="bench", disable=not progress, unit="run")
     records = []
     for preset in presets:
@@ -399,8 +400,8 @@ def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec],
                     else:
                         probes, fits = {}, list(modes)
                     cell_records = time_cell(unet, preset, cell, fits, repeats, device, dtype, bar,
-                                             compile=compile) if fits else []
-                    bar.update((repeats + 1) * (len(modes) - len(fits)) * (2 if compile else 1))
+                                             compile=compile, warmup=warmup) if fits else []
+                    bar.update((warmup + repeats) * (len(modes) - len(fits)) * (2 if compile else 1))
                     done = {r["spec"] for r in cell_records}
                     for m in modes:
                         if m.text not in done:
@@ -424,11 +425,12 @@ def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec],
                                 r["generate_s"], r["generate_times_s"] = statistics.median(ts), ts
                     if breakdown and ok:
                         cell_records += [dict(r, kind="breakdown", status="ok")
-                                         for r in breakdown_cell(unet, preset, cell, ok, repeats, device, dtype)]
+                                         for r in breakdown_cell(unet, preset, cell, ok, repeats, device, dtype,
+                                                                         warmup)]
                     records += cell_records
         del unet
     bar.close()
-    meta = dict(versions(device), dtype=dtype_name, repeats=repeats, steps=steps, compile=compile,
+    meta = dict(versions(device), dtype=dtype_name, repeats=repeats, warmup=warmup, steps=steps, compile=compile,
                 memory="CUDA allocator peak" if device.type == "cuda" else
                 ("peak RSS of an isolated one-step process" if memory or memory_limit_mb else "not measured"),
                 memory_limit_mb=memory_limit_mb)

@@ -51,6 +51,13 @@ def _spec(text: str):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _warmup(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"warmup must be >= 0 (untimed rounds before the timed ones); got {text}")
+    return value
+
+
 def _steps(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -96,6 +103,10 @@ def add_parser(sub) -> None:
                         "xformers (if installed). Default: sdpa")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per mode per cell, after one warm-up "
                    "(default 3; more on a noisy machine)")
+    p.add_argument("--warmup", type=_warmup, default=1, metavar="N",
+                   help="untimed rounds (every mode once) before the timed ones, per cell (default 1). 0 suits cells "
+                        "whose steps take minutes, where a warm-up round would cost more than it settles; "
+                        "--compile needs at least 1 (that round compiles)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto (default)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="default: float16 on CUDA/MPS, float32 on CPU")
@@ -164,6 +175,8 @@ def run(args, parser) -> int:
         parser.error(f"--attention {' '.join(missing)}: not available here (xformers is not installed)")
     if not modes:
         parser.error("--modes/--methods: nothing to run")
+    if args.compile and args.warmup < 1:
+        parser.error("--warmup 0 with --compile: the warm-up round is where the modes compile; use --warmup 1 or more")
     from ..bench.presets import resolve
 
     try:
@@ -173,7 +186,8 @@ def run(args, parser) -> int:
     records, meta = runner.run_grid(presets, args.attention, args.resolutions, args.batch_sizes, modes,
                                     args.repeats, device, dtype, memory=args.memory,
                                     memory_limit_mb=args.memory_limit, progress=not args.no_progress,
-                                    breakdown=args.breakdown, steps=args.steps, compile=args.compile)
+                                    breakdown=args.breakdown, steps=args.steps, compile=args.compile,
+                                    warmup=args.warmup)
     command = "tokenmerge bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
         else "tokenmerge bench ..."
     paths = report.write_outputs(records, meta, args.out, command, args.stem)
