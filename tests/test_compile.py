@@ -21,7 +21,8 @@ def fresh_dynamo():
 @pytest.mark.parametrize("apply", [
     lambda m: tokenmerge.apply_patch(m, ratio=0.5, merge_crossattn=True, merge_mlp=True),
     lambda m: tokenmerge.apply_todo(m, downsample=2),
-], ids=["tome-all-targets", "todo"])
+    lambda m: tokenmerge.apply_patch(m, ratio=0.5, match_radius=0),
+], ids=["tome-all-targets", "todo", "tome-local-matching"])
 def test_compiled_patched_unet_is_one_graph_and_matches_eager(apply):
     unet = make_unet("sd")
     apply(unet)

@@ -24,6 +24,10 @@ from tokenmerge import ToMeConfig
         (dict(merge_attn=False), ["merge nothing"]),
         (dict(seed=-1), ["seed"]),
         (dict(seed="x"), ["seed"]),
+        (dict(match_radius=-1), ["match_radius", ">= 0"]),
+        (dict(match_radius=1.5), ["match_radius"]),
+        (dict(match_radius=True), ["match_radius"]),
+        (dict(match_radius=0), None),
     ],
 )
 def test_validation(kwargs, words):

@@ -130,3 +130,64 @@ def test_scores_in_chunks_give_the_same_matches(chunk):
     values, index = best_matches(a, b, chunk)
     assert torch.equal(index, whole_index)
     torch.testing.assert_close(values, whole_values, rtol=0, atol=1e-6)
+
+
+def _masked_reference(metric, h, w, sx, sy, offsets, radius):
+    """Global scores with every destination beyond ``radius`` windows masked out: what the local matching
+    must find, computed the slow way."""
+    metric = torch.nn.functional.normalize(metric, dim=-1)
+    dst, src = window_destinations(h, w, sx, sy, offsets, "cpu")
+    scores = metric[:, src] @ metric[:, dst].transpose(1, 2)
+    hsy, wsx = h // sy, w // sx
+    src_wy, src_wx = (src // w // sy).clamp(max=hsy - 1), (src % w // sx).clamp(max=wsx - 1)
+    dst_wy, dst_wx = torch.arange(hsy * wsx) // wsx, torch.arange(hsy * wsx) % wsx
+    near = ((src_wy[:, None] - dst_wy).abs() <= radius) & ((src_wx[:, None] - dst_wx).abs() <= radius)
+    return scores.masked_fill(~near, -2.0).max(dim=-1), src
+
+
+@pytest.mark.parametrize("h, w, sx, sy, radius", [
+    (8, 8, 2, 2, 0), (9, 11, 2, 2, 1), (13, 10, 3, 2, 2), (40, 36, 2, 2, 1), (40, 37, 2, 2, 3), (41, 36, 2, 2, 5),
+])
+@pytest.mark.parametrize("chunk", [None, 300])  # 300 elements: a tile or two at a time
+def test_local_matching_finds_the_best_destination_within_the_radius(h, w, sx, sy, radius, chunk):
+    from tokenmerge.merge.bipartite import _rest_candidates, local_best_matches, windowed_best_matches
+
+    torch.manual_seed(0)
+    metric = torch.randn(2, h * w, 5)
+    offsets = random_offsets((h // sy) * (w // sx), sx * sy, 7, torch.device("cpu"))
+    (want_values, want_index), src = _masked_reference(metric, h, w, sx, sy, offsets, radius)
+    unit = torch.nn.functional.normalize(metric, dim=-1)
+    dst, _ = window_destinations(h, w, sx, sy, offsets, "cpu")
+    hsy, wsx = h // sy, w // sx
+    windowed = hsy * wsx * (sx * sy - 1)
+    values, index = windowed_best_matches(unit[:, src[:windowed]], unit[:, dst], hsy, wsx, radius, chunk)
+    if src.shape[0] > windowed:
+        rest = local_best_matches(unit[:, src[windowed:]], unit[:, dst], _rest_candidates(h, w, sx, sy, radius, "cpu"))
+        values, index = torch.cat([values, rest[0]], 1), torch.cat([index, rest[1]], 1)
+    assert torch.equal(index, want_index)
+    torch.testing.assert_close(values, want_values, rtol=0, atol=1e-6)
+
+
+def test_match_radius_changes_the_plan_and_one_that_covers_the_grid_is_the_global_matching():
+    torch.manual_seed(0)
+    metric = torch.randn(2, 24 * 20, 8)
+    offsets = random_offsets(12 * 10, 4, 3, torch.device("cpu"))
+    plan = bipartite_soft_matching_2d(metric, 24, 20, 2, 2, 200, offsets)
+    assert torch.equal(bipartite_soft_matching_2d(metric, 24, 20, 2, 2, 200, offsets, radius=11).dest, plan.dest)
+    local = bipartite_soft_matching_2d(metric, 24, 20, 2, 2, 200, offsets, radius=1)
+    assert local.num_merged == plan.num_merged and not torch.equal(local.dest, plan.dest)
+    # every merged source lands on a destination at most one window away (slots: kept sources, then the
+    # destinations in window order)
+    src = window_destinations(24, 20, 2, 2, offsets, "cpu")[1]
+    slot = local.dest[:, src]  # (B, Ns)
+    kept = local.num_slots - 12 * 10
+    merged = slot >= kept
+    assert merged.sum().item() == 2 * 200
+    window = (slot - kept).clamp(min=0)
+    src_wy, src_wx = (src // 20 // 2).clamp(max=11), (src % 20 // 2).clamp(max=9)
+    assert ((window // 10 - src_wy).abs() <= 1)[merged].all()
+    assert ((window % 10 - src_wx).abs() <= 1)[merged].all()
+    # ... which the global matching does not respect: the check above has something to catch
+    global_window = (plan.dest[:, src] - kept).clamp(min=0)
+    far = ((global_window // 10 - src_wy).abs() > 1) | ((global_window % 10 - src_wx).abs() > 1)
+    assert (far & (plan.dest[:, src] >= kept)).any()

@@ -300,3 +300,29 @@ def test_import_as_tomesd():
     assert tomesd.apply_patch(unet, ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, merge_attn=True,
                               merge_crossattn=False, merge_mlp=False) is unet
     assert tomesd.remove_patch(unet) is unet
+
+
+def test_match_radius_reaches_the_matcher_and_changes_the_result(monkeypatch):
+    import tokenmerge.hooks as hooks
+
+    unet = make_unet()
+    inp = unet_inputs(h=32, w=32)  # level 0: 32 x 32 tokens, 16 x 16 windows: radius 1 is local
+    radii = []
+    real = hooks.bipartite_soft_matching_2d
+
+    def spy(*args, radius=None, **kwargs):
+        radii.append(radius)
+        return real(*args, radius=radius, **kwargs)
+
+    with torch.no_grad():
+        plain = unet(**inp).sample
+        tokenmerge.apply_patch(unet)
+        exact = unet(**inp).sample
+        monkeypatch.setattr(hooks, "bipartite_soft_matching_2d", spy)
+        tokenmerge.apply_patch(unet, match_radius=1)
+        local = unet(**inp).sample
+        tokenmerge.remove_patch(unet)
+        again = unet(**inp).sample
+    assert radii and set(radii) == {1}
+    assert not torch.equal(local, exact) and not torch.equal(local, plain)
+    assert torch.equal(again, plain)

@@ -45,7 +45,8 @@ def _check_bool(name: str, value) -> bool:
 
 @dataclass(frozen=True)
 class _WhenAndReuse:
-    """What both methods share, keyword-only (after each method's own fields): the schedule and plan reuse."""
+    """What both methods share, keyword-only (after each method's own fields): the schedule, plan reuse and
+    the matching's reach."""
 
     _: KW_ONLY
     start: float = 0.0
@@ -54,6 +55,7 @@ class _WhenAndReuse:
     num_train_timesteps: int = 1000
     share_plans: bool = False
     reuse_steps: int = 1
+    match_radius: int | None = None
     blocks: tuple[int, ...] | None = None
 
     def _check_when_and_reuse(self, upper: float) -> None:
@@ -74,6 +76,9 @@ class _WhenAndReuse:
         _check_schedule(self)
         _check_bool("share_plans", self.share_plans)
         _check_int("reuse_steps", self.reuse_steps, 1, "an integer >= 1 (1 = recompute the plan at every call)")
+        if self.match_radius is not None:
+            _check_int("match_radius", self.match_radius, 0,
+                       "None (match every source with every destination) or an integer >= 0 (windows away)")
 
     @property
     def effective_seed(self) -> int:
@@ -121,6 +126,9 @@ class ToMeConfig(_WhenAndReuse):
             in the level's other blocks. Off by default: it changes results (faster, approximate).
         reuse_steps: keep each plan for this many consecutive denoiser calls (1: recompute every call, the
             default). A new generation (the timestep going up) always recomputes.
+        match_radius: ``None`` (default, tomesd's matching): each source token is compared with every
+            destination. An integer R: only with the destinations of the windows at most R windows away
+            ((2R+1)^2 candidates), so the matching costs O(N) instead of O(N^2). Changes results (approximate).
     """
 
     ratio: float = 0.5
@@ -170,7 +178,7 @@ class ToDoConfig(_WhenAndReuse):
         max_downsample: the level rule of ``ToMeConfig`` (``None``: the finest level with attention).
         ratio: ToMe on the queries as well (0: off), with ``sx``, ``sy``, ``use_rand``, ``seed`` as in ToMe.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``ToMeConfig``.
-        share_plans, reuse_steps: reuse of the query-merging plans, as in ``ToMeConfig``.
+        share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``ToMeConfig``.
     """
 
     downsample: int = 2

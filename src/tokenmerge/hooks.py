@@ -13,6 +13,7 @@ averaging tokens. Run-time state is thread-local, so one patched model may serve
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -96,7 +97,11 @@ class DenoiserPatch:
                  downsampler=None):
         """``matcher(metric, h, w, sx, sy, r, offsets) -> plan`` replaces ToMe's matching and
         ``downsampler(x, h, w, factor, mode)`` ToDo's pooling (the bench's zero-overhead limits)."""
-        self.matcher = matcher or bipartite_soft_matching_2d
+        if matcher is None:
+            matcher = bipartite_soft_matching_2d
+            if config.match_radius is not None:
+                matcher = functools.partial(matcher, radius=config.match_radius)
+        self.matcher = matcher
         self.downsampler = downsampler or downsample_tokens
         self.timer = None  # the bench's phase timer (bench.breakdown), None in normal use
         self.site = site

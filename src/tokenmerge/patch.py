@@ -32,6 +32,7 @@ def apply_patch(
     num_train_timesteps: int = 1000,
     share_plans: bool = False,
     reuse_steps: int = 1,
+    match_radius: int | None = None,
     blocks=None,
 ):
     """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
@@ -61,6 +62,9 @@ def apply_patch(
         share_plans: one merge plan per level and call, reused by the level's other blocks (changes results;
             off by default).
         reuse_steps: keep plans for this many consecutive denoiser calls (1, the default: recompute).
+        match_radius: ``None`` (default): each source token is matched against every destination, as in
+            tomesd. An integer R: only against the destinations of the windows at most R windows away, so
+            the matching's cost grows with the token count instead of its square (changes results).
         blocks: which of the blocks the level rule selects to patch, by index (negative from the end):
             ``range(0, 28, 2)`` every other block, ``range(4, 20)`` a range. ``None`` (default): all of them.
             For DiT-family transformers (one resolution) this is the way to choose blocks.
@@ -72,7 +76,8 @@ def apply_patch(
     """
     config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
                         start=start, stop=stop, ratio_end=ratio_end, num_train_timesteps=num_train_timesteps,
-                        share_plans=share_plans, reuse_steps=reuse_steps, blocks=blocks)
+                        share_plans=share_plans, reuse_steps=reuse_steps, match_radius=match_radius,
+                        blocks=blocks)
     return apply_config(model, config)
 
 
@@ -93,6 +98,7 @@ def apply_todo(
     num_train_timesteps: int = 1000,
     share_plans: bool = False,
     reuse_steps: int = 1,
+    match_radius: int | None = None,
     blocks=None,
 ):
     """Patch a diffusion model with ToDo (token downsampling, arXiv 2402.13573), in place.
@@ -108,7 +114,7 @@ def apply_todo(
         ratio: also merge the queries with ToMe at this ratio (0: off); ``sx``, ``sy``, ``use_rand`` and
             ``seed`` as in ``apply_patch``. Keys and values are pooled from the unmerged tokens.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``apply_patch``.
-        share_plans, reuse_steps: reuse of the query-merging plans, as in ``apply_patch``.
+        share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``apply_patch``.
         blocks: which blocks, by index, as in ``apply_patch``.
 
     ToDo needs self-attention that takes separate keys/values (UNets, DiT, PixArt); the joint attention of
@@ -119,7 +125,7 @@ def apply_todo(
     """
     config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start=start, stop=stop,
                         ratio_end=ratio_end, num_train_timesteps=num_train_timesteps, share_plans=share_plans,
-                        reuse_steps=reuse_steps, blocks=blocks)
+                        reuse_steps=reuse_steps, match_radius=match_radius, blocks=blocks)
     return apply_config(model, config)
 
 

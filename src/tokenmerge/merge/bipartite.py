@@ -16,7 +16,9 @@ import torch
 
 from .plan import IdentityPlan, MergePlan
 
-__all__ = ["bipartite_soft_matching_2d", "best_matches", "window_destinations", "random_offsets"]
+__all__ = [
+    "bipartite_soft_matching_2d", "best_matches", "windowed_best_matches", "window_destinations", "random_offsets",
+]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -57,14 +59,17 @@ def _grid(h: int, w: int, sx: int, sy: int, device: torch.device):
     return to(origin), to(offset), to(offset[others]), to(rest)
 
 
+def _cached(fn):
+    """``fn`` under its cache, or the bare function while torch.compile traces (it bakes the tables in)."""
+    return fn.__wrapped__ if torch.compiler.is_compiling() else fn
+
+
 def window_destinations(h: int, w: int, sx: int, sy: int, offsets: torch.Tensor | None, device):
     """Token indices ``(dst, src)`` of the grid for the given per-window choice (``None``: top-left)."""
     device = torch.device(device)
-    # torch.compile traces the functions under their caches (and bakes the tables into the graph)
-    compiling = torch.compiler.is_compiling()
     if offsets is None:
-        return (_top_left.__wrapped__ if compiling else _top_left)(h, w, sx, sy, device)
-    origin, offset, other_offsets, rest = (_grid.__wrapped__ if compiling else _grid)(h, w, sx, sy, device)
+        return _cached(_top_left)(h, w, sx, sy, device)
+    origin, offset, other_offsets, rest = _cached(_grid)(h, w, sx, sy, device)
     dst = origin + offset[offsets]
     src = (origin.unsqueeze(1) + other_offsets[offsets]).reshape(-1)
     return dst, torch.cat([src, rest])
@@ -98,6 +103,92 @@ def best_matches(src: torch.Tensor, dst: torch.Tensor, chunk: int | None = None)
     return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
 
+@functools.lru_cache(maxsize=256)
+def _rest_candidates(h: int, w: int, sx: int, sy: int, radius: int, device: torch.device):
+    """``(Nr, K)`` candidate destinations of the tokens outside every window (cached: pure shape logic).
+
+    Such a token belongs to the nearest window; its candidates are the destinations of the windows at most
+    ``radius`` windows away in each direction, clamped at the borders (a repeated candidate changes no
+    maximum). Destination ``i`` is window ``i``'s whatever the per-window choice.
+    """
+    hsy, wsx = h // sy, w // sx
+    rest = _grid.__wrapped__(h, w, sx, sy, torch.device("cpu"))[3]
+    wy = (rest // w // sy).clamp(max=hsy - 1).unsqueeze(1) + torch.arange(-radius, radius + 1)
+    wx = (rest % w // sx).clamp(max=wsx - 1).unsqueeze(1) + torch.arange(-radius, radius + 1)
+    table = wy.clamp(0, hsy - 1).unsqueeze(2) * wsx + wx.clamp(0, wsx - 1).unsqueeze(1)
+    return table.reshape(rest.shape[0], -1).to(device)
+
+
+@functools.lru_cache(maxsize=256)
+def _tiles(hsy: int, wsx: int, sources: int, radius: int, tile: int, device: torch.device):
+    """Index tables of the windows cut into ``tile`` x ``tile`` tiles (cached: pure shape logic).
+
+    Returns ``(candidates, allowed)``: ``(T, span^2)`` the destination (window) index of each position of
+    the ``span = tile + 2 * radius`` neighbourhood of each tile (``hsy * wsx``, one past the last, outside
+    the grid), and
+    ``(T, tile^2 * sources, span^2)`` whether each of the tile's sources may match each of them (its own
+    window at most ``radius`` windows away, inside the grid).
+    """
+    ty, tx, span = -(-hsy // tile), -(-wsx // tile), tile + 2 * radius
+    grid = torch.full((ty * tile + 2 * radius, tx * tile + 2 * radius), hsy * wsx, dtype=torch.int64)
+    grid[radius: radius + hsy, radius: radius + wsx] = torch.arange(hsy * wsx).view(hsy, wsx)
+    candidates = grid.unfold(0, span, tile).unfold(1, span, tile).reshape(ty * tx, span * span)
+    near = (torch.arange(tile).unsqueeze(1) + radius - torch.arange(span).unsqueeze(0)).abs() <= radius
+    near = (near[:, None, :, None] & near[None, :, None, :]).reshape(tile * tile, 1, span * span)
+    near = near.expand(-1, sources, -1).reshape(1, tile * tile * sources, span * span)
+    allowed = near & (candidates < hsy * wsx).unsqueeze(1)
+    return candidates.to(device), allowed.to(device)
+
+
+def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.Tensor):
+    """``best_matches`` restricted to each source's candidate destinations ``(Ns, K)`` (a gather and a
+    product: for the few tokens outside every window)."""
+    batch, num_src, channels = src.shape
+    near = dst.index_select(1, candidates.reshape(-1)).view(batch, num_src, -1, channels)
+    best, pick = (near * src.unsqueeze(2)).sum(-1).max(dim=-1)  # (B, Ns)
+    return best, candidates.expand(batch, -1, -1).gather(2, pick.unsqueeze(2)).squeeze(2)
+
+
+def windowed_best_matches(src: torch.Tensor, dst: torch.Tensor, hsy: int, wsx: int, radius: int,
+                          chunk: int | None = None):
+    """``best_matches`` of the windowed sources, each against the destinations of the windows at most
+    ``radius`` windows away: ``(B, hsy * wsx * S)`` values and indices for ``src`` ``(B, hsy * wsx * S, C)``
+    in window order (``S`` sources a window) and ``dst`` ``(B, hsy * wsx, C)``.
+
+    The windows are cut into tiles; each tile's sources are scored against its neighbourhood's destinations
+    with one batched matmul (``tile^2 * S`` x ``span^2`` per tile) and the ones out of reach are masked:
+    ``O(N)`` work in dense products instead of the global matching's ``O(N^2)``.
+    """
+    chunk = SCORE_CHUNK if chunk is None else chunk
+    batch, _, channels = src.shape
+    sources = src.shape[1] // (hsy * wsx)
+    tile = max(4, 2 * radius)
+    ty, tx = -(-hsy // tile), -(-wsx // tile)
+    candidates, allowed = _cached(_tiles)(hsy, wsx, sources, radius, tile, src.device)
+    num_tiles, span2 = candidates.shape
+    grid = src.view(batch, hsy, wsx, sources, channels)
+    grid = torch.nn.functional.pad(grid, (0, 0, 0, 0, 0, tx * tile - wsx, 0, ty * tile - hsy))
+    tiles = grid.view(batch, ty, tile, tx, tile, sources, channels).permute(0, 1, 3, 2, 4, 5, 6)
+    tiles = tiles.reshape(batch, num_tiles, tile * tile * sources, channels)
+    padded = torch.cat([dst, dst.new_zeros(batch, 1, channels)], 1)  # outside the grid: a zero row, masked
+    rows = max(1, chunk // max(1, batch * tiles.shape[2] * span2))
+    values, indices = [], []
+    for i in range(0, num_tiles, rows):
+        cand = candidates[i: i + rows]
+        near = padded.index_select(1, cand.reshape(-1)).view(batch, cand.shape[0], span2, channels)
+        scores = (tiles[:, i: i + rows] @ near.transpose(2, 3)).masked_fill_(~allowed[i: i + rows], -torch.inf)
+        best, pick = scores.max(dim=-1)  # (B, n, tile^2 * S)
+        values.append(best)
+        indices.append(cand.expand(batch, -1, -1).gather(2, pick))
+    best, index = (torch.cat(v, 1) if len(v) > 1 else v[0] for v in (values, indices))
+
+    def untile(t):
+        t = t.view(batch, ty, tx, tile, tile, sources).permute(0, 1, 3, 2, 4, 5)
+        return t.reshape(batch, ty * tile, tx * tile, sources)[:, :hsy, :wsx].reshape(batch, -1)
+
+    return untile(best), untile(index)
+
+
 def bipartite_soft_matching_2d(
     metric: torch.Tensor,
     h: int,
@@ -106,6 +197,7 @@ def bipartite_soft_matching_2d(
     sy: int,
     r: int,
     offsets: torch.Tensor | None = None,
+    radius: int | None = None,
 ):
     """Build the merge plan of ToMe for SD.
 
@@ -116,6 +208,10 @@ def bipartite_soft_matching_2d(
         r: number of tokens to remove (capped at the number of sources).
         offsets: ``(num_windows,)`` int64 choice of destination in each window (``k = dy * sx + dx``),
             or ``None`` for top-left.
+        radius: ``None`` (ToMe's global matching): every source is compared with every destination.
+            An integer: only with the destinations of the windows at most ``radius`` windows away
+            (``(2 * radius + 1) ** 2`` candidates; 0 = its own window's). An approximation whose cost grows
+            with the token count instead of its square; a radius that covers the grid is the global matching.
 
     Returns:
         a ``MergePlan`` (or the exact ``IdentityPlan`` when ``r <= 0``).
@@ -130,7 +226,17 @@ def bipartite_soft_matching_2d(
         num_src, num_dst = src.shape[0], dst.shape[0]
         r = min(r, num_src)
         metric = metric / metric.norm(dim=-1, keepdim=True)
-        best, best_dst = best_matches(metric.index_select(1, src), metric.index_select(1, dst))  # (B, Ns)
+        src_metric, dst_metric = metric.index_select(1, src), metric.index_select(1, dst)
+        if radius is None or radius >= max(h // sy, w // sx) - 1:
+            best, best_dst = best_matches(src_metric, dst_metric)  # (B, Ns)
+        else:
+            hsy, wsx = h // sy, w // sx
+            windowed = hsy * wsx * (sx * sy - 1)
+            best, best_dst = windowed_best_matches(src_metric[:, :windowed], dst_metric, hsy, wsx, radius)
+            if num_src > windowed:  # tokens outside every window
+                table = _cached(_rest_candidates)(h, w, sx, sy, radius, metric.device)
+                rest = local_best_matches(src_metric[:, windowed:], dst_metric, table)
+                best, best_dst = torch.cat([best, rest[0]], 1), torch.cat([best_dst, rest[1]], 1)
         order = best.argsort(dim=-1, descending=True)  # (B, Ns): merged sources first
         kept = num_src - r
         # Slot layout of the merged sequence: [kept sources in `order` ... | destinations in grid order].
