@@ -217,3 +217,18 @@ def test_two_process_accelerate_run(tmp_path):
     assert {row["process"] for row in report["images"]} == {0, 1}  # both processes generated
     assert len(report["images"]) == 4 * 2
     assert proc.stdout.count("| tome 0.5 |") == 1  # one report, from the main process
+
+
+def test_grid_column_heads_are_wrapped_not_cut():
+    from PIL import Image
+
+    from tokenmerge.quality.report import make_grid
+
+    cell = 128  # the default: a head of 20 characters fits
+    tile = Image.new("L", (8, 8), 128)
+    labels = ["tome 0.5 match_radius=1", "tome 0.5 match_radius=2"]
+    grid = make_grid([[tile, tile]], ["a row"], labels, cell=cell)
+    head = grid.height - cell
+    first = grid.crop((150, 0, 150 + cell, head)).tobytes()
+    second = grid.crop((150 + cell, 0, 150 + 2 * cell, head)).tobytes()
+    assert first != second  # cut to the same "tome 0.5 [...]", the two heads would be identical

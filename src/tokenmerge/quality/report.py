@@ -35,11 +35,13 @@ def make_grid(images: list[list], row_labels: list[str], col_labels: list[str], 
     """A labelled grid image: ``images[row][col]`` are PIL images, scaled (nearest) to ``cell`` pixels."""
     from PIL import Image, ImageDraw
 
-    label_w, head_h = 150, 28
+    # column heads wrapped, not cut: "tome 0.5 match_radius=1" and "tome 0.5 share_plans=True" must differ
+    heads = ["\n".join(textwrap.wrap(text, 20, break_on_hyphens=False)[:4]) for text in col_labels]
+    label_w, head_h = 150, 12 + 14 * max([h.count("\n") + 1 for h in heads] or [1])
     grid = Image.new("RGB", (label_w + cell * len(col_labels), head_h + cell * len(row_labels)), "white")
     draw = ImageDraw.Draw(grid)
-    for c, text in enumerate(col_labels):
-        draw.text((label_w + c * cell + 4, 4), textwrap.shorten(text, 22), fill="black")
+    for c, text in enumerate(heads):
+        draw.multiline_text((label_w + c * cell + 4, 4), text, fill="black")
     for r, (row, text) in enumerate(zip(images, row_labels)):
         wrapped = "\n".join(textwrap.wrap(text, 22)[:5])
         draw.multiline_text((4, head_h + r * cell + 4), wrapped, fill="black")
