@@ -227,10 +227,10 @@ def bipartite_soft_matching_2d(
         r = min(r, num_src)
         metric = metric / metric.norm(dim=-1, keepdim=True)
         src_metric, dst_metric = metric.index_select(1, src), metric.index_select(1, dst)
-        if radius is None or radius >= max(h // sy, w // sx) - 1:
+        hsy, wsx = h // sy, w // sx
+        if radius is None or radius >= max(hsy, wsx) - 1:
             best, best_dst = best_matches(src_metric, dst_metric)  # (B, Ns)
         else:
-            hsy, wsx = h // sy, w // sx
             windowed = hsy * wsx * (sx * sy - 1)
             best, best_dst = windowed_best_matches(src_metric[:, :windowed], dst_metric, hsy, wsx, radius)
             if num_src > windowed:  # tokens outside every window
