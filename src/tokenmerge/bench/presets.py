@@ -34,7 +34,8 @@ class Preset:
         torch.manual_seed(0)
         with torch.device(device):
             model = getattr(diffusers, _CLASSES[self.family])(**self.unet)
-        return model.to(dtype).eval()
+        # diffusers warns on every ``.to(dtype)`` of a UNet, even a no-op one: cast only when needed
+        return (model if model.dtype == dtype else model.to(dtype)).eval()
 
     def inputs(self, batch: int, resolution: int, dtype, device, timestep: int = 500) -> dict:
         """Keyword inputs of one denoiser step for ``batch`` images; with classifier-free guidance (all but
