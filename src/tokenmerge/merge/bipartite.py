@@ -162,6 +162,10 @@ def windowed_best_matches(src: torch.Tensor, dst: torch.Tensor, hsy: int, wsx: i
     chunk = SCORE_CHUNK if chunk is None else chunk
     batch, _, channels = src.shape
     sources = src.shape[1] // (hsy * wsx)
+    if radius == 0:  # one candidate, the own window's destination: a row-wise dot product, no tiles
+        best = (src.view(batch, hsy * wsx, sources, channels) * dst.unsqueeze(2)).sum(-1)
+        index = torch.arange(hsy * wsx, device=src.device).repeat_interleave(sources)
+        return best.view(batch, -1), index.expand(batch, -1)
     tile = max(4, 2 * radius)
     ty, tx = -(-hsy // tile), -(-wsx // tile)
     candidates, allowed = _cached(_tiles)(hsy, wsx, sources, radius, tile, src.device)
