@@ -146,7 +146,8 @@ def _masked_reference(metric, h, w, sx, sy, offsets, radius):
 
 
 @pytest.mark.parametrize("h, w, sx, sy, radius", [
-    (8, 8, 2, 2, 0), (9, 11, 2, 2, 0), (13, 10, 3, 2, 0), (9, 11, 2, 2, 1), (13, 10, 3, 2, 2), (40, 36, 2, 2, 1), (40, 37, 2, 2, 3), (41, 36, 2, 2, 5),
+    (8, 8, 2, 2, 0), (9, 11, 2, 2, 0), (13, 10, 3, 2, 0),
+    (9, 11, 2, 2, 1), (13, 10, 3, 2, 2), (40, 36, 2, 2, 1), (40, 37, 2, 2, 3), (41, 36, 2, 2, 5),
 ])
 @pytest.mark.parametrize("chunk", [None, 300])  # 300 elements: a tile or two at a time
 def test_local_matching_finds_the_best_destination_within_the_radius(h, w, sx, sy, radius, chunk):
