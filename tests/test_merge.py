@@ -145,28 +145,39 @@ def _masked_reference(metric, h, w, sx, sy, offsets, radius):
     return scores.masked_fill(~near, -2.0).max(dim=-1), src
 
 
+def _merged_windows(plan, kept):
+    """``(B, N)``: the window a token was merged into, -1 for a token kept alone (its slot number is free)."""
+    dest = plan.dest
+    return torch.where(dest >= kept, dest - kept, -1)
+
+
 @pytest.mark.parametrize("h, w, sx, sy, radius", [
     (8, 8, 2, 2, 0), (9, 11, 2, 2, 0), (13, 10, 3, 2, 0),
     (9, 11, 2, 2, 1), (13, 10, 3, 2, 2), (40, 36, 2, 2, 1), (40, 37, 2, 2, 3), (41, 36, 2, 2, 5),
 ])
-@pytest.mark.parametrize("chunk", [None, 300])  # 300 elements: a tile or two at a time
-def test_local_matching_finds_the_best_destination_within_the_radius(h, w, sx, sy, radius, chunk):
-    from tokenmerge.merge.bipartite import _rest_candidates, local_best_matches, windowed_best_matches
+@pytest.mark.parametrize("chunk, tile", [(None, None), (300, None), (None, 2), (5000, 7)])  # 300: a tile at a time
+@pytest.mark.parametrize("use_rand", [True, False])
+def test_local_matching_is_the_global_matching_with_far_destinations_masked(h, w, sx, sy, radius, chunk, tile,
+                                                                              use_rand):
+    from tokenmerge.merge.bipartite import local_soft_matching_2d
 
     torch.manual_seed(0)
     metric = torch.randn(2, h * w, 5)
-    offsets = random_offsets((h // sy) * (w // sx), sx * sy, 7, torch.device("cpu"))
-    (want_values, want_index), src = _masked_reference(metric, h, w, sx, sy, offsets, radius)
-    unit = torch.nn.functional.normalize(metric, dim=-1)
-    dst, _ = window_destinations(h, w, sx, sy, offsets, "cpu")
-    hsy, wsx = h // sy, w // sx
-    windowed = hsy * wsx * (sx * sy - 1)
-    values, index = windowed_best_matches(unit[:, src[:windowed]], unit[:, dst], hsy, wsx, radius, chunk)
-    if src.shape[0] > windowed:
-        rest = local_best_matches(unit[:, src[windowed:]], unit[:, dst], _rest_candidates(h, w, sx, sy, radius, "cpu"))
-        values, index = torch.cat([values, rest[0]], 1), torch.cat([index, rest[1]], 1)
-    assert torch.equal(index, want_index)
-    torch.testing.assert_close(values, want_values, rtol=0, atol=1e-6)
+    windows = (h // sy) * (w // sx)
+    offsets = random_offsets(windows, sx * sy, 7, torch.device("cpu")) if use_rand else None
+    (values, index), src = _masked_reference(metric, h, w, sx, sy, offsets, radius)
+    dst = window_destinations(h, w, sx, sy, offsets, "cpu")[0]
+    r = src.shape[0] // 2
+    kept = src.shape[0] - r
+    plan = local_soft_matching_2d(metric, h, w, sx, sy, r, offsets, radius, chunk=chunk, tile=tile)
+    assert plan.num_slots == h * w - r
+    want = torch.full((2, h * w), -1)
+    order = values.argsort(dim=1, descending=True)[:, :r]
+    want.scatter_(1, src[order], index.gather(1, order))  # the r best sources, into their best window
+    want[:, dst] = torch.arange(windows)  # every destination keeps its own window's slot
+    assert torch.equal(_merged_windows(plan, kept), want)
+    for row in plan.dest:  # the kept sources have one slot each
+        assert torch.equal(torch.bincount(row, minlength=plan.num_slots)[:kept], torch.ones(kept, dtype=torch.int64))
 
 
 def test_match_radius_changes_the_plan_and_one_that_covers_the_grid_is_the_global_matching():

@@ -17,7 +17,7 @@ import torch
 from .plan import IdentityPlan, MergePlan
 
 __all__ = [
-    "bipartite_soft_matching_2d", "best_matches", "windowed_best_matches", "window_destinations", "random_offsets",
+    "bipartite_soft_matching_2d", "local_soft_matching_2d", "best_matches", "window_destinations", "random_offsets",
 ]
 
 _MASK32 = 0xFFFFFFFF
@@ -119,27 +119,6 @@ def _rest_candidates(h: int, w: int, sx: int, sy: int, radius: int, device: torc
     return table.reshape(rest.shape[0], -1).to(device)
 
 
-@functools.lru_cache(maxsize=256)
-def _tiles(hsy: int, wsx: int, sources: int, radius: int, tile: int, device: torch.device):
-    """Index tables of the windows cut into ``tile`` x ``tile`` tiles (cached: pure shape logic).
-
-    Returns ``(candidates, allowed)``: ``(T, span^2)`` the destination (window) index of each position of
-    the ``span = tile + 2 * radius`` neighbourhood of each tile (``hsy * wsx``, one past the last, outside
-    the grid), and
-    ``(T, tile^2 * sources, span^2)`` whether each of the tile's sources may match each of them (its own
-    window at most ``radius`` windows away, inside the grid).
-    """
-    ty, tx, span = -(-hsy // tile), -(-wsx // tile), tile + 2 * radius
-    grid = torch.full((ty * tile + 2 * radius, tx * tile + 2 * radius), hsy * wsx, dtype=torch.int64)
-    grid[radius: radius + hsy, radius: radius + wsx] = torch.arange(hsy * wsx).view(hsy, wsx)
-    candidates = grid.unfold(0, span, tile).unfold(1, span, tile).reshape(ty * tx, span * span)
-    near = (torch.arange(tile).unsqueeze(1) + radius - torch.arange(span).unsqueeze(0)).abs() <= radius
-    near = (near[:, None, :, None] & near[None, :, None, :]).reshape(tile * tile, 1, span * span)
-    near = near.expand(-1, sources, -1).reshape(1, tile * tile * sources, span * span)
-    allowed = near & (candidates < hsy * wsx).unsqueeze(1)
-    return candidates.to(device), allowed.to(device)
-
-
 def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.Tensor):
     """``best_matches`` restricted to each source's candidate destinations ``(Ns, K)`` (a gather and a
     product: for the few tokens outside every window)."""
@@ -149,48 +128,120 @@ def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.T
     return best, candidates.expand(batch, -1, -1).gather(2, pick.unsqueeze(2)).squeeze(2)
 
 
-def windowed_best_matches(src: torch.Tensor, dst: torch.Tensor, hsy: int, wsx: int, radius: int,
-                          chunk: int | None = None):
-    """``best_matches`` of the windowed sources, each against the destinations of the windows at most
-    ``radius`` windows away: ``(B, hsy * wsx * S)`` values and indices for ``src`` ``(B, hsy * wsx * S, C)``
-    in window order (``S`` sources a window) and ``dst`` ``(B, hsy * wsx, C)``.
+# Local matching cuts the windows into tiles of LOCAL_TILE x LOCAL_TILE windows (at least 2 * radius) and
+# scores each tile's tokens against its neighbourhood's destinations in one small product. LOCAL_CHUNK: the
+# elements (gathered tokens and scores) handled at once, at most, so that a chunk's copies stay small and in
+# cache and no temporary is near the size at which allocators map fresh pages (32 MB for glibc).
+LOCAL_TILE = 4
+LOCAL_CHUNK = 2**20
 
-    The windows are cut into tiles; each tile's sources are scored against its neighbourhood's destinations
-    with one batched matmul (``tile^2 * S`` x ``span^2`` per tile) and the ones out of reach are masked:
-    ``O(N)`` work in dense products instead of the global matching's ``O(N^2)``.
+
+@functools.lru_cache(maxsize=256)
+def _tiling(h: int, w: int, sx: int, sy: int, radius: int, tile: int, device: torch.device):
+    """Index tables of the local matching (cached: pure shape logic).
+
+    The window grid is padded to whole ``tile`` x ``tile`` tiles; a tile has ``P = tile^2 * S`` positions (its
+    windows in row order, each window's ``S`` tokens in choice order ``k = dy * sx + dx``) and a neighbourhood
+    of ``K = (tile + 2 * radius)^2`` windows. Returns:
+
+    - ``tokens`` ``(T, P)``: the grid token at each position (window 0's tokens past the grid's windows);
+    - ``candidates`` ``(T, K)``: the window of each neighbourhood place (0 outside the grid, masked);
+    - ``allowed`` ``(T, P, K)``: whether that position's token may match that window (its own window inside
+      the grid, the candidate inside the grid and at most ``radius`` windows away in each direction);
+    - ``inside`` ``(T * P,)``: whether a position belongs to a window inside the grid;
+    - ``first`` ``(W,)``: the flat position (over ``T * P``) of each window's choice 0;
+    - ``position`` ``(N,)``: the flat position of every token; the tokens outside every window come last,
+      numbered from ``T * P`` in the order of ``rest``;
+    - ``rest``: those tokens (as in ``window_destinations``).
     """
-    chunk = SCORE_CHUNK if chunk is None else chunk
-    batch, _, channels = src.shape
-    sources = src.shape[1] // (hsy * wsx)
-    if radius == 0:  # one candidate, the own window's destination: a row-wise dot product, no tiles
-        best = (src.view(batch, hsy * wsx, sources, channels) * dst.unsqueeze(2)).sum(-1)
-        index = torch.arange(hsy * wsx, device=src.device).repeat_interleave(sources)
-        return best.view(batch, -1), index.expand(batch, -1)
-    tile = max(4, 2 * radius)
+    cpu = torch.device("cpu")
+    hsy, wsx, choices = h // sy, w // sx, sx * sy
+    windows, span = hsy * wsx, tile + 2 * radius
     ty, tx = -(-hsy // tile), -(-wsx // tile)
-    candidates, allowed = _cached(_tiles)(hsy, wsx, sources, radius, tile, src.device)
-    num_tiles, span2 = candidates.shape
-    grid = src.view(batch, hsy, wsx, sources, channels)
-    grid = torch.nn.functional.pad(grid, (0, 0, 0, 0, 0, tx * tile - wsx, 0, ty * tile - hsy))
-    tiles = grid.view(batch, ty, tile, tx, tile, sources, channels).permute(0, 1, 3, 2, 4, 5, 6)
-    tiles = tiles.reshape(batch, num_tiles, tile * tile * sources, channels)
-    padded = torch.cat([dst, dst.new_zeros(batch, 1, channels)], 1)  # outside the grid: a zero row, masked
-    rows = max(1, chunk // max(1, batch * tiles.shape[2] * span2))
-    values, indices = [], []
-    for i in range(0, num_tiles, rows):
-        cand = candidates[i: i + rows]
-        near = padded.index_select(1, cand.reshape(-1)).view(batch, cand.shape[0], span2, channels)
-        scores = (tiles[:, i: i + rows] @ near.transpose(2, 3)).masked_fill_(~allowed[i: i + rows], -torch.inf)
-        best, pick = scores.max(dim=-1)  # (B, n, tile^2 * S)
-        values.append(best)
-        indices.append(cand.expand(batch, -1, -1).gather(2, pick))
-    best, index = (torch.cat(v, 1) if len(v) > 1 else v[0] for v in (values, indices))
+    grid = torch.full((ty * tile + 2 * radius, tx * tile + 2 * radius), windows, dtype=torch.int64)
+    grid[radius: radius + hsy, radius: radius + wsx] = torch.arange(windows).view(hsy, wsx)
+    candidates = grid.unfold(0, span, tile).unfold(1, span, tile).reshape(ty * tx, span * span)
+    own = grid[radius: radius + ty * tile, radius: radius + tx * tile]  # window of each tile place, or W
+    own = own.reshape(ty, tile, tx, tile).permute(0, 2, 1, 3).reshape(ty * tx, tile * tile)
+    origin, offset, _, rest = _grid.__wrapped__(h, w, sx, sy, cpu)
+    origin = torch.cat([origin, origin.new_zeros(1)])
+    tokens = (origin[own].unsqueeze(2) + offset).reshape(ty * tx, tile * tile * choices)
+    near = (torch.arange(tile).unsqueeze(1) + radius - torch.arange(span).unsqueeze(0)).abs() <= radius
+    near = (near[:, None, :, None] & near[None, :, None, :]).reshape(1, tile * tile, span * span)
+    allowed = near & (candidates < windows).unsqueeze(1) & (own < windows).unsqueeze(2)  # (T, tile^2, K)
+    allowed = allowed.unsqueeze(2).expand(-1, -1, choices, -1).reshape(ty * tx, -1, span * span)
+    places = own.reshape(-1) < windows
+    first = torch.empty(windows, dtype=torch.int64)
+    first[own.reshape(-1)[places]] = torch.arange(places.shape[0])[places] * choices
+    inside = places.repeat_interleave(choices)
+    flat = tokens.reshape(-1)
+    position = torch.empty(h * w, dtype=torch.int64)
+    position[flat[inside]] = torch.arange(flat.shape[0])[inside]
+    position[rest] = flat.shape[0] + torch.arange(rest.shape[0])
+    candidates = candidates.masked_fill(candidates == windows, 0)  # masked: any window will do
+    to = functools.partial(torch.Tensor.to, device=device)
+    return tuple(to(t) for t in (tokens, candidates, allowed, inside, first, position, rest))
 
-    def untile(t):
-        t = t.view(batch, ty, tx, tile, tile, sources).permute(0, 1, 3, 2, 4, 5)
-        return t.reshape(batch, ty * tile, tx * tile, sources)[:, :hsy, :wsx].reshape(batch, -1)
 
-    return untile(best), untile(index)
+def local_soft_matching_2d(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int,
+                           offsets: torch.Tensor | None, radius: int, chunk: int | None = None,
+                           tile: int | None = None) -> MergePlan:
+    """ToMe's plan with every source matched only against the destinations of the windows at most ``radius``
+    windows away: ``bipartite_soft_matching_2d(..., radius=radius)`` (see there) for a grid with windows.
+
+    ``O(N)`` work: each tile's tokens (gathered straight from ``metric``, destinations included and masked
+    after) are scored against its neighbourhood's destinations in a dense product. Only the destinations are
+    normalised: a source's best match does not depend on its own norm, so its best score is divided by it
+    afterwards. The ``(B, N, C)`` metric is copied once, a chunk at a time, and never normalised whole.
+    """
+    chunk = LOCAL_CHUNK if chunk is None else chunk
+    tile = max(LOCAL_TILE if tile is None else tile, 2 * radius, 1)
+    batch, tokens, channels = metric.shape
+    device = metric.device
+    windows = (h // sy) * (w // sx)
+    num_src = tokens - windows
+    r = min(r, num_src)
+    kept = num_src - r
+    at, candidates, allowed, inside, first, position, rest = _cached(_tiling)(h, w, sx, sy, radius, tile, device)
+    num_tiles, places = at.shape
+    span2 = candidates.shape[1]
+    flat = metric.reshape(batch * tokens, channels)
+    base = torch.arange(batch, device=device)
+
+    def rows(source, index, per):  # (B * index.numel(), C): rows ``index`` of every batch element of ``source``
+        return source.index_select(0, (index + base.view(batch, *[1] * index.dim()) * per).reshape(-1))
+
+    dst = window_destinations(h, w, sx, sy, offsets, device)[0]
+    dst_metric = rows(flat, dst, tokens).view(batch, windows, channels)
+    dst_metric = dst_metric / dst_metric.norm(dim=-1, keepdim=True)
+    dst_flat = dst_metric.view(-1, channels)
+    tiny = torch.finfo(metric.dtype).tiny
+    step = max(1, chunk // max(1, batch * places * (channels + span2)))
+    values, matched = [], []
+    for i in range(0, num_tiles, step):
+        cand = candidates[i: i + step]
+        x = rows(flat, at[i: i + step], tokens).view(batch, -1, places, channels)
+        near = rows(dst_flat, cand, windows).view(batch, -1, span2, channels)
+        scores = (x @ near.transpose(2, 3)).masked_fill_(~allowed[i: i + step], -torch.inf)  # (B, n, P, K)
+        best, pick = scores.max(dim=-1)
+        values.append(best / x.norm(dim=-1).clamp_min_(tiny))
+        matched.append(cand.expand(batch, -1, -1).gather(2, pick))
+    best, window = (torch.cat(v, 1).view(batch, -1) for v in (values, matched))
+    choice = torch.zeros_like(first) if offsets is None else offsets
+    source = inside.index_fill(0, first + choice, False)  # every windowed token but the destinations
+    if rest.shape[0]:  # tokens outside every window: each against the windows near its own
+        rest_metric = rows(flat, rest, tokens).view(batch, -1, channels)
+        rest_metric = rest_metric / rest_metric.norm(dim=-1, keepdim=True)
+        table = _cached(_rest_candidates)(h, w, sx, sy, radius, device)
+        rest_best, rest_window = local_best_matches(rest_metric, dst_metric, table)
+        best, window = torch.cat([best, rest_best], 1), torch.cat([window, rest_window], 1)
+        source = torch.cat([source, source.new_ones(rest.shape[0])])
+    best = best.masked_fill(~source, -torch.inf)
+    merged = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(r, dim=-1).indices, True)
+    slot = torch.where(merged, kept + window, (source & ~merged).cumsum(1) - 1)  # by position
+    dest = slot.index_select(1, position)  # by token
+    dest.index_copy_(1, dst, (kept + torch.arange(windows, device=device)).expand(batch, windows))
+    return MergePlan(dest, kept + windows)
 
 
 def bipartite_soft_matching_2d(
@@ -225,22 +276,15 @@ def bipartite_soft_matching_2d(
         raise RuntimeError(f"token merging: {tokens} tokens do not form the expected {h} x {w} grid")
     if r <= 0 or (h // sy) * (w // sx) == 0:
         return IdentityPlan()
+    hsy, wsx = h // sy, w // sx
     with torch.no_grad():
+        if radius is not None and radius < max(hsy, wsx) - 1:
+            return local_soft_matching_2d(metric, h, w, sx, sy, r, offsets, radius)
         dst, src = window_destinations(h, w, sx, sy, offsets, metric.device)
         num_src, num_dst = src.shape[0], dst.shape[0]
         r = min(r, num_src)
         metric = metric / metric.norm(dim=-1, keepdim=True)
-        src_metric, dst_metric = metric.index_select(1, src), metric.index_select(1, dst)
-        hsy, wsx = h // sy, w // sx
-        if radius is None or radius >= max(hsy, wsx) - 1:
-            best, best_dst = best_matches(src_metric, dst_metric)  # (B, Ns)
-        else:
-            windowed = hsy * wsx * (sx * sy - 1)
-            best, best_dst = windowed_best_matches(src_metric[:, :windowed], dst_metric, hsy, wsx, radius)
-            if num_src > windowed:  # tokens outside every window
-                table = _cached(_rest_candidates)(h, w, sx, sy, radius, metric.device)
-                rest = local_best_matches(src_metric[:, windowed:], dst_metric, table)
-                best, best_dst = torch.cat([best, rest[0]], 1), torch.cat([best_dst, rest[1]], 1)
+        best, best_dst = best_matches(metric.index_select(1, src), metric.index_select(1, dst))  # (B, Ns)
         order = best.argsort(dim=-1, descending=True)  # (B, Ns): merged sources first
         kept = num_src - r
         # Slot layout of the merged sequence: [kept sources in `order` ... | destinations in grid order].
