@@ -146,8 +146,8 @@ def _tiling(h: int, w: int, sx: int, sy: int, radius: int, tile: int, device: to
 
     - ``tokens`` ``(T, P)``: the grid token at each position (window 0's tokens past the grid's windows);
     - ``candidates`` ``(T, K)``: the window of each neighbourhood place (0 outside the grid, masked);
-    - ``allowed`` ``(T, P, K)``: whether that position's token may match that window (its own window inside
-      the grid, the candidate inside the grid and at most ``radius`` windows away in each direction);
+    - ``blocked`` ``(T, P, K)``: whether that position's token may NOT match that window (it may when its own
+      window and the candidate are inside the grid and at most ``radius`` windows apart in each direction);
     - ``inside`` ``(T * P,)``: whether a position belongs to a window inside the grid;
     - ``first`` ``(W,)``: the flat position (over ``T * P``) of each window's choice 0;
     - ``position`` ``(N,)``: the flat position of every token; the tokens outside every window come last,
@@ -180,7 +180,7 @@ def _tiling(h: int, w: int, sx: int, sy: int, radius: int, tile: int, device: to
     position[rest] = flat.shape[0] + torch.arange(rest.shape[0])
     candidates = candidates.masked_fill(candidates == windows, 0)  # masked: any window will do
     to = functools.partial(torch.Tensor.to, device=device)
-    return tuple(to(t) for t in (tokens, candidates, allowed, inside, first, position, rest))
+    return tuple(to(t) for t in (tokens, candidates, ~allowed, inside, first, position, rest))
 
 
 def local_soft_matching_2d(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int,
@@ -202,7 +202,7 @@ def local_soft_matching_2d(metric: torch.Tensor, h: int, w: int, sx: int, sy: in
     num_src = tokens - windows
     r = min(r, num_src)
     kept = num_src - r
-    at, candidates, allowed, inside, first, position, rest = _cached(_tiling)(h, w, sx, sy, radius, tile, device)
+    at, candidates, blocked, inside, first, position, rest = _cached(_tiling)(h, w, sx, sy, radius, tile, device)
     num_tiles, places = at.shape
     span2 = candidates.shape[1]
     flat = metric.reshape(batch * tokens, channels)
@@ -222,7 +222,7 @@ def local_soft_matching_2d(metric: torch.Tensor, h: int, w: int, sx: int, sy: in
         cand = candidates[i: i + step]
         x = rows(flat, at[i: i + step], tokens).view(batch, -1, places, channels)
         near = rows(dst_flat, cand, windows).view(batch, -1, span2, channels)
-        scores = (x @ near.transpose(2, 3)).masked_fill_(~allowed[i: i + step], -torch.inf)  # (B, n, P, K)
+        scores = (x @ near.transpose(2, 3)).masked_fill_(blocked[i: i + step], -torch.inf)  # (B, n, P, K)
         best, pick = scores.max(dim=-1)
         values.append(best / x.norm(dim=-1).clamp_min_(tiny))
         matched.append(cand.expand(batch, -1, -1).gather(2, pick))
@@ -274,9 +274,9 @@ def bipartite_soft_matching_2d(
     batch, tokens, _ = metric.shape
     if tokens != h * w:
         raise RuntimeError(f"token merging: {tokens} tokens do not form the expected {h} x {w} grid")
-    if r <= 0 or (h // sy) * (w // sx) == 0:
-        return IdentityPlan()
     hsy, wsx = h // sy, w // sx
+    if r <= 0 or hsy * wsx == 0:
+        return IdentityPlan()
     with torch.no_grad():
         if radius is not None and radius < max(hsy, wsx) - 1:
             return local_soft_matching_2d(metric, h, w, sx, sy, r, offsets, radius)
