@@ -1,0 +1,751 @@
+"""A catalogue of tiny, random-weight instances of every denoiser class diffusers ships, with their inputs.
+
+Each entry builds its model in well under a second on a CPU (seeded, float32, ``.eval()``) and makes the keyword
+arguments of one forward call for any batch and token grid, the way the model's pipeline makes them (latent shape
+from the grid and patch sizes, ``img_ids``/``img_shapes``/position ids consistent with the grid, the timestep on the
+scale the pipeline passes). Configs are the smallest the model allows: 1-2 blocks of each kind, a few heads, tiny
+widths. Layout facts for each family are in ``docs/family-facts.md``.
+
+Example:
+    >>> from tiny_denoisers import CATALOGUE, available, output_tensor
+    >>> entry = CATALOGUE["wan"]
+    >>> if available("wan") is None:
+    ...     model = entry.build()
+    ...     out = output_tensor(model(**entry.inputs(batch=1, grid=(2, 4, 6))))
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+# --------------------------------------------------------------------------------------------------------------
+# the record
+
+
+@dataclass(frozen=True)
+class TinyDenoiser:
+    """One tiny denoiser and how to call it.
+
+    Args:
+        name: short id ("wan", "flux2-klein", "unet-sdxl", ...).
+        cls: the diffusers class name.
+        kind: "image" | "video" | "audio" | "other".
+        build: returns the seeded tiny model (float32, eval mode).
+        inputs: ``inputs(batch=2, grid=None, seed=0) -> dict`` of forward kwargs; ``grid`` is in tokens after
+            patchifying: (H, W) for images, (F, H, W) for video (F latent frames after temporal patching),
+            (L,) for 1-D models.
+        grid: the default token grid.
+        notes: what is special about this entry.
+        latent: the forward argument that holds the noisy latent (or its packed tokens).
+        expect: ``expect(inputs) -> shape`` of the main output for those inputs; None = the shape of
+            ``inputs[latent]``.
+        since: the first diffusers version with this class and config ("0.33.0"); older ones are skipped.
+        fixed_grid: the model only accepts its default grid (learned position tables of a fixed size).
+    """
+
+    name: str
+    cls: str
+    kind: str
+    build: Callable[[], torch.nn.Module]
+    inputs: Callable[..., dict]
+    grid: tuple[int, ...]
+    notes: str = ""
+    latent: str = "hidden_states"
+    expect: Callable[[dict], tuple[int, ...]] | None = field(default=None, repr=False)
+    since: str = ""
+    fixed_grid: bool = False
+
+    def expected_shape(self, inputs: dict) -> tuple[int, ...]:
+        """The shape the main output must have for ``inputs``."""
+        if self.expect is not None:
+            return tuple(self.expect(inputs))
+        x = inputs[self.latent]
+        if isinstance(x, (list, tuple)):
+            return (len(x), *x[0].shape)
+        return tuple(x.shape)
+
+
+CATALOGUE: dict[str, TinyDenoiser] = {}
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def available(name: str) -> str | None:
+    """None if the entry ``name`` can be built on the installed diffusers, else the reason it cannot.
+
+    Example:
+        >>> available("unet-sd") is None
+        True
+    """
+    entry = CATALOGUE[name]
+    try:
+        import diffusers
+    except ImportError:  # pragma: no cover
+        return "diffusers is not installed"
+    if not hasattr(diffusers, entry.cls):
+        try:
+            getattr(diffusers, entry.cls)
+        except Exception:
+            return f"class {entry.cls} not in diffusers {diffusers.__version__}"
+    if entry.since and _version_tuple(diffusers.__version__) < _version_tuple(entry.since):
+        return f"{entry.cls} as built here needs diffusers>={entry.since} (installed {diffusers.__version__})"
+    return None
+
+
+def output_tensor(out) -> torch.Tensor:
+    """The main output of a forward call: ``out.sample``, ``out[0]``, a list of per-sample tensors stacked, ...
+
+    Example:
+        >>> output_tensor((torch.zeros(1, 2),)).shape
+        torch.Size([1, 2])
+    """
+    if isinstance(out, torch.Tensor):
+        return out
+    for attr in ("sample", "predicted_image_embedding", "down_block_res_samples", "controlnet_block_samples",
+                 "noise_pred", "hidden_states"):
+        value = getattr(out, attr, None)
+        if value is not None:
+            return output_tensor(value)
+    if isinstance(out, dict):
+        return output_tensor(next(iter(out.values())))
+    if isinstance(out, list) and out and all(isinstance(o, torch.Tensor) and o.shape == out[0].shape for o in out):
+        return torch.stack(out)  # per-sample outputs (Z-Image): one tensor per batch item
+    if isinstance(out, (list, tuple)):
+        return output_tensor(out[0])
+    raise TypeError(f"cannot find the main tensor in {type(out).__name__}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _cls(name: str):
+    return getattr(importlib.import_module("diffusers"), name)
+
+
+def _make(cls_name: str, seed: int = 0, post: Callable[[torch.nn.Module], None] | None = None, **config):
+    """Build ``diffusers.<cls_name>(**config)`` seeded, float32, eval."""
+
+    def build() -> torch.nn.Module:
+        torch.manual_seed(seed)
+        model = _cls(cls_name)(**config).float().eval()
+        if post is not None:
+            with torch.no_grad():
+                post(model)
+        return model
+
+    return build
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(g: torch.Generator, *shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=g)
+
+
+def _t(batch: int, value: float) -> torch.Tensor:
+    return torch.full((batch,), float(value))
+
+
+def _randomize(*module_names: str, std: float = 0.1):
+    """A post-build step: give zero-initialised modules (ControlNet outputs, final layers) random weights."""
+
+    def post(model):
+        for name in module_names:
+            module = model.get_submodule(name)
+            for p in module.parameters():
+                p.normal_(0.0, std)
+
+    return post
+
+
+def _add(name, cls, kind, grid, build, inputs, notes="", latent="hidden_states", expect=None, since="",
+         fixed_grid=False):
+    if name in CATALOGUE:
+        raise ValueError(f"duplicate catalogue entry {name!r}")
+    CATALOGUE[name] = TinyDenoiser(name=name, cls=cls, kind=kind, build=build, inputs=inputs, grid=tuple(grid),
+                                   notes=notes, latent=latent, expect=expect, since=since,
+                                   fixed_grid=fixed_grid)
+
+
+def _grid(grid, default):
+    return tuple(default if grid is None else grid)
+
+
+def _cartesian_ids(*axes: torch.Tensor) -> torch.Tensor:
+    return torch.cartesian_prod(*axes) if len(axes) > 1 else axes[0][:, None]
+
+
+def _flux_img_ids(h: int, w: int, first: int = 0) -> torch.Tensor:
+    """Flux.1-style (H*W, 3) ids: (first, row, col), as FluxPipeline._prepare_latent_image_ids."""
+    ids = torch.zeros(h, w, 3)
+    ids[..., 0] = first
+    ids[..., 1] = torch.arange(h)[:, None]
+    ids[..., 2] = torch.arange(w)[None, :]
+    return ids.reshape(h * w, 3)
+
+
+def _pack2x2(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, 2h, 2w) -> (B, h*w, 4C), as Flux/Qwen pipelines' _pack_latents."""
+    b, c, hh, ww = x.shape
+    x = x.view(b, c, hh // 2, 2, ww // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (hh // 2) * (ww // 2), c * 4)
+
+
+# ==============================================================================================================
+# Flux.2 (dev: guidance-embedded; Klein: no guidance embedding), packed tokens, 4-axis ids (T, H, W, L)
+
+TXT = 5  # text tokens in every entry (odd on purpose: no accidental divisibility)
+
+
+def _flux2_ids(h: int, w: int, t: int = 0) -> torch.Tensor:
+    """(H*W, 4) ids (t, row, col, 0), as Flux2Pipeline._prepare_latent_ids / _prepare_image_ids."""
+    return _cartesian_ids(torch.tensor([t]), torch.arange(h), torch.arange(w), torch.arange(1))
+
+
+def _flux2_inputs(default, in_ch=16, text_dim=32, guidance=True, refs=0):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        ids = [_flux2_ids(h, w)] + [_flux2_ids(h, w, t=10 + 10 * i) for i in range(refs)]
+        img_ids = torch.cat(ids).unsqueeze(0).expand(batch, -1, -1)
+        txt_ids = _cartesian_ids(torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(TXT))
+        kw = dict(
+            hidden_states=_randn(g, batch, h * w * (1 + refs), in_ch),  # [image | reference images]
+            encoder_hidden_states=_randn(g, batch, TXT, text_dim),
+            timestep=_t(batch, 0.6),  # the pipeline passes t / 1000
+            img_ids=img_ids,
+            txt_ids=txt_ids.unsqueeze(0).expand(batch, -1, -1),
+        )
+        if guidance:
+            kw["guidance"] = torch.full((batch,), 4.0)
+        return kw
+
+    return inputs
+
+
+_FLUX2 = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+              num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32, mlp_ratio=3.0,
+              axes_dims_rope=(4, 4, 4, 4))
+_add("flux2", "Flux2Transformer2DModel", "image", (4, 4),
+     _make("Flux2Transformer2DModel", guidance_embeds=True, **_FLUX2), _flux2_inputs((4, 4)),
+     notes="Flux.2 [dev]: 1 double + 2 parallel single blocks; latent = packed 2x2 tokens (B, H*W, 4C)",
+     since="0.36.0")
+_add("flux2-klein", "Flux2Transformer2DModel", "image", (4, 4),
+     _make("Flux2Transformer2DModel", guidance_embeds=False, **_FLUX2), _flux2_inputs((4, 4), guidance=False),
+     notes="Flux.2 Klein: no guidance embedding", since="0.36.0")
+_add("flux2-klein-ref", "Flux2Transformer2DModel", "image", (4, 4),
+     _make("Flux2Transformer2DModel", guidance_embeds=False, **_FLUX2),
+     _flux2_inputs((4, 4), guidance=False, refs=1),
+     notes="Klein edit: one reference image's tokens appended after the image's (ids T=10); the pipeline keeps "
+           "the first H*W output rows", since="0.36.0")
+
+
+# ==============================================================================================================
+# Qwen-Image (+ Edit, Edit-2511 zero_cond_t, Layered): packed 2x2 tokens, img_shapes, (image, text) complex rope
+
+
+def _qwen_inputs(default, in_ch=16, text_dim=32, refs=0, layers=0, additional_t=False):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        shapes = [(1, h, w)] * (1 + layers + refs)
+        kw = dict(
+            hidden_states=_randn(g, batch, h * w * len(shapes), in_ch),  # [image | layers | references]
+            encoder_hidden_states=_randn(g, batch, TXT, text_dim),
+            encoder_hidden_states_mask=torch.ones(batch, TXT, dtype=torch.long),
+            timestep=_t(batch, 0.6),  # the pipeline passes t / 1000
+            img_shapes=[list(shapes)] * batch,
+        )
+        if additional_t:
+            kw["additional_t_cond"] = torch.zeros(batch, dtype=torch.long)
+        return kw
+
+    return inputs
+
+
+_QWEN = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+             joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
+_add("qwen-image", "QwenImageTransformer2DModel", "image", (4, 4),
+     _make("QwenImageTransformer2DModel", **_QWEN), _qwen_inputs((4, 4)),
+     notes="2 dual-stream blocks; latent = packed 2x2 tokens (B, H*W, 4C)", since="0.35.0")
+_add("qwen-image-edit", "QwenImageTransformer2DModel", "image", (4, 4),
+     _make("QwenImageTransformer2DModel", **_QWEN), _qwen_inputs((4, 4), refs=1),
+     notes="Edit / Edit-Plus: reference-image tokens appended after the image's; img_shapes lists both "
+           "(the reference gets rope frame index 1)", since="0.35.0")
+_add("qwen-image-edit-2511", "QwenImageTransformer2DModel", "image", (4, 4),
+     _make("QwenImageTransformer2DModel", zero_cond_t=True, **_QWEN), _qwen_inputs((4, 4), refs=1),
+     notes="zero_cond_t=True: reference tokens are modulated with t=0 through a per-token modulate_index "
+           "built from img_shapes", since="0.36.0")
+_add("qwen-image-layered", "QwenImageTransformer2DModel", "image", (4, 4),
+     _make("QwenImageTransformer2DModel", use_layer3d_rope=True, use_additional_t_cond=True, **_QWEN),
+     _qwen_inputs((4, 4), layers=1, refs=1, additional_t=True),
+     notes="Layered: layers+1 output images then the condition image, each H*W tokens; Layer3D rope "
+           "(condition image at layer index -1); additional_t_cond", since="0.36.0")
+
+
+# ==============================================================================================================
+# Z-Image: lists of per-sample (C, F, H, W) latents; one unified stream [image (padded to 32) | caption]
+
+
+def _zimage_inputs(default, in_ch=16, cap_dim=16, patch=2):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        return dict(
+            x=[_randn(g, in_ch, 1, h * patch, w * patch) for _ in range(batch)],
+            t=_t(batch, 0.4),  # the pipeline passes (1000 - t) / 1000: 1 = clean
+            cap_feats=[_randn(g, TXT, cap_dim) for _ in range(batch)],
+        )
+
+    return inputs
+
+
+_ZIMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1,
+               n_heads=2, n_kv_heads=2, qk_norm=True, cap_feat_dim=16, axes_dims=[8, 4, 4], axes_lens=[64, 32, 32])
+_add("z-image", "ZImageTransformer2DModel", "image", (4, 8),
+     _make("ZImageTransformer2DModel", **_ZIMAGE), _zimage_inputs((4, 8)), latent="x",
+     notes="forward(x=list of (C, 1, H, W), t, cap_feats=list of (L, D)); returns a list (stacked by "
+           "output_tensor); image tokens are padded to a multiple of 32", since="0.36.0")
+
+
+# ==============================================================================================================
+# SANA: (B, C, H, W), linear attention + cross-attention + GLUMBConv (a conv on the token grid)
+
+
+def _latent_inputs(default, channels, patch, text_dim, t=500.0, text_key="encoder_hidden_states", mask=None,
+                   extra=None, time_key="timestep"):
+    """(B, C, H*p, W*p) latent, text, timestep; ``mask`` names a (B, L) text-mask argument."""
+
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        ph, pw = (patch, patch) if isinstance(patch, int) else patch
+        kw = {"hidden_states": _randn(g, batch, channels, h * ph, w * pw),
+              text_key: _randn(g, batch, TXT, text_dim), time_key: _t(batch, t)}
+        if mask is not None:
+            kw[mask] = torch.ones(batch, TXT, dtype=torch.bool)
+        if extra is not None:
+            kw.update(extra(batch, g, h, w))
+        return kw
+
+    return inputs
+
+
+_SANA = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+             num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=8,
+             mlp_ratio=2.5, sample_size=8, patch_size=1)
+_add("sana", "SanaTransformer2DModel", "image", (8, 8), _make("SanaTransformer2DModel", **_SANA),
+     _latent_inputs((8, 8), 4, 1, 8, t=500.0),
+     notes="SANA: timestep 0..1000 times config.timestep_scale; GLUMBConv feed-forward reshapes tokens to the "
+           "grid", since="0.32.0")
+_add("sana-sprint", "SanaTransformer2DModel", "image", (8, 8),
+     _make("SanaTransformer2DModel", guidance_embeds=True, qk_norm="rms_norm_across_heads", **_SANA),
+     _latent_inputs((8, 8), 4, 1, 8, t=0.5, extra=lambda b, g, h, w: {"guidance": torch.full((b,), 4.5)}),
+     notes="SANA-Sprint: guidance embedding, qk-norm; the pipeline passes a trigflow timestep (0..1.57)",
+     since="0.33.0")
+
+
+# ==============================================================================================================
+# Lumina-Image 2.0 and Lumina-Next
+
+
+_LUMINA2 = dict(sample_size=16, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, num_refiner_layers=1,
+                num_attention_heads=2, num_kv_heads=1, multiple_of=16, axes_dim_rope=(4, 6, 6),
+                axes_lens=(64, 32, 32), cap_feat_dim=16)
+_add("lumina2", "Lumina2Transformer2DModel", "image", (4, 4), _make("Lumina2Transformer2DModel", **_LUMINA2),
+     _latent_inputs((4, 4), 4, 2, 16, t=0.4, mask="encoder_attention_mask"),
+     notes="timestep = 1 - t/1000 (0 = noise, 1 = image)", since="0.33.0")
+
+
+def _lumina_next_extra(head_dim):
+    def extra(batch, g, h, w):
+        from diffusers.models.embeddings import get_2d_rotary_pos_embed_lumina
+
+        # cross_attention_kwargs must be a dict: the blocks unpack it with ** (None fails)
+        return {"image_rotary_emb": get_2d_rotary_pos_embed_lumina(head_dim, 32, 32), "cross_attention_kwargs": {}}
+
+    return extra
+
+
+_add("lumina-next", "LuminaNextDiT2DModel", "image", (4, 4),
+     _make("LuminaNextDiT2DModel", sample_size=16, patch_size=2, in_channels=4, hidden_size=32, num_layers=2,
+           num_attention_heads=2, num_kv_heads=1, multiple_of=16, learn_sigma=True, qk_norm=True,
+           cross_attention_dim=16),
+     _latent_inputs((4, 4), 4, 2, 16, t=0.4, mask="encoder_mask", extra=_lumina_next_extra(16)),
+     expect=lambda kw: (kw["hidden_states"].shape[0], 8, *kw["hidden_states"].shape[2:]),
+     notes="learn_sigma: 2C output channels; the pipeline passes a (384, 384, head_dim/2) complex rope table",
+     since="0.29.0")
+
+
+# ==============================================================================================================
+# HiDream-I1: double-stream then single-stream blocks with MoE feed-forwards
+
+
+def _hidream_extra(batch, g, h, w):
+    return {"encoder_hidden_states_t5": _randn(g, batch, TXT, 8),
+            "encoder_hidden_states_llama3": _randn(g, 2, batch, TXT, 4),  # (llama layers, B, L, D)
+            "pooled_embeds": _randn(g, batch, 8)}
+
+
+_add("hidream", "HiDreamImageTransformer2DModel", "image", (4, 4),
+     _make("HiDreamImageTransformer2DModel", patch_size=2, in_channels=4, out_channels=4, num_layers=1,
+           num_single_layers=1, attention_head_dim=8, num_attention_heads=2, caption_channels=[8, 4], text_emb_dim=8,
+           num_routed_experts=2, num_activated_experts=2, axes_dims_rope=(4, 2, 2), max_resolution=(16, 16),
+           llama_layers=(0, 1), force_inference_output=True),
+     lambda batch=2, grid=None, seed=0: {
+         k: v for k, v in _latent_inputs((4, 4), 4, 2, 8, t=500.0, text_key="encoder_hidden_states_t5",
+                                         time_key="timesteps", extra=_hidream_extra)(batch, grid, seed).items()},
+     notes="non-square latents are padded to max_resolution^2/p^2 tokens (64 here) with a mask",
+     since="0.33.0")
+
+
+# ==============================================================================================================
+# Wan 2.x and its relatives: (B, C, F, H, W) latent, patch (1, 2, 2), blocks[i].attn1 / attn2 / ffn
+
+WAN_TEXT = 512  # Wan-style I2V cross-attention takes the LAST 512 context tokens as text: text must be 512 long
+
+
+def _video_inputs(default, channels, patch, text_dim, t=500.0, text_len=TXT, extra=None, mask=None,
+                  time_key="timestep", text_key="encoder_hidden_states", timestep=None):
+    """(B, C, F*pt, H*ph, W*pw) latent + text + timestep; ``extra(batch, g, f, h, w)`` adds more kwargs."""
+
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        pt, ph, pw = patch
+        g = _gen(seed)
+        kw = {"hidden_states": _randn(g, batch, channels, f * pt, h * ph, w * pw),
+              text_key: _randn(g, batch, text_len, text_dim),
+              time_key: _t(batch, t) if timestep is None else timestep(batch, f, h, w)}
+        if mask is not None:
+            kw[mask] = torch.ones(batch, text_len, dtype=torch.bool)
+        if extra is not None:
+            kw.update(extra(batch, g, f, h, w))
+        return kw
+
+    return inputs
+
+
+def _out_channels(c, key="hidden_states"):
+    """expect(): the latent's shape with ``c`` channels (models whose input carries condition channels)."""
+    return lambda kw: (kw[key].shape[0], c, *kw[key].shape[2:])
+
+
+_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+            text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32)
+_add("wan", "WanTransformer3DModel", "video", (3, 4, 4), _make("WanTransformer3DModel", **_WAN),
+     _video_inputs((3, 4, 4), 4, (1, 2, 2), 16), notes="Wan 2.1/2.2 T2V (timestep 0..1000)", since="0.33.0")
+
+
+def _wan_image_embeds(n=3, dim=16):
+    return lambda batch, g, f, h, w: {"encoder_hidden_states_image": _randn(g, batch, n, dim)}
+
+
+_WAN_I2V = dict(_WAN, in_channels=12, image_dim=16, added_kv_proj_dim=24)
+_add("wan-i2v", "WanTransformer3DModel", "video", (3, 4, 4), _make("WanTransformer3DModel", **_WAN_I2V),
+     _video_inputs((3, 4, 4), 12, (1, 2, 2), 16, text_len=WAN_TEXT, extra=_wan_image_embeds()),
+     expect=_out_channels(4),
+     notes="Wan 2.1 I2V: latent = [noise | mask | first-frame condition] on channels; CLIP image tokens "
+           "prepended to the text (text must be 512 tokens: the processor splits at len - 512)", since="0.33.0")
+_add("wan-ti2v", "WanTransformer3DModel", "video", (3, 4, 4), _make("WanTransformer3DModel", **_WAN),
+     _video_inputs((3, 4, 4), 4, (1, 2, 2), 16,
+                   timestep=lambda b, f, h, w: torch.cat([torch.zeros(b, h * w), torch.full((b, (f - 1) * h * w), 500.)],
+                                                         dim=1)),
+     notes="Wan 2.2 TI2V-5B (expand_timesteps): a per-token timestep (B, F*H*W), 0 on the first (clean) frame, "
+           "so every block gets per-token modulation (B, N, 6, D)", since="0.35.0")
+
+
+def _vace_extra(ch=8):
+    return lambda batch, g, f, h, w: {"control_hidden_states": _randn(g, batch, ch, f, 2 * h, 2 * w)}
+
+
+_add("wan-vace", "WanVACETransformer3DModel", "video", (3, 4, 4),
+     _make("WanVACETransformer3DModel", vace_layers=[0], vace_in_channels=8, **_WAN),
+     _video_inputs((3, 4, 4), 4, (1, 2, 2), 16, extra=_vace_extra()),
+     notes="VACE: vace_blocks run first over control tokens (same grid), their hints are added after blocks "
+           "in config.vace_layers", since="0.33.0")
+
+
+def _animate_extra(batch, g, f, h, w):
+    return {"encoder_hidden_states_image": _randn(g, batch, 3, 16),
+            "pose_hidden_states": _randn(g, batch, 4, f - 1, 2 * h, 2 * w),
+            "face_pixel_values": _randn(g, batch, 3, 4 * (f - 1) - 3, 16, 16)}
+
+
+_add("wan-animate", "WanAnimateTransformer3DModel", "video", (3, 4, 4),
+     _make("WanAnimateTransformer3DModel", patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+           in_channels=12, latent_channels=4, out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2,
+           image_dim=16, rope_max_seq_len=32, motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+           motion_encoder_size=16, motion_style_dim=8, motion_dim=4, motion_encoder_dim=16,
+           face_encoder_hidden_dim=16, face_encoder_num_heads=2, inject_face_latents_blocks=2),
+     _video_inputs((3, 4, 4), 12, (1, 2, 2), 16, text_len=WAN_TEXT, extra=_animate_extra),
+     expect=_out_channels(4),
+     notes="Wan 2.2 Animate: frame 0 is the reference image, pose latents are added to frames 1..F-1, a face "
+           "adapter after every inject_face_latents_blocks-th block attends per frame (reshapes tokens to F "
+           "groups)", since="0.36.0")
+
+_add("skyreels-v2", "SkyReelsV2Transformer3DModel", "video", (3, 4, 4),
+     _make("SkyReelsV2Transformer3DModel", **_WAN), _video_inputs((3, 4, 4), 4, (1, 2, 2), 16),
+     notes="SkyReels-V2 T2V: the Wan layout", since="0.35.0")
+_add("skyreels-v2-df", "SkyReelsV2Transformer3DModel", "video", (2, 4, 4),
+     _make("SkyReelsV2Transformer3DModel", num_frame_per_block=2, **_WAN),
+     _video_inputs((2, 4, 4), 4, (1, 2, 2), 16,
+                   timestep=lambda b, f, h, w: torch.linspace(0, 900, f).expand(b, f).contiguous(),
+                   extra=lambda b, g, f, h, w: {"enable_diffusion_forcing": True}),
+     notes="Diffusion forcing: per-frame timestep (B, F) -> per-token modulation (B, 6, N, D); "
+           "num_frame_per_block=2 adds a block-causal (1, 1, N, N) mask (F must be a multiple of 2). "
+           "inject_sample_info (fps) is left off: with diffusion forcing it only broadcasts at batch 1",
+     since="0.35.0")
+_add("chronoedit", "ChronoEditTransformer3DModel", "video", (2, 4, 4),
+     _make("ChronoEditTransformer3DModel", **_WAN_I2V),
+     _video_inputs((2, 4, 4), 12, (1, 2, 2), 16, text_len=WAN_TEXT, extra=_wan_image_embeds()),
+     expect=_out_channels(4),
+     notes="ChronoEdit: the Wan I2V layout; with 2 latent frames the temporal rope uses positions 0 and "
+           "rope_temporal_skip_len - 1", since="0.36.0")
+
+
+# ==============================================================================================================
+# HunyuanVideo 1.0 (T2V, I2V latent_concat / token_replace), Framepack, 1.5: (B, C, F, H, W), patch (1, 2, 2)
+
+
+def _hyv_extra(pooled=8, guidance=True):
+    def extra(batch, g, f, h, w):
+        kw = {"pooled_projections": _randn(g, batch, pooled)}
+        if guidance:
+            kw["guidance"] = torch.full((batch,), 6000.0)  # the pipeline passes guidance_scale * 1000
+        return kw
+
+    return extra
+
+
+_HYV = dict(out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1, num_single_layers=1,
+            num_refiner_layers=1, patch_size=2, patch_size_t=1, text_embed_dim=16, pooled_projection_dim=8,
+            rope_axes_dim=(2, 4, 4))
+_add("hunyuan-video", "HunyuanVideoTransformer3DModel", "video", (3, 4, 4),
+     _make("HunyuanVideoTransformer3DModel", in_channels=4, **_HYV),
+     _video_inputs((3, 4, 4), 4, (1, 2, 2), 16, mask="encoder_attention_mask", extra=_hyv_extra()),
+     notes="1 double + 1 single block; single blocks concatenate [image | text] inside the block",
+     since="0.32.0")
+_add("hunyuan-video-i2v", "HunyuanVideoTransformer3DModel", "video", (3, 4, 4),
+     _make("HunyuanVideoTransformer3DModel", in_channels=9, image_condition_type="latent_concat",
+           guidance_embeds=False, **_HYV),
+     _video_inputs((3, 4, 4), 9, (1, 2, 2), 16, mask="encoder_attention_mask", extra=_hyv_extra(guidance=False)),
+     expect=_out_channels(4),
+     notes="I2V latent_concat: latent = [noise C | image C | mask 1] on channels; the pipeline puts the "
+           "image's LLaVA tokens before the prompt's in encoder_hidden_states", since="0.33.0")
+_add("hunyuan-video-i2v-token-replace", "HunyuanVideoTransformer3DModel", "video", (3, 4, 4),
+     _make("HunyuanVideoTransformer3DModel", in_channels=4, image_condition_type="token_replace", **_HYV),
+     _video_inputs((3, 4, 4), 4, (1, 2, 2), 16, mask="encoder_attention_mask", extra=_hyv_extra()),
+     notes="I2V token_replace: frame 0 is the clean image latent; its first_frame_num_tokens tokens get their "
+           "own (t=0) modulation inside every block", since="0.33.0")
+
+
+def _framepack_extra(batch, g, f, h, w):
+    kw = _hyv_extra()(batch, g, f, h, w)
+    hh, ww = 2 * h, 2 * w
+    kw.update(
+        image_embeds=_randn(g, batch, 3, 16),
+        indices_latents=torch.arange(7, 7 + f),
+        latents_clean=_randn(g, batch, 4, 2, hh, ww), indices_latents_clean=torch.tensor([0, 6]),
+        latents_history_2x=_randn(g, batch, 4, 2, hh, ww), indices_latents_history_2x=torch.tensor([4, 5]),
+        latents_history_4x=_randn(g, batch, 4, 4, hh, ww), indices_latents_history_4x=torch.arange(4),
+    )
+    return kw
+
+
+_add("hunyuan-video-framepack", "HunyuanVideoFramepackTransformer3DModel", "video", (3, 4, 4),
+     _make("HunyuanVideoFramepackTransformer3DModel", in_channels=4, image_condition_type=None, has_image_proj=True,
+           image_proj_dim=16, has_clean_x_embedder=True, **_HYV),
+     _video_inputs((3, 4, 4), 4, (1, 2, 2), 16, mask="encoder_attention_mask", extra=_framepack_extra),
+     notes="Framepack (vanilla sampling): image stream = [history 4x | history 2x | clean (prefix + 1x) | "
+           "latents]; SigLIP image tokens prepended to the text; output = the last F*H*W tokens",
+     since="0.34.0")
+
+
+def _hyv15_extra(image=True):
+    def extra(batch, g, f, h, w):
+        return {"encoder_hidden_states_2": _randn(g, batch, 4, 8),
+                "encoder_attention_mask_2": torch.ones(batch, 4, dtype=torch.bool),
+                "image_embeds": _randn(g, batch, 3, 12) if image else torch.zeros(batch, 3, 12)}
+
+    return extra
+
+
+_HYV15 = dict(in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=2,
+              num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=8,
+              image_embed_dim=12, rope_axes_dim=(2, 4, 4))
+_add("hunyuan-video-1.5", "HunyuanVideo15Transformer3DModel", "video", (3, 4, 4),
+     _make("HunyuanVideo15Transformer3DModel", **_HYV15),
+     _video_inputs((3, 4, 4), 9, (1, 1, 1), 16, mask="encoder_attention_mask", extra=_hyv15_extra(image=False)),
+     expect=_out_channels(4),
+     notes="HunyuanVideo 1.5 T2V: patch 1, double-stream blocks only; latent = [noise C | cond C | mask 1]; "
+           "all-zero image_embeds = text-to-video (their tokens masked out)", since="0.36.0")
+_add("hunyuan-video-1.5-i2v", "HunyuanVideo15Transformer3DModel", "video", (3, 4, 4),
+     _make("HunyuanVideo15Transformer3DModel", **_HYV15),
+     _video_inputs((3, 4, 4), 9, (1, 1, 1), 16, mask="encoder_attention_mask", extra=_hyv15_extra(image=True)),
+     expect=_out_channels(4),
+     notes="HunyuanVideo 1.5 I2V: SigLIP image tokens join the context as [image | byT5 | MLLM]", since="0.36.0")
+
+
+# ==============================================================================================================
+# LTX-Video and LTX-2: packed tokens (B, F*H*W, C), patch 1 (a 32x spatial / 8x temporal VAE does the patching)
+
+
+def _ltx_inputs(default, ch=8, text_dim=16, per_token_t=False):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        t = _t(batch, 500.0)
+        if per_token_t:  # image-to-video: conditioning (first-frame) tokens at t=0, the rest at t
+            t = torch.cat([torch.zeros(batch, h * w), torch.full((batch, (f - 1) * h * w), 500.0)], dim=1)
+        return dict(hidden_states=_randn(g, batch, f * h * w, ch), encoder_hidden_states=_randn(g, batch, TXT, text_dim),
+                    timestep=t, encoder_attention_mask=torch.ones(batch, TXT, dtype=torch.long),
+                    num_frames=f, height=h, width=w, rope_interpolation_scale=(8 / 25, 32, 32))
+
+    return inputs
+
+
+_LTX = dict(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+            cross_attention_dim=16, num_layers=2, caption_channels=16)
+_add("ltx", "LTXVideoTransformer3DModel", "video", (3, 4, 4), _make("LTXVideoTransformer3DModel", **_LTX),
+     _ltx_inputs((3, 4, 4)), notes="LTX-Video T2V: forward takes num_frames/height/width (the token grid) and "
+                                   "rope_interpolation_scale", since="0.32.0")
+_add("ltx-i2v", "LTXVideoTransformer3DModel", "video", (3, 4, 4), _make("LTXVideoTransformer3DModel", **_LTX),
+     _ltx_inputs((3, 4, 4), per_token_t=True),
+     notes="LTX I2V: per-token timestep (B, N), 0 on the first frame's tokens -> per-token modulation",
+     since="0.32.0")
+
+
+def _ltx2_inputs(default, audio_frames=5):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        return dict(hidden_states=_randn(g, batch, f * h * w, 4), audio_hidden_states=_randn(g, batch, audio_frames, 4),
+                    encoder_hidden_states=_randn(g, batch, TXT, 16), audio_encoder_hidden_states=_randn(g, batch, TXT, 16),
+                    timestep=_t(batch, 500.0), encoder_attention_mask=torch.ones(batch, TXT, dtype=torch.bool),
+                    audio_encoder_attention_mask=torch.ones(batch, TXT, dtype=torch.bool),
+                    num_frames=f, height=h, width=w, audio_num_frames=audio_frames, fps=25.0)
+
+    return inputs
+
+
+_add("ltx2", "LTX2VideoTransformer3DModel", "video", (2, 4, 4),
+     _make("LTX2VideoTransformer3DModel", in_channels=4, out_channels=4, patch_size=1, patch_size_t=1,
+           num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16, audio_in_channels=4,
+           audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4, audio_cross_attention_dim=8,
+           num_layers=2, caption_channels=16, rope_double_precision=False),
+     _ltx2_inputs((2, 4, 4)),
+     notes="LTX-2 audio+video: returns (video, audio); output_tensor takes the video", since="0.37.0")
+
+
+# ==============================================================================================================
+# CogVideoX 1.0 / 1.5 (patch_size_t=2) / I2V: latent (B, F, C, H, W) -- frames BEFORE channels
+
+
+def _crop_region(src, tgt_width, tgt_height):
+    """The centred crop of a (h, w) grid resized into the base grid (as CogVideoX pipelines compute it)."""
+    h, w = src
+    if h / w > tgt_height / tgt_width:
+        rh, rw = tgt_height, int(round(tgt_height / h * w))
+    else:
+        rw, rh = tgt_width, int(round(tgt_width / w * h))
+    top, left = int(round((tgt_height - rh) / 2.0)), int(round((tgt_width - rw) / 2.0))
+    return (top, left), (top + rh, left + rw)
+
+
+def _cogvideox_inputs(default, ch, pt, head_dim, rope, sample=(8, 8), i2v=False, ofs=False):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        kw = dict(hidden_states=_randn(g, batch, f * (pt or 1), ch, 2 * h, 2 * w),
+                  encoder_hidden_states=_randn(g, batch, TXT, 16), timestep=_t(batch, 500.0))
+        if rope:
+            from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+            if pt is None:
+                crops = _crop_region((h, w), sample[1] // 2, sample[0] // 2)
+                kw["image_rotary_emb"] = get_3d_rotary_pos_embed(embed_dim=head_dim, crops_coords=crops,
+                                                                 grid_size=(h, w), temporal_size=f)
+            else:
+                kw["image_rotary_emb"] = get_3d_rotary_pos_embed(embed_dim=head_dim, crops_coords=None,
+                                                                 grid_size=(h, w), temporal_size=f, grid_type="slice",
+                                                                 max_size=(sample[0] // 2, sample[1] // 2))
+        if ofs:
+            kw["ofs"] = torch.full((batch,), 2.0)
+        return kw
+
+    return inputs
+
+
+_COG = dict(num_attention_heads=2, attention_head_dim=16, out_channels=4, time_embed_dim=8, text_embed_dim=16,
+            num_layers=2, sample_width=8, sample_height=8, sample_frames=9, patch_size=2, temporal_compression_ratio=4,
+            max_text_seq_length=TXT)
+_add("cogvideox", "CogVideoXTransformer3DModel", "video", (3, 4, 4),
+     _make("CogVideoXTransformer3DModel", in_channels=4, **_COG), _cogvideox_inputs((3, 4, 4), 4, None, 16, False),
+     notes="CogVideoX 1.0 (2B): sin-cos position embedding, no rope; text must be max_text_seq_length tokens",
+     since="0.30.0")
+_add("cogvideox-5b", "CogVideoXTransformer3DModel", "video", (3, 4, 4),
+     _make("CogVideoXTransformer3DModel", in_channels=4, use_rotary_positional_embeddings=True, **_COG),
+     _cogvideox_inputs((3, 4, 4), 4, None, 16, True),
+     notes="CogVideoX 1.0 5B: 3-D rope (cos, sin) from the pipeline covering the video rows only",
+     since="0.30.0")
+_add("cogvideox-i2v", "CogVideoXTransformer3DModel", "video", (3, 4, 4),
+     _make("CogVideoXTransformer3DModel", in_channels=8, use_rotary_positional_embeddings=True,
+           use_learned_positional_embeddings=True, **_COG),
+     _cogvideox_inputs((3, 4, 4), 8, None, 16, True),
+     expect=lambda kw: (*kw["hidden_states"].shape[:2], 4, *kw["hidden_states"].shape[3:]),
+     notes="CogVideoX I2V: latent = [noise | image latent] on channels (dim 2); learned position embeddings "
+           "of the config's sample size: only that grid works", since="0.30.0", fixed_grid=True)
+_add("cogvideox-1.5", "CogVideoXTransformer3DModel", "video", (2, 4, 4),
+     _make("CogVideoXTransformer3DModel", in_channels=4, patch_size_t=2, use_rotary_positional_embeddings=True,
+           patch_bias=False, ofs_embed_dim=8,
+           **dict(_COG, sample_height=16, sample_width=16)),
+     _cogvideox_inputs((2, 4, 4), 4, 2, 16, True, sample=(16, 16), ofs=True),
+     notes="CogVideoX 1.5: patch_size_t=2 (grid F = latent frames / 2), rope grid_type='slice', ofs embedding",
+     since="0.32.0")
+
+
+# ==============================================================================================================
+# Mochi, Allegro
+
+
+_add("mochi", "MochiTransformer3DModel", "video", (3, 4, 4),
+     _make("MochiTransformer3DModel", patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+           pooled_projection_dim=16, in_channels=4, text_embed_dim=16, time_embed_dim=4, max_sequence_length=16),
+     _video_inputs((3, 4, 4), 4, (1, 2, 2), 16, mask="encoder_attention_mask"),
+     notes="Mochi: the pipeline passes a reversed timestep (1000 - t); joint attention is a per-sample loop "
+           "over valid text tokens", since="0.31.0")
+
+
+def _allegro_extra(head_dim):
+    def extra(batch, g, f, h, w):
+        from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+
+        ft, fh, fw, gt, gh, gw = get_3d_rotary_pos_embed_allegro(
+            embed_dim=head_dim, crops_coords=((0, 0), (h, w)), grid_size=(h, w), temporal_size=f,
+            interpolation_scale=(2.2, 2.0, 2.0))
+        pos = torch.cartesian_prod(gt.long(), gh.long(), gw.long()).reshape(-1, 3).transpose(0, 1)
+        pos = pos.reshape(3, 1, -1).contiguous()
+        return {"image_rotary_emb": ((ft, fh, fw), tuple(pos))}
+
+    return extra
+
+
+_add("allegro", "AllegroTransformer3DModel", "video", (3, 4, 4),
+     _make("AllegroTransformer3DModel", num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+           num_layers=2, cross_attention_dim=24, sample_height=8, sample_width=8, sample_frames=3, caption_channels=16),
+     _video_inputs((3, 4, 4), 4, (1, 2, 2), 16, mask="encoder_attention_mask", extra=_allegro_extra(12)),
+     notes="Allegro: rope ((freqs_t, freqs_h, freqs_w), (grid_t, grid_h, grid_w)) from the pipeline; the "
+           "attention mask is built from the latent", since="0.32.0")
