@@ -1,4 +1,8 @@
-"""ToDo's token downsampling: the token grid pooled by a factor per side (keys/values of self-attention)."""
+"""ToDo's token downsampling: the token grid pooled by a factor per axis (keys/values of self-attention).
+
+Grids of any rank up to 3 pooled whole (``F.interpolate``), leading axes with factor 1 folded into the batch
+first (a video pooled ``(1, 2, 2)`` is each frame pooled on its own, bit for bit the 2-D pooling).
+"""
 
 from __future__ import annotations
 
@@ -7,34 +11,77 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["downsample_tokens", "pooled_size", "slice_downsampler"]
+__all__ = ["downsample", "pooled_shape", "slice_downsample", "downsample_tokens", "pooled_size", "slice_downsampler"]
 
 _MODES = {"nearest-exact": dict(mode="nearest-exact"), "avg": dict(mode="area"),
-          "bilinear": dict(mode="bilinear", align_corners=False)}
+          "bilinear": dict(mode="bilinear", align_corners=False),
+          "trilinear": dict(mode="trilinear", align_corners=False)}
+_RANKS = {"bilinear": 2, "trilinear": 3}  # the grid rank these modes need (after folding, for bilinear)
 
 
-def pooled_size(h: int, w: int, factor: int) -> tuple[int, int]:
-    """The pooled grid: ``ceil`` so that sizes the factor does not divide keep their border tokens."""
-    return math.ceil(h / factor), math.ceil(w / factor)
+def pooled_shape(shape, factors) -> tuple[int, ...]:
+    """The pooled grid: ``ceil`` per axis so that sizes a factor does not divide keep their border tokens."""
+    return tuple(math.ceil(n / f) for n, f in zip(shape, factors))
 
 
-def downsample_tokens(x: torch.Tensor, h: int, w: int, factor: int, mode: str = "nearest-exact") -> torch.Tensor:
-    """``(B, h*w, C) -> (B, h'*w', C)`` with ``(h', w') = pooled_size(h, w, factor)``; factor 1 returns ``x``."""
-    if factor == 1:
+def _check(x: torch.Tensor, shape, factors, mode: str):
+    if mode not in _MODES:
+        raise ValueError(f"token downsampling: mode {mode!r} is not one of {sorted(_MODES)}")
+    if x.shape[1] != math.prod(shape):
+        raise RuntimeError(f"token downsampling: {x.shape[1]} tokens do not form the expected "
+                           f"{' x '.join(map(str, shape))} grid")
+
+
+def downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int, ...],
+               mode: str = "nearest-exact") -> torch.Tensor:
+    """``(B, prod(shape), C) -> (B, prod(pooled_shape(shape, factors)), C)``, tokens in raster order.
+
+    Modes: ``"nearest-exact"``, ``"avg"`` (area), ``"bilinear"`` (2-D grids, or 3-D with factor 1 on the first
+    axis: each frame on its own), ``"trilinear"`` (3-D grids). Factor 1 on every axis returns ``x`` itself.
+    """
+    shape, factors = tuple(int(n) for n in shape), tuple(int(f) for f in factors)
+    if len(shape) != len(factors) or not shape or min(factors) < 1:
+        raise ValueError(f"token downsampling: factors {factors} must be >= 1, one per axis of the grid {shape}")
+    if all(f == 1 for f in factors):
         return x
-    batch, tokens, channels = x.shape
-    if tokens != h * w:
-        raise RuntimeError(f"token downsampling: {tokens} tokens do not form the expected {h} x {w} grid")
-    grid = x.transpose(1, 2).reshape(batch, channels, h, w)
-    pooled = F.interpolate(grid, size=pooled_size(h, w, factor), **_MODES[mode])
-    return pooled.flatten(2).transpose(1, 2)
+    _check(x, shape, factors, mode)
+    batch, _, channels = x.shape
+    fold = 0  # leading axes with factor 1: slices pooled on their own (a batch), keeping at least two axes
+    limit = len(shape) - _RANKS.get(mode, 2)
+    while fold < limit and factors[fold] == 1:
+        fold += 1
+    outer, shape, factors = math.prod(shape[:fold]), shape[fold:], factors[fold:]
+    if mode in _RANKS and len(shape) != _RANKS[mode]:
+        hint = " (or factor 1 on the leading axes); use 'trilinear' for 3-D pooling" if mode == "bilinear" else ""
+        raise ValueError(f"token downsampling: mode {mode!r} needs a {_RANKS[mode]}-D grid{hint}, "
+                         f"got factors {factors} on a grid {shape} after folding")
+    if len(shape) > 3:
+        raise ValueError(f"token downsampling: at most 3 axes with factors above 1, got factors {factors}")
+    grid = x.reshape(batch * outer, -1, channels).transpose(1, 2).reshape(batch * outer, channels, *shape)
+    pooled = F.interpolate(grid, size=pooled_shape(shape, factors), **_MODES[mode])
+    return pooled.flatten(2).transpose(1, 2).reshape(batch, -1, channels)
 
 
-def slice_downsampler(x: torch.Tensor, h: int, w: int, factor: int, mode: str = "nearest-exact") -> torch.Tensor:
-    """ToDo's zero-overhead reference (the bench's "todo-limit"): the first ``h' * w'`` tokens, a free view.
+def slice_downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int, ...],
+                     mode: str = "nearest-exact") -> torch.Tensor:
+    """ToDo's zero-overhead reference (the bench's "todo-limit"): the first ``prod(pooled)`` tokens, a free view.
 
     Not a downsampling (the keys/values it gives are meaningless): the attention on the pooled count is all that
     is left, the best speed any pooling to that count could reach.
     """
-    ph, pw = pooled_size(h, w, factor)
-    return x if factor == 1 else x[:, : ph * pw]
+    return x if all(f == 1 for f in factors) else x[:, : math.prod(pooled_shape(shape, factors))]
+
+
+def pooled_size(h: int, w: int, factor: int) -> tuple[int, int]:
+    """The pooled ``h`` x ``w`` grid (2-D API of ``pooled_shape``)."""
+    return pooled_shape((h, w), (factor, factor))
+
+
+def downsample_tokens(x: torch.Tensor, h: int, w: int, factor: int, mode: str = "nearest-exact") -> torch.Tensor:
+    """``(B, h*w, C) -> (B, h'*w', C)`` with ``(h', w') = pooled_size(h, w, factor)``; factor 1 returns ``x``."""
+    return downsample(x, (h, w), (factor, factor), mode)
+
+
+def slice_downsampler(x: torch.Tensor, h: int, w: int, factor: int, mode: str = "nearest-exact") -> torch.Tensor:
+    """``slice_downsample`` of an ``h`` x ``w`` grid (2-D API)."""
+    return slice_downsample(x, (h, w), (factor, factor), mode)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["MergePlan", "IdentityPlan", "SlicePlan", "slice_matcher"]
+__all__ = ["MergePlan", "IdentityPlan", "SlicePlan", "slice_match", "slice_matcher"]
 
 
 class IdentityPlan:
@@ -112,9 +114,15 @@ class SlicePlan:
         return x.unsqueeze(2).expand(b, m, self._repeat, c).reshape(b, m * self._repeat, c)[:, : self.num_tokens]
 
 
-def slice_matcher(metric, h, w, sx, sy, r, offsets=None):
-    """A matcher with ToMe's token count after merging (``r`` capped at the number of sources)."""
+def slice_match(metric, shape, windows, r, offsets=None, radius=None):
+    """A matcher with ToMe's token count after merging (``r`` capped at the number of sources), on a grid of
+    any rank (``bipartite_soft_matching``'s arguments; ``offsets`` and ``radius`` change nothing)."""
     tokens = metric.shape[1]
-    windows = (h // sy) * (w // sx)
-    r = min(r, tokens - windows)
-    return IdentityPlan() if r <= 0 or windows == 0 else SlicePlan(tokens, tokens - r)
+    num = math.prod(n // s for n, s in zip(shape, windows))
+    r = min(r, tokens - num)
+    return IdentityPlan() if r <= 0 or num == 0 else SlicePlan(tokens, tokens - r)
+
+
+def slice_matcher(metric, h, w, sx, sy, r, offsets=None):
+    """``slice_match`` of an ``h`` x ``w`` grid with ``sy`` x ``sx`` windows (2-D API)."""
+    return slice_match(metric, (h, w), (sy, sx), r, offsets)

@@ -1,0 +1,210 @@
+"""Local matching: ToMe's plan with every source matched only against the destinations of nearby windows.
+
+``O(N)`` work on a grid of any rank. Each axis has a radius: an int ``R`` (only windows at most ``R`` windows
+away along it) or ``None`` (any window along it: the axis is taken whole). The windows are cut into tiles of
+``T_i`` windows per axis (``T_i = g_i``, the whole axis, where the radius is ``None``) and each tile's tokens
+are scored against its neighbourhood's destinations (``T_i + 2 R_i`` windows per axis) in one small product.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .plan import MergePlan
+from .windows import _cached, _grid, coords, window_grid, window_split
+
+__all__ = ["local_soft_matching", "local_soft_matching_2d", "local_best_matches"]
+
+# Local matching cuts the windows into tiles of LOCAL_TILE windows per axis (at least 2 * radius) and scores
+# each tile's tokens against its neighbourhood's destinations in one small product. LOCAL_CHUNK: the elements
+# (gathered tokens and scores) handled at once, at most, so that a chunk's copies stay small and in cache and no
+# temporary is near the size at which allocators map fresh pages (32 MB for glibc).
+LOCAL_TILE = 4
+LOCAL_CHUNK = 2**20
+
+
+def tile_sizes(grid, radii, tile: int | None) -> tuple[int, ...]:
+    """Windows per tile along each axis: the whole axis where the radius is ``None``; else ``max(tile,
+    2 * radius, 1)`` with ``tile`` ``LOCAL_TILE`` by default, or 1 by default when some axis is taken whole
+    (the tile is then large already, and a thin one scores the fewest far candidates)."""
+    if tile is None:
+        tile = 1 if any(rad is None for rad in radii) else LOCAL_TILE
+    return tuple(g if rad is None else max(tile, 2 * rad, 1) for g, rad in zip(grid, radii))
+
+
+@functools.lru_cache(maxsize=256)
+def _tiling(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, tiles: tuple[int, ...],
+            device: torch.device):
+    """Index tables of the local matching (cached: pure shape logic).
+
+    The window grid is padded to whole tiles; a tile has ``P = prod(T_i) * S`` positions (its windows in
+    raster order, each window's ``S`` tokens in choice order) and a neighbourhood of ``K = prod(T_i + 2 R_i)``
+    windows (``R_i = 0`` on whole axes). Returns:
+
+    - ``tokens`` ``(T, P)``: the grid token at each position (window 0's tokens past the grid's windows);
+    - ``candidates`` ``(T, K)``: the window of each neighbourhood place (0 outside the grid, masked);
+    - ``blocked`` ``(T, P, K)``: whether that position's token may NOT match that window (it may when its own
+      window and the candidate are inside the grid and at most ``R_i`` windows apart along each int axis);
+    - ``inside`` ``(T * P,)``: whether a position belongs to a window inside the grid;
+    - ``first`` ``(W,)``: the flat position (over ``T * P``) of each window's choice 0;
+    - ``position`` ``(N,)``: the flat position of every token; the tokens outside every window come last,
+      numbered from ``T * P`` in the order of ``rest``;
+    - ``rest``: those tokens (as in ``window_split``).
+    """
+    cpu, rank = torch.device("cpu"), len(shape)
+    grid, choices = window_grid(shape, windows), math.prod(windows)
+    num = math.prod(grid)
+    pads = [0 if rad is None else rad for rad in radii]
+    spans = [t + 2 * p for t, p in zip(tiles, pads)]
+    counts = [-(-g // t) for g, t in zip(grid, tiles)]  # tiles per axis
+    padded = torch.full([c * t + 2 * p for c, t, p in zip(counts, tiles, pads)], num, dtype=torch.int64)
+    padded[tuple(slice(p, p + g) for p, g in zip(pads, grid))] = torch.arange(num).view(grid)
+    candidates = padded
+    for axis, (span, t) in enumerate(zip(spans, tiles)):
+        candidates = candidates.unfold(axis, span, t)
+    num_tiles, span_all, size = math.prod(counts), math.prod(spans), math.prod(tiles)
+    candidates = candidates.reshape(num_tiles, span_all)
+    own = padded[tuple(slice(p, p + c * t) for p, c, t in zip(pads, counts, tiles))]  # window of each place, or W
+    own = own.reshape([n for ct in zip(counts, tiles) for n in ct])
+    own = own.permute(*range(0, 2 * rank, 2), *range(1, 2 * rank, 2)).reshape(num_tiles, size)
+    origin, offset, _, rest = _grid.__wrapped__(shape, windows, cpu)
+    origin = torch.cat([origin, origin.new_zeros(1)])
+    tokens = (origin[own].unsqueeze(2) + offset).reshape(num_tiles, size * choices)
+    near = torch.ones([1] * (2 * rank), dtype=torch.bool)
+    for axis, (t, span, p, rad) in enumerate(zip(tiles, spans, pads, radii)):
+        if rad is not None:
+            along = (torch.arange(t).unsqueeze(1) + p - torch.arange(span).unsqueeze(0)).abs() <= rad
+            view = [1] * (2 * rank)
+            view[axis], view[rank + axis] = t, span
+            near = near & along.view(view)
+    near = near.expand(*tiles, *spans).reshape(1, size, span_all)
+    allowed = near & (candidates < num).unsqueeze(1) & (own < num).unsqueeze(2)  # (T, size, K)
+    allowed = allowed.unsqueeze(2).expand(-1, -1, choices, -1).reshape(num_tiles, -1, span_all)
+    places = own.reshape(-1) < num
+    first = torch.empty(num, dtype=torch.int64)
+    first[own.reshape(-1)[places]] = torch.arange(places.shape[0])[places] * choices
+    inside = places.repeat_interleave(choices)
+    flat = tokens.reshape(-1)
+    position = torch.empty(math.prod(shape), dtype=torch.int64)
+    position[flat[inside]] = torch.arange(flat.shape[0])[inside]
+    position[rest] = flat.shape[0] + torch.arange(rest.shape[0])
+    candidates = candidates.masked_fill(candidates == num, 0)  # masked: any window will do
+    to = functools.partial(torch.Tensor.to, device=device)
+    return tuple(to(t) for t in (tokens, candidates, ~allowed, inside, first, position, rest))
+
+
+@functools.lru_cache(maxsize=256)
+def _rest_candidates(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, device: torch.device):
+    """``(Nr, K)`` candidate destinations of the tokens outside every window (cached: pure shape logic).
+
+    Such a token belongs to the nearest window; its candidates are the destinations of the windows at most
+    ``R_i`` windows away along each axis (every window along a ``None`` axis), clamped at the borders (a
+    repeated candidate changes no maximum). Destination ``i`` is window ``i``'s whatever the per-window choice.
+    """
+    rest = _grid.__wrapped__(shape, windows, torch.device("cpu"))[3]
+    table = torch.zeros(rest.shape[0], 1, dtype=torch.int64)
+    for coord, s, g, rad in zip(coords(rest, shape), windows, window_grid(shape, windows), radii):
+        if rad is None:
+            near = torch.arange(g).expand(rest.shape[0], g)
+        else:
+            near = ((coord // s).clamp(max=g - 1).unsqueeze(1) + torch.arange(-rad, rad + 1)).clamp(0, g - 1)
+        table = (table.unsqueeze(2) * g + near.unsqueeze(1)).reshape(rest.shape[0], -1)
+    return table.to(device)
+
+
+def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.Tensor):
+    """``best_matches`` restricted to each source's candidate destinations ``(Ns, K)`` (a gather and a
+    product: for the few tokens outside every window)."""
+    batch, num_src, channels = src.shape
+    near = dst.index_select(1, candidates.reshape(-1)).view(batch, num_src, -1, channels)
+    best, pick = (near * src.unsqueeze(2)).sum(-1).max(dim=-1)  # (B, Ns)
+    return best, candidates.expand(batch, -1, -1).gather(2, pick.unsqueeze(2)).squeeze(2)
+
+
+def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: torch.Tensor | None, radius,
+                        chunk: int | None = None, tile: int | None = None, fold: int = 1) -> MergePlan:
+    """ToMe's plan with every source matched only against the destinations of the windows within ``radius``
+    (a tuple: an int or ``None`` per axis) on a grid ``shape`` with ``windows`` (see ``windows.py``).
+
+    ``fold``: the metric holds ``fold`` such grids one after the other (``(B, fold * N, C)``: the leading axes
+    of a larger grid, each slice matched on its own); they are matched as a batch of ``B * fold`` and ranked
+    together, slots numbered as on the whole grid (windows in raster order, the slices one after the other).
+
+    Each tile's tokens (gathered straight from ``metric``, destinations included and masked after) are scored
+    against its neighbourhood's destinations in a dense product. Only the destinations are normalised: a
+    source's best match does not depend on its own norm, so its best score is divided by it afterwards. The
+    ``(B, N, C)`` metric is copied once, a chunk at a time, and never normalised whole.
+    """
+    shape, windows, radii = tuple(shape), tuple(windows), tuple(radius)
+    chunk = LOCAL_CHUNK if chunk is None else chunk
+    tiles = tile_sizes(window_grid(shape, windows), radii, tile)
+    outer, all_tokens, channels = metric.shape
+    batch, tokens, device = outer * fold, all_tokens // fold, metric.device
+    windows_each = math.prod(window_grid(shape, windows))
+    num_windows = windows_each * fold
+    num_src = all_tokens - num_windows
+    r = min(r, num_src)
+    kept = num_src - r
+    at, candidates, blocked, inside, first, position, rest = _cached(_tiling)(shape, windows, radii, tiles, device)
+    num_tiles, places = at.shape
+    span = candidates.shape[1]
+    flat = metric.reshape(batch * tokens, channels)
+    base = torch.arange(batch, device=device)
+
+    def rows(source, index, per):  # (B * index.numel(), C): rows ``index`` of every batch element of ``source``
+        return source.index_select(0, (index + base.view(batch, *[1] * index.dim()) * per).reshape(-1))
+
+    if offsets is not None:
+        offsets = offsets.view(fold, windows_each)
+    dst = window_split(shape, windows, offsets, device)[0].view(-1, windows_each)  # (fold or 1, W)
+    each = dst.expand(outer, fold, windows_each).reshape(batch, windows_each)
+    dst_metric = flat.index_select(0, (each + base.unsqueeze(1) * tokens).reshape(-1)).view(batch, -1, channels)
+    dst_metric = dst_metric / dst_metric.norm(dim=-1, keepdim=True)
+    dst_flat = dst_metric.view(-1, channels)
+    tiny = torch.finfo(metric.dtype).tiny
+    step = max(1, chunk // max(1, batch * places * (channels + span)))
+    values, matched = [], []
+    for i in range(0, num_tiles, step):
+        cand = candidates[i: i + step]
+        x = rows(flat, at[i: i + step], tokens).view(batch, -1, places, channels)
+        near = rows(dst_flat, cand, windows_each).view(batch, -1, span, channels)
+        scores = (x @ near.transpose(2, 3)).masked_fill_(blocked[i: i + step], -torch.inf)  # (B, n, P, K)
+        best, pick = scores.max(dim=-1)
+        values.append(best / x.norm(dim=-1).clamp_min_(tiny))
+        matched.append(cand.expand(batch, -1, -1).gather(2, pick))
+    best, window = (torch.cat(v, 1).view(batch, -1) for v in (values, matched))
+    if offsets is None:
+        source = inside.index_fill(0, first, False).unsqueeze(0)  # every windowed token but the destinations
+    else:
+        source = inside.expand(fold, -1).scatter(1, first + offsets, False)
+    if rest.shape[0]:  # tokens outside every window: each against the windows near its own
+        rest_metric = rows(flat, rest, tokens).view(batch, -1, channels)
+        rest_metric = rest_metric / rest_metric.norm(dim=-1, keepdim=True)
+        table = _cached(_rest_candidates)(shape, windows, radii, device)
+        rest_best, rest_window = local_best_matches(rest_metric, dst_metric, table)
+        best, window = torch.cat([best, rest_best], 1), torch.cat([window, rest_window], 1)
+        source = torch.cat([source, source.new_ones(source.shape[0], rest.shape[0])], 1)
+    if fold > 1:  # the slices side by side: positions, windows and tokens of slice f shifted by f slices
+        slices = torch.arange(fold, device=device).unsqueeze(1)
+        window = (window.view(outer, fold, -1) + slices * windows_each).view(outer, -1)
+        best = best.view(outer, -1)
+        position = (position + slices * source.shape[1]).reshape(-1)
+        dst = (dst + slices * tokens).reshape(-1)
+    source = source.reshape(1, -1)
+    best = best.masked_fill(~source, -torch.inf)
+    merged = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(r, dim=-1).indices, True)
+    slot = torch.where(merged, kept + window, (source & ~merged).cumsum(1) - 1)  # by position
+    dest = slot.index_select(1, position)  # by token
+    dest.index_copy_(1, dst.reshape(-1), (kept + torch.arange(num_windows, device=device)).expand(outer, -1))
+    return MergePlan(dest, kept + num_windows)
+
+
+def local_soft_matching_2d(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int,
+                           offsets: torch.Tensor | None, radius: int, chunk: int | None = None,
+                           tile: int | None = None) -> MergePlan:
+    """``local_soft_matching`` of an ``h`` x ``w`` grid with ``sy`` x ``sx`` windows and one ``radius``
+    (``bipartite_soft_matching_2d(..., radius=radius)``)."""
+    return local_soft_matching(metric, (h, w), (sy, sx), r, offsets, (radius, radius), chunk=chunk, tile=tile)
