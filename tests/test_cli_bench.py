@@ -64,9 +64,10 @@ def test_memory_limit_that_fits_measures_memory(tmp_path):
 def test_memory_probe_reports_its_own_peak_not_its_parents():
     """Linux carries ``ru_maxrss`` across fork + exec: a probe started by a parent holding 2 GB more than the
     probe needs would report the parent's figure (the 1024 px rows of an earlier table read 14.7 GB, step 0)."""
-    from tokenmerge.bench.runner import Cell, memory_cell, peak_rss_mb, rss_mb
+    from tokenmerge.bench.cell import Cell
+    from tokenmerge.bench.memory import memory_cell, peak_rss_mb, rss_mb
     from tokenmerge.bench.presets import resolve
-    from tokenmerge.methods import MethodSpec
+    from tokenmerge.tools.methods import MethodSpec
 
     ballast = bytearray(2 * 2**30)  # resident: zero pages are touched
     for i in range(0, len(ballast), 4096):
@@ -166,9 +167,10 @@ def test_whole_generation_of_transformer_families(kind):
     import torch
 
     from tiny_models import make_flux, make_pixart, make_sd3
-    from tokenmerge.bench import runner
+    from tokenmerge.bench.cell import Cell
+    from tokenmerge.bench.generation import generate, time_generation, vae_for
     from tokenmerge.bench.presets import Preset
-    from tokenmerge.methods import MethodSpec
+    from tokenmerge.tools.methods import MethodSpec
 
     needs = {"pixart": "PixArtTransformer2DModel", "sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel"}
     if not hasattr(diffusers, needs[kind]):
@@ -177,13 +179,13 @@ def test_whole_generation_of_transformer_families(kind):
     config = {k: v for k, v in model.config.items() if not k.startswith("_")}
     text_dim = {"pixart": 16, "sd3": 16, "flux": 32}[kind]
     preset = Preset(f"tiny-{kind}", "test", config, text_tokens=5, family=kind, text_dim=text_dim)
-    cell = runner.Cell(preset.name, "sdpa", 64, 1)
+    cell = Cell(preset.name, "sdpa", 64, 1)
     inputs = preset.inputs(1, 64, torch.float32, torch.device("cpu"))
-    vae = runner._vae(preset, torch.float32, "cpu")
-    image = runner.generate(model, vae, preset, inputs, 2)
+    vae = vae_for(preset, torch.float32, "cpu")
+    image = generate(model, vae, preset, inputs, 2)
     assert image.shape == (1, 3, 16, 16) and torch.isfinite(image).all()
-    times = runner.time_generation(model, preset, cell, [MethodSpec("vanilla"), MethodSpec("tome", 0.5)], 1, 2,
-                                   torch.device("cpu"), torch.float32)
+    times = time_generation(model, preset, cell, [MethodSpec("vanilla"), MethodSpec("tome", 0.5)], 1, 2,
+                           torch.device("cpu"), torch.float32)
     assert all(len(ts) == 1 and ts[0] > 0 for ts in times.values())
 
 
@@ -221,11 +223,11 @@ def test_table_shows_the_spread_of_paired_rounds_and_step_memory():
 
 
 def test_no_warmup_round_times_every_round(tmp_path, monkeypatch):
-    from tokenmerge.bench import runner
+    from tokenmerge.bench import steps
 
     calls = []
-    real_timed = runner.timed
-    monkeypatch.setattr(runner, "timed", lambda *a: calls.append(1) or real_timed(*a))
+    real_timed = steps.timed
+    monkeypatch.setattr(steps, "timed", lambda *a: calls.append(1) or real_timed(*a))
     out = tmp_path / "res"
     assert main(["bench", "--preset", "tiny", "--resolutions", "64", "--modes", "vanilla", "tokenmerge",
                  "--repeats", "2", "--warmup", "0", "--out", str(out), "--no-progress"]) == 0

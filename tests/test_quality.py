@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tokenmerge.cli import main
-from tokenmerge.methods import MethodSpec, parse_spec
+from tokenmerge.tools.methods import MethodSpec, parse_spec
 from tokenmerge.quality.metrics import mean_ci, psnr, ssim
 from tokenmerge.quality.prompts import load_prompts, parti_categories
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..tools.pipelines import load_pipeline
+
 __all__ = ["PRESETS", "Preset", "load_model", "load_pipeline", "resolve"]
 
 
@@ -131,21 +133,6 @@ PRESETS = {
         text_tokens=512, family="flux", text_dim=4096,
     ),
 }
-
-
-def load_pipeline(path_or_id: str, dtype=torch.float32):
-    """A real diffusers pipeline (local folder or cached hub id); a clear ``FileNotFoundError`` when absent."""
-    from diffusers import DiffusionPipeline
-
-    try:
-        return DiffusionPipeline.from_pretrained(path_or_id, torch_dtype=dtype)
-    except Exception as err:  # hub errors, offline errors and missing files come in many types
-        raise FileNotFoundError(
-            f"could not load the pipeline {path_or_id!r}: {type(err).__name__}: {str(err).splitlines()[0][:300]}\n"
-            "Its weights are not here: pass a local folder that holds model_index.json (a pipeline saved with "
-            "save_pretrained, or downloaded beforehand with `huggingface-cli download ID --local-dir DIR`), "
-            "or a hub id whose files are in the local cache."
-        ) from None
 
 
 def load_model(path_or_id: str, dtype=torch.float32):

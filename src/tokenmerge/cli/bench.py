@@ -43,7 +43,7 @@ def _megabytes(text: str) -> int:
 
 
 def _spec(text: str):
-    from ..methods import parse_spec
+    from ..tools.methods import parse_spec
 
     try:
         return parse_spec(text, bench=True)
@@ -67,8 +67,8 @@ def _steps(text: str) -> int:
 
 def add_parser(sub) -> None:
     from ..bench.presets import PRESETS
-    from ..bench.runner import ATTENTION_BACKENDS, MODE_NAMES
-    from ..methods import BENCH_METHODS, METHODS
+    from ..bench.cell import ATTENTION_BACKENDS, MODE_NAMES
+    from ..tools.methods import BENCH_METHODS, METHODS
 
     p = sub.add_parser("bench", help="speed/memory table: vanilla vs tokenmerge vs tomesd vs the limit",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,7 +136,7 @@ def add_parser(sub) -> None:
 
 def _modes(args) -> list:
     """The modes of the run, as method specs: vanilla first, then each mode per ratio / factor, then --methods."""
-    from ..methods import MethodSpec
+    from ..tools.methods import MethodSpec
 
     modes = [MethodSpec("vanilla")] if "vanilla" in args.modes else []
     by_ratio = [n for n in args.modes if n in ("tokenmerge", "tomesd", "limit")]
@@ -149,7 +149,7 @@ def _modes(args) -> list:
 def run(args, parser) -> int:
     import torch
 
-    from ..bench import report, runner
+    from ..bench import cell, report, runner
     from ..bench.presets import PRESETS
 
     device = pick_device(args.device, parser)
@@ -170,7 +170,7 @@ def run(args, parser) -> int:
     if joint and (names & {"todo", "todo-limit"} or args.attention != ["sdpa"]):
         parser.error(f"--preset {' '.join(sorted(joint))}: joint attention runs with --attention sdpa only, and "
                      "ToDo cannot apply to it (--modes todo / todo-limit)")
-    missing = [a for a in args.attention if a not in runner.available_attention()]
+    missing = [a for a in args.attention if a not in cell.available_attention()]
     if missing:
         parser.error(f"--attention {' '.join(missing)}: not available here (xformers is not installed)")
     if not modes:

@@ -24,7 +24,7 @@ With no --model, the embedded Fashion-MNIST model runs on its class names as pro
 
 
 def _spec(text: str):
-    from ..methods import parse_spec
+    from ..tools.methods import parse_spec
 
     try:
         return parse_spec(text)
@@ -91,7 +91,7 @@ def load(args, parser):
         if args.size is not None:
             parser.error("--size applies to --model pipelines; the embedded model makes 32x32 images")
     else:
-        from ..bench.presets import load_pipeline
+        from ..tools.pipelines import load_pipeline
 
         try:
             pipe, key = load_pipeline(args.model, dtype), args.model

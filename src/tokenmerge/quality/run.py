@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..bench.runner import timed
-from ..methods import MethodSpec
+from ..tools.methods import MethodSpec
+from ..tools.timing import timed
 from .metrics import mean_ci, psnr, ssim, to_tensor
 
 __all__ = ["QualityJob", "run_job", "VANILLA"]

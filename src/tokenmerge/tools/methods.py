@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from .config import ToDoConfig, ToMeConfig
+from ..config import ToDoConfig, ToMeConfig
 
 __all__ = ["METHODS", "BENCH_METHODS", "MethodSpec", "parse_spec"]
 
@@ -90,11 +90,11 @@ class MethodSpec:
         elif self.name == "todo":
             tokenmerge.apply_todo(model, downsample=self.value, **self.kwargs())
         elif self.name == "limit":
-            from .merge.plan import slice_matcher
+            from ..merge.plan import slice_matcher
 
             tokenmerge.apply_config(model, ToMeConfig(ratio=self.value, **self.kwargs()), matcher=slice_matcher)
         elif self.name == "todo-limit":
-            from .merge.downsample import slice_downsampler
+            from ..merge.downsample import slice_downsampler
 
             tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()),
                                     downsampler=slice_downsampler)
@@ -126,10 +126,18 @@ class MethodSpec:
 
 
 def auto_downsample(model) -> int:
-    """The downsampling of the finest level with attention: the blocks our default (and so tomesd's) patches."""
-    from .adapters import find_denoisers
+    """The downsampling of the finest level with attention: the blocks our default (and so tomesd's) patches.
 
-    return 2 ** min(b.level for b in find_denoisers(model)[0].blocks)
+    Read through the public API: this library's default patch is applied, described and removed.
+    """
+    import tokenmerge
+
+    tokenmerge.apply_patch(model, ratio=0.5)
+    try:
+        info = tokenmerge.describe_patch(model)
+    finally:
+        tokenmerge.remove_patch(model)
+    return min(downsample for denoiser in info.denoisers for _, downsample in denoiser.blocks)
 
 
 def parse_spec(text: str, bench: bool = False) -> MethodSpec:

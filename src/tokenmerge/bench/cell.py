@@ -1,0 +1,81 @@
+"""A benchmark cell (preset x attention x resolution x batch) and what every measurement of one shares: the
+attention backend, one denoiser step, the record fields of a method, out-of-memory detection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..tools.methods import MethodSpec
+
+__all__ = ["Cell", "MODE_NAMES", "ATTENTION_BACKENDS", "OWN_METHODS", "bench_label", "record_fields",
+           "set_attention", "available_attention", "is_oom", "step"]
+
+# --modes names; each becomes a MethodSpec (tools.methods.parse_spec) per ratio or factor
+MODE_NAMES = ("vanilla", "tokenmerge", "tomesd", "limit", "todo", "todo-limit")
+ATTENTION_BACKENDS = ("vanilla", "sdpa", "xformers")
+# this library's methods: they install tokenmerge hooks, so their phases can be timed (--breakdown)
+OWN_METHODS = ("tome", "todo", "limit", "todo-limit")
+
+
+@dataclass(frozen=True)
+class Cell:
+    preset: str
+    attention: str
+    resolution: int
+    batch: int
+
+
+def bench_label(spec: MethodSpec) -> str:
+    """The column name of a method in the tables: this library's ToMe is "tokenmerge" beside "tomesd"."""
+    return "tokenmerge" + spec.label[4:] if spec.name == "tome" else spec.label
+
+
+def record_fields(spec: MethodSpec) -> dict:
+    """The fields naming a method in a record (mode, spec, label, ratio or factor, options)."""
+    return dict(mode="tokenmerge" if spec.name == "tome" else spec.name, spec=spec.text, label=bench_label(spec),
+                ratio=0.0 if spec.is_factor or spec.value is None else spec.value,
+                factor=spec.value if spec.is_factor else 0, options=dict(spec.options))
+
+
+def set_attention(unet, backend: str, family: str = "unet") -> None:
+    from diffusers.models import attention_processor as ap
+
+    if family in ("sd3", "flux"):  # their own joint processors, SDPA-based: nothing else computes their attention
+        if backend != "sdpa":
+            raise ValueError(f"attention {backend!r} is not available for the {family} preset; use sdpa")
+        return
+    if backend == "vanilla":
+        unet.set_attn_processor(ap.AttnProcessor())
+    elif backend == "sdpa":
+        unet.set_attn_processor(ap.AttnProcessor2_0())
+    elif backend == "xformers":
+        unet.set_attn_processor(ap.XFormersAttnProcessor())
+    else:
+        raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}; got {backend!r}")
+
+
+def available_attention() -> list[str]:
+    out = ["vanilla", "sdpa"]
+    try:
+        import xformers.ops  # noqa: F401
+
+        out.append("xformers")
+    except Exception:
+        pass
+    return out
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, MemoryError) or "out of memory" in str(err).lower() or \
+        type(err).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(err).lower()
+
+
+@torch.no_grad()
+def step(unet, inputs: dict):
+    """One denoiser call on the keyword ``inputs``; its output."""
+    if "sample" in inputs:  # a UNet: the latent by position, as tomesd (which reads args[0]) needs
+        rest = {k: v for k, v in inputs.items() if k != "sample"}
+        return unet(inputs["sample"], **rest)
+    return unet(**inputs)

@@ -1,0 +1,77 @@
+"""Whole generations (``tokenmerge bench --steps N``): a denoising loop with a real scheduler and guidance, and
+the VAE decode, timed per mode, interleaved."""
+
+from __future__ import annotations
+
+import torch
+
+from ..tools.methods import MethodSpec
+from ..tools.timing import timed
+from .cell import Cell, step
+from .presets import Preset, load_pipeline
+
+__all__ = ["vae_for", "generate", "time_generation"]
+
+
+def vae_for(preset: Preset, dtype, device):
+    """The preset's VAE: the pipeline's own for --model, else the SD/SD3/Flux VAE architecture, random weights."""
+    if preset.model is not None:
+        return load_pipeline(preset.model, dtype).vae.to(device).eval()
+    from diffusers import AutoencoderKL
+
+    channels = preset.latent_channels
+    torch.manual_seed(0)
+    if preset.name.startswith("tiny"):
+        return AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=channels,
+                             norm_num_groups=32).to(device, dtype).eval()
+    return AutoencoderKL(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+                         up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2,
+                         latent_channels=channels).to(device, dtype).eval()
+
+
+@torch.no_grad()
+def generate(unet, vae, preset: Preset, inputs: dict, steps: int, guidance: float = 7.5):
+    """A text-to-image denoising loop of ``steps`` steps and the VAE decode, as a pipeline runs them, on the
+    bench's inputs (prompt embeddings given: the text encoder's few milliseconds are left out)."""
+    import diffusers
+
+    flow = preset.family in ("sd3", "flux")  # flow matching (diffusers >= 0.29, as are these models)
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler() if flow else diffusers.DDIMScheduler()
+    scheduler.set_timesteps(steps)
+    key = "sample" if "sample" in inputs else "hidden_states"
+    cfg = preset.family != "flux"
+    n = inputs[key].shape[0]
+    x = inputs[key][: n // 2] if cfg else inputs[key]
+    rest = {k: v for k, v in inputs.items() if k not in (key, "timestep")}
+    for t in scheduler.timesteps:
+        model_in = torch.cat([x, x]) if cfg else x
+        step_t = torch.full((n,), float(t) / (1000 if preset.family == "flux" else 1), device=x.device)
+        out = step(unet, {key: model_in, "timestep": step_t, **rest}).sample
+        if cfg:
+            uncond, cond = out.chunk(2)
+            out = uncond + guidance * (cond - uncond)
+        out = out[:, : x.shape[1]]  # PixArt predicts a variance too
+        x = scheduler.step(out, t, x).prev_sample
+    if preset.family == "flux":  # unpack 2x2 latent pixels per token
+        side = int(round(x.shape[1] ** 0.5))
+        c = preset.latent_channels
+        x = x.view(x.shape[0], side, side, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(x.shape[0], c, 2 * side, 2 * side)
+    return vae.decode(x / vae.config.scaling_factor).sample
+
+
+def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, steps: int, device, dtype,
+                    progress=None) -> dict[str, list[float]]:
+    """Seconds of ``generate`` per mode, interleaved, after one VAE warm-up (the steps were warmed by
+    ``time_cell``)."""
+    vae = vae_for(preset, dtype, device)
+    inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
+    generate(unet, vae, preset, inputs, 1)  # warms the scheduler and the VAE at this size
+    times: dict[str, list[float]] = {m.text: [] for m in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            with mode.applied(unet):
+                times[mode.text].append(timed(device, generate, unet, vae, preset, inputs, steps)[1])
+            if progress is not None:
+                progress.update(1)
+    return times
