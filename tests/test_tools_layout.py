@@ -1,0 +1,116 @@
+"""The tool wing's layout (issue 20, item 4): layers without import circles, no file above ~400 lines.
+
+Layers: the core <- tools <- bench, quality (independent of each other) <- cli. Imports are read from the
+sources (top-level and inside functions), so a lazy import inside a function counts too.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import tokenmerge
+
+SRC = Path(tokenmerge.__file__).parent
+WING = ("tokenmerge.tools", "tokenmerge.bench", "tokenmerge.quality", "tokenmerge.cli")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _resolve(name: str) -> str | None:
+    """The longest module prefix of ``name`` (an imported name may be an attribute of a module)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str) -> set[str]:
+    path = MODULES[module]
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {_resolve(a.name) for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            head = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else node.module
+            found |= {_resolve(f"{head}.{a.name}") or _resolve(head) for a in node.names}
+    return found - {None, module}
+
+
+GRAPH = {m: _imports(m) for m in MODULES}
+
+
+def _in(module: str, *areas: str) -> bool:
+    return any(module == a or module.startswith(a + ".") for a in areas)
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_sees_lazy_imports():
+    # a function-level import (``from ..patch import _patches`` inside ``attach``) is an edge like any other
+    assert "tokenmerge.patch" in GRAPH["tokenmerge.bench.breakdown"]
+    assert "tokenmerge.tools.methods" in GRAPH["tokenmerge.cli.bench"]
+
+
+def test_no_import_circle_touches_the_tool_wing():
+    assert [c for c in _cycles() if any(_in(m, *WING) for m in c)] == []
+
+
+@pytest.mark.parametrize("area, forbidden", [
+    ("tokenmerge.quality", ("tokenmerge.bench", "tokenmerge.cli")),
+    ("tokenmerge.bench", ("tokenmerge.quality", "tokenmerge.cli")),
+    ("tokenmerge.tools", ("tokenmerge.bench", "tokenmerge.quality", "tokenmerge.cli")),
+])
+def test_layers(area, forbidden):
+    wrong = {m: sorted(t for t in GRAPH[m] if _in(t, *forbidden)) for m in MODULES if _in(m, area)}
+    assert {m: t for m, t in wrong.items() if t} == {}
+
+
+def test_the_core_does_not_import_the_tools():
+    # ``python -m tokenmerge`` (``__main__``) is the command line's entry point, not the core
+    core = [m for m in MODULES if not _in(m, *WING, "tokenmerge.fashion", "tokenmerge.__main__")]
+    assert "tokenmerge.patch" in core
+    wrong = {m: sorted(t for t in GRAPH[m] if _in(t, *WING)) for m in core}
+    assert {m: t for m, t in wrong.items() if t} == {}
+
+
+def test_no_file_of_the_tool_wing_above_400_lines():
+    sizes = {m: len(MODULES[m].read_text(encoding="utf-8").splitlines()) for m in MODULES if _in(m, *WING)}
+    assert len(sizes) > 10
+    assert {m: n for m, n in sizes.items() if n > 400} == {}
