@@ -147,7 +147,7 @@ def test_flux_positions_follow_the_merged_tokens(block_list):
 
     def capture(module, args, kwargs):
         block_index = next(i for i, b in enumerate(patch.blocks) if b.module.attn is module)
-        seen["plan"] = patch.state.plans[block_index]
+        seen["plan"] = patch.state.blocks[block_index].plan
         seen["rotary"] = kwargs["image_rotary_emb"]
         seen["x"] = kwargs["hidden_states"]
 
@@ -180,7 +180,7 @@ def test_flux_plan_is_shared_across_the_batch():
     tokenmerge.apply_patch(model, ratio=0.5)
     plans = []
     handle = model.transformer_blocks[0].attn.register_forward_pre_hook(
-        lambda m, a, k: plans.append(model._tokenmerge_patch.state.plans[0]), with_kwargs=True)
+        lambda m, a, k: plans.append(model._tokenmerge_patch.state.blocks[0].plan), with_kwargs=True)
     try:
         _run(model, inputs)
     finally:

@@ -303,22 +303,22 @@ def test_import_as_tomesd():
 
 
 def test_match_radius_reaches_the_matcher_and_changes_the_result(monkeypatch):
-    import tokenmerge.hooks as hooks
+    import tokenmerge.engine.patch as engine
 
     unet = make_unet()
     inp = unet_inputs(h=32, w=32)  # level 0: 32 x 32 tokens, 16 x 16 windows: radius 1 is local
     radii = []
-    real = hooks.bipartite_soft_matching_2d
+    real = engine.bipartite_soft_matching
 
-    def spy(*args, radius=None, **kwargs):
+    def spy(metric, shape, windows, r, offsets, radius):
         radii.append(radius)
-        return real(*args, radius=radius, **kwargs)
+        return real(metric, shape, windows, r, offsets, radius)
 
     with torch.no_grad():
         plain = unet(**inp).sample
         tokenmerge.apply_patch(unet)
         exact = unet(**inp).sample
-        monkeypatch.setattr(hooks, "bipartite_soft_matching_2d", spy)
+        monkeypatch.setattr(engine, "bipartite_soft_matching", spy)
         tokenmerge.apply_patch(unet, match_radius=1)
         local = unet(**inp).sample
         tokenmerge.remove_patch(unet)

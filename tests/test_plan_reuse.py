@@ -6,7 +6,7 @@ from torch import nn
 
 import tokenmerge
 from tiny_models import make_unet, unet_inputs
-from tokenmerge.merge import bipartite_soft_matching_2d
+from tokenmerge.merge import bipartite_soft_matching
 
 
 class TwinBlocks(nn.Module):
@@ -32,7 +32,7 @@ class TwinBlocks(nn.Module):
 def counting(calls):
     def matcher(*args, **kwargs):
         calls.append(1)
-        return bipartite_soft_matching_2d(*args, **kwargs)
+        return bipartite_soft_matching(*args, **kwargs)
 
     return matcher
 

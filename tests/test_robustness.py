@@ -282,7 +282,7 @@ def test_an_interrupted_call_leaves_no_state_behind(error):
     handle.remove()
     patch = unet._tokenmerge_patch
     if error is RuntimeError:  # torch runs the always-called hooks on an Exception: clean at once
-        assert patch.state.size is None and not patch.state.plans and not patch.state.unchunked
+        assert patch.state.grid is None and not patch.state.blocks and not patch.state.unchunked
         assert block._chunk_size == 8
     # a KeyboardInterrupt skips them (torch catches Exception only): the next call cleans up first
     assert torch.equal(run(unet, inp), expected)
@@ -296,7 +296,7 @@ def test_an_interrupted_call_leaves_no_state_behind(error):
 
 
 def test_a_failure_while_installing_leaves_nothing_half_patched(monkeypatch):
-    from tokenmerge import hooks
+    from tokenmerge.families import spec
 
     unet = make_unet()
     inp = unet_inputs()
@@ -304,7 +304,7 @@ def test_a_failure_while_installing_leaves_nothing_half_patched(monkeypatch):
     tokenmerge.apply_patch(unet, ratio=0.3)
     before = run(unet, inp)
     calls = {"n": 0}
-    real = hooks.ArgSpec.of
+    real = spec.Arg.bind
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -312,7 +312,7 @@ def test_a_failure_while_installing_leaves_nothing_half_patched(monkeypatch):
             raise RuntimeError("registration failed")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(hooks.ArgSpec, "of", staticmethod(flaky))
+    monkeypatch.setattr(spec.Arg, "bind", flaky)
     with pytest.raises(RuntimeError, match="registration failed"):
         tokenmerge.apply_patch(unet, ratio=0.6)
     monkeypatch.undo()

@@ -121,7 +121,7 @@ def test_schedule_switches_at_the_right_steps_of_a_real_scheduler_loop(tmp_path,
 
     def watch(module, args, kwargs):
         patch = pipe.unet._tokenmerge_patch
-        merged_at.append(0 in patch.state.plans)
+        merged_at.append(0 in patch.state.blocks)
 
     block.attn1.register_forward_pre_hook(watch, with_kwargs=True)
     steps = 10
@@ -147,7 +147,7 @@ def test_ratio_ramp_and_img2img_partial_schedule(tmp_path):
     block = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0]
     merged_counts = []
     block.attn1.register_forward_pre_hook(
-        lambda m, a, k: merged_counts.append(pipe.unet._tokenmerge_patch.state.plans[0].num_merged), with_kwargs=True)
+        lambda m, a, k: merged_counts.append(pipe.unet._tokenmerge_patch.state.blocks[0].plan.num_merged), with_kwargs=True)
     tokenmerge.apply_patch(pipe, ratio=0.1, ratio_end=0.6, start=0.0, stop=1.0)
     pipe("a red cube", image=torch.rand(1, 3, 32, 32), strength=0.6, num_inference_steps=10, output_type="np",
          generator=torch.Generator().manual_seed(0))

@@ -5,11 +5,13 @@ A drop-in successor to ``tomesd``: ``import tokenmerge as tomesd`` works, with `
 """
 
 from .config import ToDoConfig, ToMeConfig
+from .families import Family, register_family, registered_families, unregister_family
 from .patch import PatchInfo, apply_config, apply_patch, apply_todo, describe_patch, patched, remove_patch
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Family",
     "PatchInfo",
     "ToDoConfig",
     "ToMeConfig",
@@ -19,5 +21,8 @@ __all__ = [
     "apply_todo",
     "describe_patch",
     "patched",
+    "register_family",
+    "registered_families",
     "remove_patch",
+    "unregister_family",
 ]

@@ -7,7 +7,7 @@ from dataclasses import KW_ONLY, asdict, dataclass
 
 __all__ = ["ToMeConfig", "ToDoConfig", "DEFAULT_SEED", "POOL_MODES"]
 
-POOL_MODES = ("nearest-exact", "avg", "bilinear")
+POOL_MODES = ("nearest-exact", "avg", "bilinear", "trilinear")
 
 # Used when ``seed=None``: the merge pattern is reproducible by default (tomesd drew it from the global RNG,
 # so it changed from run to run and consumed the user's random numbers).
@@ -57,6 +57,7 @@ class _WhenAndReuse:
     reuse_steps: int = 1
     match_radius: int | None = None
     blocks: tuple[int, ...] | None = None
+    st: int = 1
 
     def _check_when_and_reuse(self, upper: float) -> None:
         if self.blocks is not None:
@@ -79,6 +80,24 @@ class _WhenAndReuse:
         if self.match_radius is not None:
             _check_int("match_radius", self.match_radius, 0,
                        "None (match every source with every destination) or an integer >= 0 (windows away)")
+
+    def windows(self, rank: int) -> tuple[int, ...]:
+        """ToMe's window per axis of a grid of ``rank`` axes: ``(sy, sx)``, or ``(st, sy, sx)`` for video."""
+        if rank == 2:
+            if self.st != 1:
+                raise ValueError(f"st={self.st} (the temporal window) applies to video models, whose token grid has "
+                                 "a frame axis; this model's grid is 2-D: leave st=1")
+            return (self.sy, self.sx)
+        if rank < 2:
+            raise ValueError(f"a token grid of rank {rank} has no windows")
+        return (self.st,) + (1,) * (rank - 3) + (self.sy, self.sx)
+
+    def radius(self, rank: int):
+        """The matcher's reach per axis: ``match_radius`` windows in space; on a video grid with ``st=1``, each
+        frame matches within itself (reach 0 on the frame axis)."""
+        if rank >= 3 and self.st == 1:
+            return (0,) * (rank - 2) + (self.match_radius,) * 2
+        return self.match_radius
 
     @property
     def effective_seed(self) -> int:
@@ -144,14 +163,15 @@ class ToMeConfig(_WhenAndReuse):
     def __post_init__(self) -> None:
         sx = _check_int("sx", self.sx, 1, "an integer >= 1")
         sy = _check_int("sy", self.sy, 1, "an integer >= 1")
-        if sx * sy < 2:
+        st = _check_int("st", self.st, 1, "an integer >= 1 (the window along the frame axis of video models)")
+        if sx * sy * st < 2:
             raise ValueError(f"sx * sy must be at least 2 so that a window has a token to merge; got sx={sx}, sy={sy}")
         ratio = self.ratio
-        upper = 1.0 - 1.0 / (sx * sy)
+        upper = 1.0 - 1.0 / (sx * sy * st)
         if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not (0.0 <= float(ratio) <= upper):
-            raise ValueError(
-                f"ratio must be a number in [0, 1 - 1/(sx*sy)] = [0, {upper:g}] for sx={sx}, sy={sy}; got {ratio!r}"
-            )
+            size = f"sx={sx}, sy={sy}" + (f", st={st}" if st != 1 else "")
+            formula = "1 - 1/(sx*sy" + ("*st" if st != 1 else "") + ")"
+            raise ValueError(f"ratio must be a number in [0, {formula}] = [0, {upper:g}] for {size}; got {ratio!r}")
         if self.max_downsample is not None:
             _check_int("max_downsample", self.max_downsample, 1, "None (auto) or an integer >= 1 such as 1, 2, 4 or 8")
         for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp"):
@@ -173,15 +193,18 @@ class ToDoConfig(_WhenAndReuse):
     the token grid pooled by ``downsample`` per side; queries stay full (or are merged by ToMe: ``ratio``).
 
     Args:
-        downsample: pooling factor per side (2: 4x fewer keys/values). 1 changes nothing.
-        mode: "nearest-exact" (the paper's), "avg" or "bilinear".
+        downsample: pooling factor per spatial side (2: 4x fewer keys/values; on video grids the frame axis
+            is not pooled), or a tuple with one factor per grid axis: ``(2, 2)`` for images, ``(1, 2, 2)`` or
+            ``(2, 2, 2)`` (frames pooled too) for video. 1 everywhere changes nothing.
+        mode: "nearest-exact" (the paper's), "avg", "bilinear" (images; video: within each frame) or
+            "trilinear" (video).
         max_downsample: the level rule of ``ToMeConfig`` (``None``: the finest level with attention).
         ratio: ToMe on the queries as well (0: off), with ``sx``, ``sy``, ``use_rand``, ``seed`` as in ToMe.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``ToMeConfig``.
         share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``ToMeConfig``.
     """
 
-    downsample: int = 2
+    downsample: int | tuple[int, ...] = 2
     mode: str = "nearest-exact"
     max_downsample: int | None = None
     ratio: float = 0.0
@@ -196,10 +219,33 @@ class ToDoConfig(_WhenAndReuse):
     merge_mlp = False
 
     def __post_init__(self) -> None:
-        _check_int("downsample", self.downsample, 1, "an integer >= 1 (2 = 4x fewer keys and values)")
+        allowed = "an integer >= 1 (2 = 4x fewer keys and values) or a tuple of such, one per grid axis"
+        if isinstance(self.downsample, (tuple, list)):
+            if not 2 <= len(self.downsample) <= 3:
+                raise ValueError(f"downsample must be {allowed} ((2, 2) for images, (1, 2, 2) or (2, 2, 2) for "
+                                 f"video); got {self.downsample!r}")
+            object.__setattr__(self, "downsample", tuple(_check_int("downsample", f, 1, allowed)
+                                                         for f in self.downsample))
+        else:
+            _check_int("downsample", self.downsample, 1, allowed)
         if self.mode not in POOL_MODES:
             raise ValueError(f"mode must be one of {', '.join(POOL_MODES)}; got {self.mode!r}")
         # the query merging is ToMe's: validated as such
-        tome = ToMeConfig(self.ratio, self.max_downsample, self.sx, self.sy, self.use_rand, seed=self.seed)
+        tome = ToMeConfig(self.ratio, self.max_downsample, self.sx, self.sy, self.use_rand, seed=self.seed, st=self.st)
         object.__setattr__(self, "ratio", tome.ratio)
-        self._check_when_and_reuse(1.0 - 1.0 / (self.sx * self.sy))
+        self._check_when_and_reuse(1.0 - 1.0 / (self.sx * self.sy * self.st))
+
+    @property
+    def pools(self) -> bool:
+        """Whether the keys and values are pooled at all (a factor above 1 on some axis)."""
+        factors = self.downsample if isinstance(self.downsample, tuple) else (self.downsample,)
+        return any(f > 1 for f in factors)
+
+    def factors(self, rank: int) -> tuple[int, ...]:
+        """The pooling factor per axis of a grid of ``rank`` axes."""
+        if isinstance(self.downsample, tuple):
+            if len(self.downsample) != rank:
+                raise ValueError(f"downsample={self.downsample} has {len(self.downsample)} factors, but this model's "
+                                 f"token grid has {rank} axes ({'frames, ' if rank == 3 else ''}height, width)")
+            return self.downsample
+        return (1,) * (rank - 2) + (self.downsample, self.downsample)

@@ -7,9 +7,8 @@ import warnings
 from dataclasses import dataclass
 
 
-from .adapters import SUPPORTED, BlockSite, DenoiserSite, find_denoisers, held_modules
 from .config import ToDoConfig, ToMeConfig
-from .hooks import PATCH_ATTR, DenoiserPatch
+from .engine import PATCH_ATTR, SUPPORTED, BlockSite, DenoiserPatch, DenoiserSite, find_denoisers, held_modules
 
 __all__ = ["apply_patch", "apply_todo", "remove_patch", "patched", "describe_patch", "PatchInfo", "DenoiserInfo"]
 
@@ -34,6 +33,7 @@ def apply_patch(
     reuse_steps: int = 1,
     match_radius: int | None = None,
     blocks=None,
+    st: int = 1,
 ):
     """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
 
@@ -49,6 +49,9 @@ def apply_patch(
             (default): the highest-resolution level that has attention (1 on SD 1.x/2.x, 2 on SDXL).
             An explicit integer keeps tomesd's meaning, and must match at least one block.
         sx, sy: window in which one destination token is chosen; need not divide the image size.
+        st: the window along the frame axis of video models (token grids (frames, height, width)): 1 (default)
+            merges each frame within itself; 2 lets a token merge with its neighbours in the next frame too
+            (windows (st, sy, sx), ratio up to 1 - 1/(sx*sy*st)). Images: 1.
         use_rand: random destination in each window (off for odd batch sizes, as in tomesd).
         merge_attn: merge for self-attention (recommended).
         merge_crossattn: merge the queries of cross-attention (not recommended).
@@ -77,7 +80,7 @@ def apply_patch(
     config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
                         start=start, stop=stop, ratio_end=ratio_end, num_train_timesteps=num_train_timesteps,
                         share_plans=share_plans, reuse_steps=reuse_steps, match_radius=match_radius,
-                        blocks=blocks)
+                        blocks=blocks, st=st)
     return apply_config(model, config)
 
 
@@ -100,6 +103,7 @@ def apply_todo(
     reuse_steps: int = 1,
     match_radius: int | None = None,
     blocks=None,
+    st: int = 1,
 ):
     """Patch a diffusion model with ToDo (token downsampling, arXiv 2402.13573), in place.
 
@@ -108,11 +112,12 @@ def apply_todo(
 
     Args:
         model: what ``apply_patch`` accepts.
-        downsample: pooling factor per side (2: 4x fewer keys/values; 1 changes nothing).
-        mode: "nearest-exact" (the paper's choice), "avg" or "bilinear".
+        downsample: pooling factor per spatial side (2: 4x fewer keys/values; 1 changes nothing), or one factor
+            per grid axis: ``(1, 2, 2)`` pools each video frame, ``(2, 2, 2)`` pools frames too.
+        mode: "nearest-exact" (the paper's choice), "avg", "bilinear" or (video) "trilinear".
         max_downsample: the levels, as in ``apply_patch`` (``None``: the finest level with attention).
         ratio: also merge the queries with ToMe at this ratio (0: off); ``sx``, ``sy``, ``use_rand`` and
-            ``seed`` as in ``apply_patch``. Keys and values are pooled from the unmerged tokens.
+            ``seed``, ``st`` as in ``apply_patch``. Keys and values are pooled from the unmerged tokens.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``apply_patch``.
         share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``apply_patch``.
         blocks: which blocks, by index, as in ``apply_patch``.
@@ -125,12 +130,24 @@ def apply_todo(
     """
     config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start=start, stop=stop,
                         ratio_end=ratio_end, num_train_timesteps=num_train_timesteps, share_plans=share_plans,
-                        reuse_steps=reuse_steps, match_radius=match_radius, blocks=blocks)
+                        reuse_steps=reuse_steps, match_radius=match_radius, blocks=blocks, st=st)
     return apply_config(model, config)
 
 
-def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsampler=None):
-    """``apply_patch`` with a ready config (``matcher``, ``downsampler``: see ``DenoiserPatch``)."""
+def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsampler=None, observer=None):
+    """``apply_patch`` with a ready config.
+
+    Args:
+        model: what ``apply_patch`` accepts.
+        config: a ``ToMeConfig`` or ``ToDoConfig``.
+        matcher, downsampler: replace ToMe's matching and ToDo's pooling (the bench's zero-overhead limits;
+            see ``tokenmerge.engine.DenoiserPatch``).
+        observer: ``begin(phase)`` / ``end(phase)`` called around each phase inside the patched blocks (the
+            bench's breakdown); ``None`` in normal use.
+
+    Example:
+        >>> tokenmerge.apply_config(pipe, tokenmerge.ToMeConfig(ratio=0.5))  # doctest: +SKIP
+    """
     sites = find_denoisers(model)
     plans = [(site, select_blocks(site, config.max_downsample, config.blocks)) for site in sites]
     if not any(blocks for _, blocks in plans):
@@ -148,7 +165,10 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
     try:
         for site, blocks in plans:
             if blocks:
-                patch = DenoiserPatch(site, config, blocks, matcher, downsampler)
+                if isinstance(config, ToDoConfig) and config.pools and site.family.todo is not None:
+                    raise ValueError(f"tokenmerge: {site.path or type(site.module).__name__} "
+                                     f"({site.family.name}): {site.family.todo}")
+                patch = DenoiserPatch(site, config, blocks, matcher, downsampler, observer)
                 patch.install()
                 installed.append(patch)
     except BaseException:
@@ -160,7 +180,7 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
 
 
 def _snapshot(model) -> list:
-    return [(p.site, p.config, p.blocks, p.matcher, p.downsampler) for p in _patches(model)]
+    return [(p.site, p.config, p.blocks, p.matcher, p.downsampler, p.observer) for p in _patches(model)]
 
 
 def _restore(snapshot: list) -> None:
@@ -273,7 +293,7 @@ class PatchInfo:
                 if isinstance(c, ToDoConfig) else f"tokenmerge ToMe patch: ratio={c.ratio:g} ")
         lines = [
             head + f"max_downsample={c.max_downsample} (None = auto) "
-            f"sx={c.sx} sy={c.sy} use_rand={c.use_rand} seed={c.effective_seed} merge: "
+            f"sx={c.sx} sy={c.sy}" + (f" st={c.st}" if c.st != 1 else "") + f" use_rand={c.use_rand} seed={c.effective_seed} merge: "
             + ", ".join(n for n, on in (("attn", c.merge_attn), ("crossattn", c.merge_crossattn),
                                         ("mlp", c.merge_mlp)) if on)
             + (f" schedule: {c.start:g}..{c.stop:g}" + (f" ratio -> {c.ratio_end:g}" if c.ratio_end is not None
@@ -295,7 +315,7 @@ def describe_patch(model) -> PatchInfo | None:
     if not patches:
         return None
     denoisers = tuple(
-        DenoiserInfo(p.site.path, p.site.family, type(p.site.module).__name__,
+        DenoiserInfo(p.site.path, p.site.family.name, type(p.site.module).__name__,
                      tuple((b.path, b.downsample) for b in p.blocks), len(p.site.blocks))
         for p in patches
     )

@@ -1,0 +1,96 @@
+"""Finding the denoisers in what a user holds (a pipeline, a bare model, an LDM-style wrapper, a compiled model)
+and the blocks their family patches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..families import Family, match_family
+from ..families.spec import BlockSite, BoundArg
+
+__all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS"]
+
+SUPPORTED = (
+    "a diffusers pipeline (every denoiser in its components: unet, transformer, controlnet, ...), a bare denoiser "
+    "of a supported family (see tokenmerge.registered_families(): diffusers UNets and ControlNets, DiT, PixArt, SD3, "
+    "Flux and the transformer families listed in the README), a multi-ControlNet, or an LDM-style model (CompVis/"
+    "Stability code: an object with .model.diffusion_model or .diffusion_model, or the UNetModel itself)"
+)
+
+# Where LDM-style wrappers keep their denoiser (CompVis/Stability code and ControlNet's LDM code).
+HOLDER_PATHS = ("model.diffusion_model", "diffusion_model", "control_model")
+
+
+@dataclass
+class DenoiserSite:
+    """A denoiser, its family and the blocks that family patches in it (possibly none)."""
+
+    path: str
+    module: nn.Module
+    family: Family
+    sample: BoundArg | None
+    timestep: BoundArg | None
+    blocks: list[BlockSite] = field(default_factory=list)
+
+
+def _resolve(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _unwrap(module):
+    """The model inside a ``torch.compile`` wrapper (``OptimizedModule._orig_mod``), else the module itself."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
+def site_of(module: nn.Module, path: str, family: Family) -> DenoiserSite | None:
+    blocks = family.find_blocks(module, path)
+    if blocks is None:
+        return None
+    return DenoiserSite(path, module, family, family.grid.arg.bind(module), family.timestep.bind(module), blocks)
+
+
+def _in_module(module: nn.Module, path: str) -> list[DenoiserSite]:
+    module = _unwrap(module)
+    family = match_family(module)
+    if family is not None:
+        site = site_of(module, path, family)
+        if site is not None:
+            return [site]
+    nets = getattr(module, "nets", None)  # diffusers MultiControlNetModel
+    if isinstance(nets, nn.ModuleList):
+        return [s for i, net in enumerate(nets) for s in _in_module(net, f"{path}.nets.{i}" if path else f"nets.{i}")]
+    found = []
+    for where in HOLDER_PATHS:
+        inner = _resolve(module, where)
+        if isinstance(inner, nn.Module):
+            found += _in_module(inner, f"{path}.{where}" if path else where)
+    return found
+
+
+def held_modules(model) -> dict[str, nn.Module]:
+    """The modules a model-holding object gives access to: ``{"": model}`` for a module itself, else a
+    pipeline's ``components`` (or its ``unet``/``controlnet``/``transformer``/``model`` attributes)."""
+    if isinstance(model, nn.Module):
+        return {"": model}
+    components = getattr(model, "components", None)
+    if not isinstance(components, dict):
+        components = {name: getattr(model, name, None) for name in ("unet", "controlnet", "transformer", "model")}
+    return {name: c for name, c in components.items() if isinstance(c, nn.Module)}
+
+
+def find_denoisers(model) -> list[DenoiserSite]:
+    """The denoisers held by ``model``, each with the blocks its family patches (possibly none)."""
+    if isinstance(model, type):
+        raise TypeError(f"tokenmerge was given the class {model.__module__}.{model.__qualname__}, not a model: "
+                        f"pass an instance (a loaded pipeline or model), e.g. {model.__name__}.from_pretrained(...)")
+    sites = [site for name, module in held_modules(model).items() for site in _in_module(module, name)]
+    if not sites:
+        raise TypeError(f"tokenmerge cannot patch a {type(model).__name__}: supported are {SUPPORTED}")
+    return sites

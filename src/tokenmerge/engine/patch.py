@@ -1,0 +1,406 @@
+"""The installed patch of one denoiser: hooks that merge and unmerge at the boundaries of its blocks'
+sub-modules, driven by the denoiser's family spec, and their exact removal.
+
+- a forward pre-hook on the denoiser reads the token grid and the timestep (by argument name);
+- a forward pre-hook on each selected block builds its merge plan from the block's input (tomesd's metric), and
+  a forward hook (always called) drops it;
+- forward pre-hooks / hooks on the block's targets merge their input and unmerge their output, each by its kind.
+
+No ``forward`` is copied, so every norm type, chunked feed-forward and future block code keeps working: adaptive
+norms modulate per channel and gates multiply per channel, which commutes with averaging tokens. Run-time state
+is thread-local, so one patched model may serve several threads. Nothing here knows a family by name.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+from torch import nn
+
+from ..config import ToDoConfig, ToMeConfig
+from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_NONE, Arg, BlockSite, IdsGrid
+from ..merge import bipartite_soft_matching, downsample, num_windows, random_offsets
+from ..merge.bipartite import _MASK32, _mix32
+from .discover import DenoiserSite
+from .layout import image_part, join_text, split_text, take_rotary
+from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
+
+__all__ = ["DenoiserPatch", "PATCH_ATTR"]
+
+# The attribute a patched denoiser carries; its presence is what "patched" means.
+PATCH_ATTR = "_tokenmerge_patch"
+
+
+class _Hook:
+    """A hook that calls ``patch.<method>(block, target, module, *hook_args)``.
+
+    An object rather than a closure, so that ``copy.deepcopy`` of a patched model gives a copy whose hooks
+    all point at the copied patch (and so at the copied modules), and so that a patched model pickles.
+    """
+
+    __slots__ = ("patch", "method", "block", "target")
+
+    def __init__(self, patch: "DenoiserPatch", method: str, block: int = -1, target: int = -1):
+        self.patch, self.method, self.block, self.target = patch, method, block, target
+
+    def __call__(self, module, *hook_args):
+        return getattr(self.patch, self.method)(self.block, self.target, module, *hook_args)
+
+
+class _Bound:
+    """A target of one block, bound to its sub-module's signature."""
+
+    __slots__ = ("spec", "arg", "context")
+
+    def __init__(self, spec, arg, context):
+        self.spec, self.arg, self.context = spec, arg, context
+
+
+_HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
+_CONTEXT = Arg("encoder_hidden_states", also=("context",))
+
+
+class DenoiserPatch:
+    """The installed patch of one denoiser: its config, the selected blocks, and the hook handles.
+
+    Args:
+        site: the denoiser and its family.
+        config: a ``ToMeConfig`` or ``ToDoConfig``.
+        blocks: the blocks to patch.
+        matcher: ``matcher(metric, shape, windows, r, offsets, radius) -> plan`` replaces ToMe's matching.
+        downsampler: ``downsampler(x, shape, factors, mode)`` replaces ToDo's pooling.
+        observer: an object with ``begin(phase)`` / ``end(phase)``, called around each phase ("block",
+            "similarity", "merge", the target kinds, "unmerge"); ``None`` in normal use (the bench's breakdown
+            sets one).
+    """
+
+    def __init__(self, site: DenoiserSite, config: ToMeConfig | ToDoConfig, blocks: list[BlockSite], matcher=None,
+                 downsampler=None, observer=None):
+        self.site, self.config, self.blocks = site, config, blocks
+        self.family = site.family
+        self.matcher = matcher or bipartite_soft_matching
+        self.downsampler = downsampler or downsample
+        self.observer = observer
+        self.todo = isinstance(config, ToDoConfig) and config.pools
+        self.shared_plan = site.family.shared_plan
+        self.rank = grid_rank(site.family.grid)
+        self.windows = config.windows(self.rank)
+        self.radius = config.radius(self.rank)
+        self.factors = config.factors(self.rank) if isinstance(config, ToDoConfig) else None
+        self._local, self._traced = threading.local(), CallState()
+        self._handles: list = []
+        self._targets: list[list[_Bound]] = []
+        self._inputs: list = []  # where each block's forward takes its tokens
+        self._grid_cache: tuple = (None, None)  # grids read from ids: (ids identity, grid), once per generation
+        self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
+
+    def __getstate__(self):  # run-time state is per thread and per call: never copied
+        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_traced")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._local, self._traced = threading.local(), CallState()
+
+    @property
+    def state(self) -> CallState:
+        """This thread's call state (or, while torch.compile traces, the traced code's)."""
+        if torch.compiler.is_compiling():
+            return self._traced
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = CallState()
+        return state
+
+    # ---- installation -------------------------------------------------------------------------------------
+    def install(self) -> None:
+        try:
+            denoiser = self.site.module
+            self._handles.append(denoiser.register_forward_pre_hook(_Hook(self, "_denoiser_pre"), with_kwargs=True))
+            self._handles.append(denoiser.register_forward_hook(_Hook(self, "_denoiser_post"), always_call=True))
+            for index, block in enumerate(self.blocks):
+                self._install_block(index, block)
+            setattr(denoiser, PATCH_ATTR, self)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _wanted(self, kind: str) -> bool:
+        cfg = self.config
+        return {SELF: cfg.merge_attn, JOINT: cfg.merge_attn, CROSS: cfg.merge_crossattn, MLP: cfg.merge_mlp}[kind]
+
+    def _install_block(self, index: int, site: BlockSite) -> None:
+        block = site.module
+        targets = []
+        for spec in site.targets:
+            sub = getattr(block, spec.attr, None)
+            if not (self._wanted(spec.kind) and isinstance(sub, nn.Module)):
+                continue
+            if spec.refuse is not None:
+                raise ValueError(f"tokenmerge: {site.path}.{spec.attr} cannot take merged tokens: {spec.refuse}")
+            context = _CONTEXT.bind(sub) if spec.kind == SELF else None
+            if self.todo and spec.kind == SELF and context is None:
+                raise TypeError(f"tokenmerge: {site.path}.{spec.attr} takes no encoder_hidden_states/context "
+                                "argument to pass downsampled keys and values through (ToDo)")
+            targets.append(_Bound(spec, _HIDDEN.bind(sub), context))
+        self._targets.append(targets)
+        self._inputs.append(_HIDDEN.bind(block))
+        self._handles.append(block.register_forward_pre_hook(_Hook(self, "_block_pre", index), with_kwargs=True))
+        self._handles.append(block.register_forward_hook(_Hook(self, "_block_post", index), always_call=True))
+        for t, target in enumerate(targets):
+            sub = getattr(block, target.spec.attr)
+            self._handles.append(sub.register_forward_pre_hook(_Hook(self, "_merge_input", index, t), with_kwargs=True))
+            self._handles.append(sub.register_forward_hook(_Hook(self, "_unmerge_output", index, t)))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._targets.clear()
+        self._inputs.clear()
+        self.state.reset(self.blocks)
+        if getattr(self.site.module, PATCH_ATTR, None) is self:
+            delattr(self.site.module, PATCH_ATTR)
+
+    # ---- denoiser -----------------------------------------------------------------------------------------
+    def _denoiser_pre(self, _b, _t, module, args, kwargs):
+        site, cfg, state = self.site, self.config, self.state
+        state.reset(self.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
+        sample = site.sample.read(args, kwargs) if site.sample is not None else None
+        state.grid = self._grid(module, sample)
+        timestep = site.timestep.read(args, kwargs) if site.timestep is not None else None
+        state.step_key = step_key(timestep, _device(sample))
+        state.ratio = cfg.ratio
+        state.calls += 1
+        if not (cfg.scheduled or cfg.reuse_steps > 1):
+            return None
+        # one host read per denoiser call (not per block): schedules and reuse are host-side control flow
+        t = host_timestep(timestep)
+        if cfg.reuse_steps > 1:
+            if t is not None and state.last_t is not None and t > state.last_t:
+                state.kept.clear()  # the timestep went up: a new generation, nothing to reuse
+            state.last_t = t
+        if cfg.scheduled:
+            if t is None:
+                raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
+                                f"{type(module).__name__}.forward got none")
+            progress = 1.0 - t * site.timestep.scale / cfg.num_train_timesteps
+            state.active = cfg.start <= progress <= cfg.stop
+            state.ratio = cfg.ratio_at(progress)
+        return None
+
+    def _grid(self, module, sample) -> tuple[int, ...]:
+        """The token grid of the finest level, from the latent or from position ids."""
+        source = self.family.grid
+        if isinstance(source, IdsGrid):
+            return self._grid_from_ids(module, sample, source)
+        if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1:
+            axes = ("frames, " if source.rank == 3 else "") + "height, width"
+            raise TypeError(f"tokenmerge: {type(module).__name__}.forward got no latent tensor "
+                            f"'{source.arg.name}' (batch, channels, {axes}); got {_describe(sample)}")
+        patch = source.patch_sizes(module)
+        return tuple(int(n) // p for n, p in zip(sample.shape[-source.rank:], patch))
+
+    def _grid_from_ids(self, module, ids, source: IdsGrid) -> tuple[int, ...]:
+        width = max(source.axes) + 1
+        if not isinstance(ids, torch.Tensor) or ids.dim() not in (2, 3) or ids.shape[-1] < width:
+            raise TypeError(f"tokenmerge: {type(module).__name__}.forward got no '{source.arg.name}' tensor "
+                            f"(tokens, {width}) to read the image grid from; got {_describe(ids)}")
+        key = (ids.data_ptr(), tuple(ids.shape), ids.device)
+        if self._grid_cache[0] != key:  # one host read per new ids tensor (once per generation), not per step
+            rows = ids.reshape(-1, ids.shape[-1])[: ids.shape[-2]]
+            spans = [rows[:, a].max() - rows[:, a].min() for a in source.axes]
+            grid = tuple(int(s) + 1 for s in spans)
+            if math.prod(grid) != rows.shape[0]:
+                raise RuntimeError(f"tokenmerge: {source.arg.name} of {rows.shape[0]} tokens do not form a "
+                                   f"{'x'.join(map(str, grid))} grid")
+            self._grid_cache = (key, grid)
+        return self._grid_cache[1]
+
+    def _denoiser_post(self, _b, _t, module, args, output):
+        self.state.reset(self.blocks)
+        return None
+
+    # ---- blocks -------------------------------------------------------------------------------------------
+    def _block_pre(self, index: int, _t, block, args, kwargs):
+        if self.observer is not None:
+            self.observer.begin("block")
+        cfg, site, state = self.config, self.blocks[index], self.state
+        if state.grid is None:
+            raise RuntimeError(
+                f"tokenmerge: block {site.path} was called outside its denoiser's forward, so the image size "
+                "is unknown; call the denoiser (or remove the patch first)")
+        if not state.active:
+            return None
+        grid = coarsen(state.grid, site.level)
+        image = math.prod(grid)
+        x = self._inputs[index].read(args, kwargs)
+        if x.shape[1] > image and site.text != TEXT_NONE:
+            x = image_part(x, image, site.text)  # a block input that holds the text too
+        if x.shape[1] != image:
+            raise RuntimeError(
+                f"tokenmerge: block {site.path} (level {site.level}) got {x.shape[1]} tokens, but a latent grid of "
+                f"{_shape(state.grid)} gives {_shape(grid)} = {image} tokens at that level")
+        batch = x.shape[0]
+        if self.shared_plan:  # one pattern for the batch: a merged token has one position for all elements
+            x, batch = x.mean(0, keepdim=True), 1
+        plan = self._reused_plan(index, site, batch, image)
+        if plan is None:
+            plan = self._new_plan(index, x, grid, batch, image)
+        state.blocks[index] = BlockCall(plan, grid)
+        if cfg.merge_mlp and plan.num_merged and getattr(block, "_chunk_size", None) is not None:
+            # diffusers' chunked feed-forward would hand ``ff`` slices of the tokens, which cannot be merged on
+            # their own: run ``ff`` whole on the (smaller) merged tokens for this call instead.
+            state.unchunked[index] = block._chunk_size
+            block._chunk_size = None
+        return None
+
+    def _new_plan(self, index: int, x: torch.Tensor, grid: tuple[int, ...], batch: int, image: int):
+        cfg, state = self.config, self.state
+        offsets = None
+        # odd batch: no cond/uncond pairs, tomesd turns rand off (a shared plan keeps it)
+        if cfg.use_rand and (batch % 2 == 0 or self.shared_plan):
+            salt = self._seed_key ^ ((index * 0xC2B2AE35) & _MASK32)
+            offsets = random_offsets(num_windows(grid, self.windows), math.prod(self.windows),
+                                     _mix32(state.step_key ^ salt), x.device)
+        if self.observer is not None:
+            self.observer.begin("similarity")
+        plan = self.matcher(x, grid, self.windows, int(image * state.ratio), offsets, self.radius)
+        if self.observer is not None:
+            self.observer.end("similarity")
+        if self.shared_plan and plan.num_merged:
+            plan = SharedPlan(plan)
+        self._keep_plan(index, self.blocks[index], plan, batch, image)
+        return plan
+
+    def _reuse_key(self, index: int, site: BlockSite) -> int:
+        return -1 - site.level if self.config.share_plans else index
+
+    def _reused_plan(self, index: int, site: BlockSite, batch: int, tokens: int):
+        cfg, state = self.config, self.state
+        key = self._reuse_key(index, site)
+        entry = state.shared.get(key)
+        if entry is not None and entry.batch == batch and entry.tokens == tokens:
+            return entry.plan
+        entry = state.kept.get(key)
+        if entry is not None and entry.batch == batch and entry.tokens == tokens and \
+                state.calls - entry.call < cfg.reuse_steps and entry.ratio == state.ratio:
+            return entry.plan
+        return None
+
+    def _keep_plan(self, index: int, site: BlockSite, plan, batch: int, tokens: int) -> None:
+        cfg, state = self.config, self.state
+        key = self._reuse_key(index, site)
+        if cfg.share_plans:
+            state.shared[key] = KeptPlan(plan, batch, tokens)
+        if cfg.reuse_steps > 1:
+            state.kept[key] = KeptPlan(plan, batch, tokens, state.calls, state.ratio)
+
+    def _block_post(self, index: int, _t, block, args, output):
+        if self.observer is not None:
+            self.observer.end("block")
+        state = self.state
+        state.blocks.pop(index, None)
+        if index in state.unchunked:
+            block._chunk_size = state.unchunked.pop(index)
+        return None
+
+    # ---- targets ------------------------------------------------------------------------------------------
+    def _merge_input(self, index: int, t: int, module, args, kwargs):
+        if self.observer is None:
+            return self._merge_now(index, t, args, kwargs)
+        self.observer.begin("merge")
+        out = self._merge_now(index, t, args, kwargs)
+        self.observer.end("merge")
+        self.observer.begin(self._targets[index][t].spec.kind)
+        return out
+
+    def _merge_now(self, index: int, t: int, args, kwargs):
+        call = self.state.blocks.get(index)
+        if call is None:
+            return None
+        plan, target = call.plan, self._targets[index][t]
+        kind = target.spec.kind
+        context = target.context.read(args, kwargs) if target.context is not None else None
+        pool = self.todo and kind == SELF and context is None
+        if plan.num_merged == 0 and not pool:
+            return None
+        if kind == SELF and context is None and kwargs.get("attention_mask") is not None:
+            raise RuntimeError(
+                "tokenmerge: self-attention with an attention_mask over image tokens cannot be merged or "
+                "downsampled; apply the patch with merge_attn=False for this model")
+        x = target.arg.read(args, kwargs)
+        if kind == JOINT:
+            return self._merge_joint(call, t, target, x, args, kwargs)
+        if pool:  # ToDo: keys and values from the pooled grid of the full (unmerged) tokens
+            pooled = self.downsampler(x, call.grid, self.factors, self.config.mode)
+            args, kwargs = target.context.replace(args, kwargs, pooled)
+        if plan.num_merged:
+            args, kwargs = target.arg.replace(args, kwargs, plan.merge(x))
+        return args, kwargs
+
+    def _merge_joint(self, call: BlockCall, t: int, target: _Bound, x: torch.Tensor, args, kwargs):
+        """Joint attention: merge the image tokens (the text passes whole) and the rotary rows with them."""
+        plan, spec = call.plan, target.spec
+        image, extra = split_text(x, plan.num_tokens, spec.text)
+        call.text[t] = extra
+        args, kwargs = target.arg.replace(args, kwargs, join_text(x, plan.merge(image), extra, spec.text))
+        if spec.rotary is not None and kwargs.get(spec.rotary.kwarg) is not None:
+            if not isinstance(plan, SharedPlan):
+                raise RuntimeError("tokenmerge: rotary positions need one merge pattern for the batch; the family "
+                                   f"{self.family.name!r} must set shared_plan=True")
+            rotary = take_rotary(spec.rotary, kwargs[spec.rotary.kwarg], plan.num_tokens, plan.representatives())
+            kwargs = {**kwargs, spec.rotary.kwarg: rotary}
+        return args, kwargs
+
+    def _unmerge_output(self, index: int, t: int, module, args, output):
+        if self.observer is None:
+            return self._unmerge_now(index, t, output)
+        self.observer.end(self._targets[index][t].spec.kind)
+        self.observer.begin("unmerge")
+        out = self._unmerge_now(index, t, output)
+        self.observer.end("unmerge")
+        return out
+
+    def _unmerge_now(self, index: int, t: int, output):
+        call = self.state.blocks.get(index)
+        if call is None or call.plan.num_merged == 0:
+            return None
+        plan, spec = call.plan, self._targets[index][t].spec
+        if spec.kind == JOINT:
+            extra = call.text.pop(t, 0)
+            if isinstance(output, (tuple, list)):  # (image, text[, ...]): only the image part is unmerged
+                parts = list(output)
+                parts[spec.output_image] = plan.unmerge(parts[spec.output_image])
+                return type(output)(parts)
+            if extra:
+                merged = output.shape[1] - extra
+                return join_text(output, plan.unmerge(image_part(output, merged, spec.text)), extra, spec.text)
+        if not isinstance(output, torch.Tensor):
+            raise RuntimeError(f"tokenmerge: {spec.attr} returned a {type(output).__name__}, expected a tensor "
+                               "to unmerge")
+        return plan.unmerge(output)
+
+
+def grid_rank(source) -> int:
+    return len(source.axes) if isinstance(source, IdsGrid) else source.rank
+
+
+def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
+    """The grid ``level`` 2x downsamplings below ``grid`` (its last two axes; ``ceil``, as the UNets pad)."""
+    for _ in range(level):
+        grid = grid[:-2] + tuple(math.ceil(n / 2) for n in grid[-2:])
+    return grid
+
+
+def _shape(grid) -> str:
+    return "x".join(map(str, grid))
+
+
+def _device(sample):
+    return sample.device if isinstance(sample, torch.Tensor) else torch.device("cpu")
+
+
+def _describe(value) -> str:
+    return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__

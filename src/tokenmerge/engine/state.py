@@ -1,0 +1,104 @@
+"""Run-time records of a patch: what one denoiser call tells its blocks, and the plans kept across calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..merge.bipartite import _MASK32
+
+__all__ = ["CallState", "BlockCall", "KeptPlan", "SharedPlan", "host_timestep", "step_key"]
+
+
+@dataclass
+class BlockCall:
+    """One block's call in flight: its plan, its token grid and, per target, the text length set aside."""
+
+    plan: object
+    grid: tuple[int, ...]
+    text: dict[int, int] = field(default_factory=dict)  # target index -> text tokens beside the image's
+
+
+@dataclass
+class KeptPlan:
+    """A plan kept for reuse: by the other blocks of a level (``share_plans``) or by later calls (``reuse_steps``)."""
+
+    plan: object
+    batch: int
+    tokens: int
+    call: int = 0
+    ratio: float = 0.0
+
+
+class CallState:
+    """What one denoiser call tells its blocks. ``reset()`` forgets the call (its end, or an error).
+
+    One per thread (``DenoiserPatch.state``), and one for code that ``torch.compile`` traces: dynamo follows
+    mutations of a plain object, not of a ``threading.local``. ``kept``, ``calls`` and ``last_t`` survive
+    ``reset()``.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+        self.calls = 0
+        self.last_t: float | None = None
+        self.kept: dict[int, KeptPlan] = {}
+
+    def reset(self, blocks=None) -> None:
+        """Forget the call; give back any feed-forward chunking a block set aside (``blocks``: the patch's)."""
+        for index, chunk_size in getattr(self, "unchunked", {}).items():
+            if blocks is not None:
+                blocks[index].module._chunk_size = chunk_size
+        self.grid: tuple[int, ...] | None = None
+        self.step_key = None
+        self.active = True  # the schedule's verdict for this call
+        self.ratio = 0.0
+        self.blocks: dict[int, BlockCall] = {}
+        self.shared: dict[int, KeptPlan] = {}  # share_plans: reuse key -> plan of this call
+        self.unchunked: dict[int, int] = {}  # feed-forward chunk sizes set aside during a block call
+
+
+class SharedPlan:
+    """One batch-1 merge pattern applied to every element of the batch (expanded once per batch size), so that
+    a merged token has one position for all of them (tokens that carry rotary positions need this)."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.num_tokens, self.num_slots, self.num_merged = plan.num_tokens, plan.num_slots, plan.num_merged
+        self._by_batch: dict[int, object] = {}
+        self._reps = None
+
+    def _for(self, batch: int):
+        plan = self._by_batch.get(batch)
+        if plan is None:
+            plan = self._by_batch[batch] = self.plan.expand(batch)
+        return plan
+
+    def representatives(self) -> torch.Tensor:
+        """``(M,)``: per merged token, the lowest index of the tokens merged into it (whose position it keeps)."""
+        if self._reps is None:
+            self._reps = self.plan.representatives()[0]
+        return self._reps
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        return self._for(x.shape[0]).merge(x)
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        return self._for(x.shape[0]).unmerge(x)
+
+
+def host_timestep(timestep) -> float | None:
+    if timestep is None:
+        return None
+    return float(timestep.reshape(-1)[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
+
+
+def step_key(timestep, device: torch.device):
+    """An integer identifying the denoising step, without reading device memory on the host."""
+    if timestep is None:  # no timestep to key on: one fixed pattern, still reproducible
+        return 0
+    if isinstance(timestep, torch.Tensor):
+        t = timestep.reshape(-1)[:1].to(device=device, dtype=torch.float32)
+        return (t * 64).round().to(torch.int64) & _MASK32
+    return int(round(float(timestep) * 64)) & _MASK32

@@ -1,0 +1,85 @@
+"""The registry of model families: the built-in ones and those a user adds with ``register_family``.
+
+Example:
+    >>> from tokenmerge.families import Family, Blocks, Target, LatentGrid, SELF, MLP, has
+    >>> MY = Family("my-dit", match=has("my_blocks", "patchify"), grid=LatentGrid(patch=(2, 2)),
+    ...             blocks=(Blocks("my_blocks", (Target("attn", SELF), Target("mlp", MLP))),))
+    >>> tokenmerge.register_family(MY)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import dit, unet
+from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, Blocks, BlockSite,
+                   Family, IdsGrid, LatentGrid, Predicate, Rotary, Target, block_has, config_has, has, has_list,
+                   takes)
+
+__all__ = [
+    "Arg", "Blocks", "BlockSite", "Family", "IdsGrid", "LatentGrid", "Predicate", "Rotary", "Target",
+    "SELF", "CROSS", "MLP", "JOINT", "TEXT_NONE", "TEXT_BEFORE", "TEXT_AFTER", "TEXT_STREAM",
+    "has", "has_list", "takes", "config_has", "block_has",
+    "register_family", "unregister_family", "registered_families", "match_family", "BUILTIN",
+]
+
+BUILTIN: tuple[Family, ...] = (unet.DIFFUSERS_UNET, unet.LDM_UNET, dit.DIT, dit.MMDIT, dit.FLUX)
+_USER: list[Family] = []
+
+
+def register_family(family: Family, *, replace: bool = False) -> Family:
+    """Add a model family (a ``Family`` record) so that ``apply_patch`` recognises its models.
+
+    A registered family is tried before the built-in ones, so it may also take over a model a built-in family
+    would match. Registering a name again raises ``ValueError`` unless ``replace=True``.
+
+    Args:
+        family: the record (see ``tokenmerge.families.spec.Family``).
+        replace: replace a registered family of the same name.
+
+    Returns:
+        ``family``.
+
+    Example:
+        >>> tokenmerge.register_family(Family("my-dit", match=has("my_blocks"), blocks=(...)))  # doctest: +SKIP
+    """
+    if not isinstance(family, Family):
+        raise TypeError(f"register_family takes a tokenmerge.families.Family; got {type(family).__name__}")
+    names = [f.name for f in _USER]
+    if family.name in names:
+        if not replace:
+            raise ValueError(f"a family named {family.name!r} is registered already; pass replace=True to replace it")
+        _USER.pop(names.index(family.name))
+    if family.levels is None and not family.blocks:
+        raise ValueError(f"family {family.name!r} names no blocks (blocks=...) and no level walk (levels=...)")
+    _USER.insert(0, family)
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Remove a family added with ``register_family`` (built-in families cannot be removed)."""
+    for i, family in enumerate(_USER):
+        if family.name == name:
+            del _USER[i]
+            return
+    raise KeyError(f"no registered family named {name!r} (registered: {[f.name for f in _USER]})")
+
+
+def registered_families() -> tuple[Family, ...]:
+    """Every family, in the order they are tried: the user's (newest first), then the built-in ones."""
+    return tuple(_USER) + BUILTIN
+
+
+def match_family(module: nn.Module) -> Family | None:
+    """The family of a denoiser module: the first user family that matches, else the one built-in that does.
+
+    Built-in families are written to be mutually exclusive; two matching is a bug, reported as such.
+    """
+    for family in _USER:
+        if family.match(module):
+            return family
+    found = [f for f in BUILTIN if f.match(module)]
+    if len(found) > 1:
+        raise RuntimeError(f"tokenmerge: {type(module).__name__} matches several families "
+                           f"({', '.join(f.name for f in found)}); please report this")
+    return found[0] if found else None

@@ -1,0 +1,61 @@
+"""Image transformers over patch tokens of 2022-2024: DiT, PixArt-alpha/Sigma, SD3 (MMDiT) and Flux.1.
+
+- DiT / PixArt (``DiTTransformer2DModel``, ``PixArtTransformer2DModel``, the patched ``Transformer2DModel`` of
+  older diffusers, and Latte's spatial blocks): ``pos_embed`` + ``transformer_blocks`` of basic blocks.
+- SD3 / SD3.5: ``pos_embed`` + ``transformer_blocks`` of joint blocks: ``attn`` over image and text (the text a
+  separate stream), ``ff``, and SD3.5's image-only ``attn2``.
+- Flux.1 and look-alikes (Chroma, Bria, LongCat-Image, Ovis-Image): ``x_embedder`` + double-stream
+  ``transformer_blocks`` + single-stream ``single_transformer_blocks`` whose attention sees [text, image];
+  rotary positions from ``img_ids`` (text rows first), so one merge pattern serves the batch.
+"""
+
+from __future__ import annotations
+
+from .spec import (CROSS, JOINT, MLP, SELF, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Rotary, Target,
+                   block_has, config_has, has, takes)
+from .unet import BASIC_TARGETS
+
+__all__ = ["DIT", "MMDIT", "FLUX"]
+
+_PATCH = ("patch_size", "patch_size")
+JOINT_REFUSES_TODO = (
+    "ToDo cannot patch joint attention over image and text tokens (SD3/Flux and their kin), whose keys and values "
+    "are made inside one attention call: pooling the image tokens there would pool their queries too. Use ToMe "
+    "(apply_patch) on this model")
+
+DIT = Family(
+    "diffusers-dit",
+    match=config_has("patch_size", int) & has("pos_embed") & block_has("transformer_blocks", "attn1", "ff", "norm1"),
+    grid=LatentGrid(patch=_PATCH),
+    blocks=(Blocks("transformer_blocks", BASIC_TARGETS, requires=("attn1", "ff", "norm1")),),
+    description="DiT, PixArt-alpha/Sigma (and Latte's spatial blocks)",
+)
+
+MMDIT = Family(
+    "diffusers-mmdit",
+    match=config_has("patch_size", int) & has("pos_embed") & block_has("transformer_blocks", "attn", "ff")
+    & ~has("single_transformer_blocks"),
+    grid=LatentGrid(patch=_PATCH),
+    blocks=(Blocks("transformer_blocks", (Target("attn", JOINT), Target("attn2", SELF), Target("ff", MLP)),
+                   requires=("attn", "ff")),),
+    todo=JOINT_REFUSES_TODO,
+    description="Stable Diffusion 3 / 3.5 (MMDiT)",
+)
+
+_FLUX_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
+FLUX = Family(
+    "diffusers-flux",
+    match=has("x_embedder", "single_transformer_blocks", "transformer_blocks") & takes("img_ids")
+    & block_has("single_transformer_blocks", "attn", "proj_mlp"),
+    grid=IdsGrid(Arg("img_ids"), axes=(1, 2)),
+    blocks=(
+        Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX_ROTARY), Target("ff", MLP)),
+               requires=("attn", "ff")),
+        Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX_ROTARY),),
+               text=TEXT_BEFORE, requires=("attn", "proj_mlp")),
+    ),
+    timestep=Arg("timestep", scale=1000.0),
+    shared_plan=True,
+    todo=JOINT_REFUSES_TODO,
+    description="Flux.1 (dev, schnell) and kin: Chroma, Bria, LongCat-Image, Ovis-Image",
+)

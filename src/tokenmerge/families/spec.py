@@ -1,0 +1,383 @@
+"""A model family as data: how it is recognised, where its token grid comes from, which blocks and sub-modules
+are merged and how their tokens are laid out. The engine (``tokenmerge.engine``) reads these records and has no
+family-specific code; ``register_family`` adds a user's own.
+
+A family is matched by structure (attributes, forward argument names, config keys), never by importing diffusers.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+from torch import nn
+
+__all__ = [
+    "Arg", "Family", "Blocks", "Target", "Rotary", "LatentGrid", "IdsGrid", "BlockSite",
+    "SELF", "CROSS", "MLP", "JOINT", "has", "has_list", "takes", "config_has", "block_has", "Predicate",
+    "TEXT_NONE", "TEXT_BEFORE", "TEXT_AFTER", "TEXT_STREAM",
+]
+
+# What a sub-module of a block is (the kind decides how its input is merged and its output unmerged):
+SELF = "self"    # self-attention over the image tokens (keys/values may be pooled by ToDo)
+CROSS = "cross"  # cross-attention: its queries are image tokens, its keys/values text
+MLP = "mlp"      # a token-wise feed-forward
+JOINT = "joint"  # attention over image and text tokens in one call (SD3, Flux): image merged, text whole
+
+# Where the text tokens sit in a joint sequence (a block's input or a joint target's ``hidden_states``):
+TEXT_NONE = "none"      # no text in this sequence
+TEXT_BEFORE = "before"  # [text, image] (Flux single-stream)
+TEXT_AFTER = "after"    # [image, text] (HunyuanVideo single-stream)
+TEXT_STREAM = "stream"  # a separate argument (``encoder_hidden_states``): the sequence is the image's alone
+
+
+def _params(module: nn.Module) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A ``forward`` argument: by keyword ``name``, else at its position in the signature.
+
+    ``scale``: for a timestep, the factor that brings it to the 0..``num_train_timesteps`` scale (1000 for
+    models called with timesteps in 0..1).
+    """
+
+    name: str
+    scale: float = 1.0
+    fallback_index: int | None = None  # position to use when no parameter has these names (e.g. LDM's ``x``)
+    also: tuple[str, ...] = ()  # other names it goes by, tried in order after ``name``
+
+    def bind(self, module: nn.Module) -> "BoundArg | None":
+        params = _params(module)
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        for name in (self.name, *self.also):
+            if name in positional:
+                return BoundArg(name, positional.index(name), self.scale)
+            if any(p.name == name for p in params):
+                return BoundArg(name, None, self.scale)
+        if self.fallback_index is not None and len(positional) > self.fallback_index:
+            return BoundArg(positional[self.fallback_index], self.fallback_index, self.scale)
+        return None
+
+
+@dataclass(frozen=True)
+class BoundArg:
+    """An ``Arg`` resolved against one module's signature: read and replace it in a call's arguments."""
+
+    name: str
+    index: int | None
+    scale: float = 1.0
+
+    def read(self, args: tuple, kwargs: dict):
+        if self.name in kwargs:
+            return kwargs[self.name]
+        if self.index is not None and self.index < len(args):
+            return args[self.index]
+        return None
+
+    def replace(self, args: tuple, kwargs: dict, value) -> tuple[tuple, dict]:
+        if self.name not in kwargs and self.index is not None and self.index < len(args):
+            return args[: self.index] + (value,) + tuple(args[self.index + 1:]), kwargs
+        return args, {**kwargs, self.name: value}
+
+
+# ---- matching predicates ------------------------------------------------------------------------------------
+# Plain objects, not lambdas, so that a patched model (which refers to its family) pickles and deep-copies.
+class Predicate:
+    """A structural test on a module, composable with ``&``, ``|`` and ``~``; ``str()`` says what it tests."""
+
+    def __call__(self, module: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def __and__(self, other: "Predicate") -> "Predicate":
+        return _All((self, other))
+
+    def __or__(self, other: "Predicate") -> "Predicate":
+        return _Any((self, other))
+
+    def __invert__(self) -> "Predicate":
+        return _Not(self)
+
+
+@dataclass(frozen=True)
+class _All(Predicate):
+    parts: tuple
+
+    def __call__(self, module):
+        return all(p(module) for p in self.parts)
+
+    def __str__(self):
+        return " & ".join(map(str, self.parts))
+
+
+@dataclass(frozen=True)
+class _Any(Predicate):
+    parts: tuple
+
+    def __call__(self, module):
+        return any(p(module) for p in self.parts)
+
+    def __str__(self):
+        return "(" + " | ".join(map(str, self.parts)) + ")"
+
+
+@dataclass(frozen=True)
+class _Not(Predicate):
+    part: Predicate
+
+    def __call__(self, module):
+        return not self.part(module)
+
+    def __str__(self):
+        return f"~{self.part}"
+
+
+@dataclass(frozen=True)
+class has(Predicate):
+    """The module has these attributes, each an ``nn.Module`` (a ``ModuleList`` counts)."""
+
+    attrs: tuple
+
+    def __init__(self, *attrs: str):
+        object.__setattr__(self, "attrs", attrs)
+
+    def __call__(self, module):
+        return all(isinstance(getattr(module, a, None), nn.Module) for a in self.attrs)
+
+    def __str__(self):
+        return f"has({', '.join(self.attrs)})"
+
+
+@dataclass(frozen=True)
+class has_list(Predicate):
+    """The module has these attributes, each an ``nn.ModuleList``."""
+
+    attrs: tuple
+
+    def __init__(self, *attrs: str):
+        object.__setattr__(self, "attrs", attrs)
+
+    def __call__(self, module):
+        return all(isinstance(getattr(module, a, None), nn.ModuleList) for a in self.attrs)
+
+    def __str__(self):
+        return f"has_list({', '.join(self.attrs)})"
+
+
+@dataclass(frozen=True)
+class takes(Predicate):
+    """``forward`` has parameters with these names."""
+
+    names: tuple
+
+    def __init__(self, *names: str):
+        object.__setattr__(self, "names", names)
+
+    def __call__(self, module):
+        params = {p.name for p in _params(module)}
+        return all(n in params for n in self.names)
+
+    def __str__(self):
+        return f"takes({', '.join(self.names)})"
+
+
+def config(module: nn.Module) -> dict:
+    cfg = getattr(module, "config", None)  # diffusers' FrozenDict; a transformers config is not a dict
+    return cfg if isinstance(cfg, dict) else {}
+
+
+@dataclass(frozen=True)
+class config_has(Predicate):
+    """The module's (diffusers) config has ``key``, of type ``kind``."""
+
+    key: str
+    kind: object = object
+
+    def __call__(self, module):
+        return isinstance(config(module).get(self.key), self.kind)
+
+    def __str__(self):
+        return f"config_has({self.key})"
+
+
+@dataclass(frozen=True)
+class block_has(Predicate):
+    """The first block of the ``blocks`` list has these sub-modules."""
+
+    blocks: str
+    attrs: tuple
+
+    def __init__(self, blocks: str, *attrs: str):
+        object.__setattr__(self, "blocks", blocks)
+        object.__setattr__(self, "attrs", attrs)
+
+    def __call__(self, module):
+        seq = getattr(module, self.blocks, None)
+        return isinstance(seq, nn.ModuleList) and len(seq) > 0 and has(*self.attrs)(seq[0])
+
+    def __str__(self):
+        return f"{self.blocks}[0].has({', '.join(self.attrs)})"
+
+
+# ---- token layout -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rotary:
+    """Rotary position embeddings passed to a joint target as keyword ``kwarg``.
+
+    Args:
+        kwarg: the keyword (``image_rotary_emb``, ``rotary_emb``, ``freqs_cis``...).
+        layout: ``"tensor"`` (one tensor, or a tuple/list of tensors such as (cos, sin), every one indexed the
+            same way) or ``"image_text_pair"`` (``(image_freqs, text_freqs)``: only the first is the image's).
+        token_axis: the axis of the token rows in each tensor (``-2`` for diffusers' (S, D) and (B, H, S, D)).
+        text: where the text rows are in the tensor(s): ``TEXT_BEFORE``, ``TEXT_AFTER`` or ``TEXT_NONE`` (the
+            rotary covers the image tokens only). The text rows are whatever rows are not the image's.
+    """
+
+    kwarg: str
+    layout: str = "tensor"
+    token_axis: int = -2
+    text: str = TEXT_BEFORE
+
+
+@dataclass(frozen=True)
+class Target:
+    """A sub-module of a block to merge around.
+
+    Args:
+        attr: its attribute name on the block.
+        kind: ``SELF``, ``CROSS``, ``MLP`` or ``JOINT``.
+        text: for ``JOINT``: where the text is in its ``hidden_states`` (``TEXT_STREAM``: a separate argument).
+        rotary: for ``JOINT``: the rotary embeddings that follow the image tokens.
+        output_image: for ``JOINT`` returning a tuple: the index of the image output (the rest passes whole).
+        refuse: a reason this sub-module cannot take merged tokens (e.g. a feed-forward that reshapes tokens
+            to the grid); asking to merge it is an error that gives the reason.
+    """
+
+    attr: str
+    kind: str
+    text: str = TEXT_STREAM
+    rotary: Rotary | None = None
+    output_image: int = 0
+    refuse: str | None = None
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A list of transformer blocks (``attr``: a ``ModuleList`` on the denoiser) and their targets.
+
+    Args:
+        attr: the block list's attribute name.
+        targets: the sub-modules to merge around; one that a block lacks is skipped for that block.
+        text: where text sits in the block's input ``hidden_states`` when it is longer than the image grid
+            (older diffusers gave Flux's single-stream blocks [text, image]).
+        requires: sub-modules every block must have for this family (a block without them: not this family).
+    """
+
+    attr: str
+    targets: tuple[Target, ...]
+    text: str = TEXT_NONE
+    requires: tuple[str, ...] = ()
+
+
+@dataclass
+class BlockSite:
+    """A block found in a denoiser. ``level`` counts the 2x downsamplings above its resolution (0 = full)."""
+
+    path: str
+    module: nn.Module
+    level: int
+    targets: tuple[Target, ...]
+    text: str = TEXT_NONE
+
+    @property
+    def downsample(self) -> int:
+        return 2**self.level
+
+
+# ---- where the token grid comes from ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LatentGrid:
+    """The grid from a latent tensor's trailing ``rank`` axes, divided by the patch size per axis.
+
+    ``patch``: per axis, an int or a config key (its value an int, or a tuple indexed by axis from the end);
+    ``None`` reads 1. For video, ``rank=3`` over (frames, height, width).
+    """
+
+    arg: Arg = Arg("hidden_states", fallback_index=0)
+    rank: int = 2
+    patch: tuple = (1, 1)
+
+    def patch_sizes(self, module: nn.Module) -> tuple[int, ...]:
+        cfg = config(module)
+        sizes = []
+        for axis, p in enumerate(self.patch):
+            if isinstance(p, str):
+                value = cfg.get(p)
+                if isinstance(value, (tuple, list)):
+                    value = value[axis - len(self.patch)] if len(value) >= len(self.patch) else value[-1]
+                p = 1 if value is None else int(value)
+            sizes.append(int(p))
+        return tuple(sizes)
+
+
+@dataclass(frozen=True)
+class IdsGrid:
+    """The grid from position ids ``(tokens, k)`` (Flux's ``img_ids``): the span of columns ``axes``.
+
+    Read on the host once per new ids tensor (once per generation), never per step.
+    """
+
+    arg: Arg = Arg("img_ids")
+    axes: tuple[int, ...] = (1, 2)
+
+
+# ---- the family ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Family:
+    """Everything the engine needs to know about one model family.
+
+    Args:
+        name: shown by ``describe_patch`` (e.g. ``"diffusers-unet"``).
+        match: a ``Predicate`` on the denoiser module; exactly one registered family matches a given model.
+        grid: ``LatentGrid`` or ``IdsGrid``.
+        blocks: the block lists and their targets (transformers: one resolution, blocks chosen by index).
+        levels: for models with resolution levels (UNets): ``levels(module, path) -> list[BlockSite]``;
+            replaces ``blocks``.
+        timestep: the timestep argument (with its scale to 0..1000).
+        shared_plan: one merge pattern for the whole batch (needed when tokens carry rotary positions).
+        todo: ``None`` if ToDo applies to its ``SELF`` targets, else the reason it does not.
+        description: one line for the README's support table.
+    """
+
+    name: str
+    match: Predicate
+    grid: LatentGrid | IdsGrid = LatentGrid()
+    blocks: tuple[Blocks, ...] = ()
+    levels: Callable[[nn.Module, str], list[BlockSite]] | None = None
+    timestep: Arg = Arg("timestep")
+    shared_plan: bool = False
+    todo: str | None = None
+    description: str = ""
+    examples: tuple[str, ...] = field(default=())
+
+    def find_blocks(self, module: nn.Module, path: str) -> list[BlockSite] | None:
+        """The blocks of ``module`` this family patches, or ``None`` if a listed block is not of this family."""
+        if self.levels is not None:
+            return self.levels(module, path)
+        sites = []
+        for spec in self.blocks:
+            seq = getattr(module, spec.attr, None)
+            if not isinstance(seq, nn.ModuleList):
+                continue
+            for i, block in enumerate(seq):
+                if not has(*spec.requires)(block):
+                    return None
+                targets = tuple(t for t in spec.targets if isinstance(getattr(block, t.attr, None), nn.Module))
+                sites.append(BlockSite(f"{path}.{spec.attr}.{i}" if path else f"{spec.attr}.{i}", block, 0,
+                                       targets, spec.text))
+        return sites
