@@ -45,6 +45,8 @@ class TinyDenoiser:
             ``inputs[latent]``.
         since: the first diffusers version with this class and config ("0.33.0"); older ones are skipped.
         fixed_grid: the model only accepts its default grid (learned position tables of a fixed size).
+        alt_grid: a second valid grid for tests; None = the default grid one wider on its last axis (or the
+            default grid itself when ``fixed_grid``).
     """
 
     name: str
@@ -58,6 +60,15 @@ class TinyDenoiser:
     expect: Callable[[dict], tuple[int, ...]] | None = field(default=None, repr=False)
     since: str = ""
     fixed_grid: bool = False
+    alt_grid: tuple[int, ...] | None = None
+
+    def second_grid(self) -> tuple[int, ...]:
+        """A second valid grid, non-square where the model allows it."""
+        if self.alt_grid is not None:
+            return tuple(self.alt_grid)
+        if self.fixed_grid:
+            return self.grid
+        return (*self.grid[:-1], self.grid[-1] + 1)
 
     def expected_shape(self, inputs: dict) -> tuple[int, ...]:
         """The shape the main output must have for ``inputs``."""
@@ -125,6 +136,19 @@ def output_tensor(out) -> torch.Tensor:
     raise TypeError(f"cannot find the main tensor in {type(out).__name__}")
 
 
+def cpu_fast():
+    """A context manager for running the catalogue on a CPU: oneDNN off.
+
+    With oneDNN on, the first call of every new convolution shape builds a primitive (~2 s for a tiny UNet on a
+    loaded 2-core machine); off, the same forward takes milliseconds.
+
+    Example:
+        >>> with cpu_fast():
+        ...     pass
+    """
+    return torch.backends.mkldnn.flags(enabled=False)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # helpers
 
@@ -172,12 +196,12 @@ def _randomize(*module_names: str, std: float = 0.1):
 
 
 def _add(name, cls, kind, grid, build, inputs, notes="", latent="hidden_states", expect=None, since="",
-         fixed_grid=False):
+         fixed_grid=False, alt_grid=None):
     if name in CATALOGUE:
         raise ValueError(f"duplicate catalogue entry {name!r}")
     CATALOGUE[name] = TinyDenoiser(name=name, cls=cls, kind=kind, build=build, inputs=inputs, grid=tuple(grid),
                                    notes=notes, latent=latent, expect=expect, since=since,
-                                   fixed_grid=fixed_grid)
+                                   fixed_grid=fixed_grid, alt_grid=alt_grid)
 
 
 def _grid(grid, default):
@@ -749,3 +773,312 @@ _add("allegro", "AllegroTransformer3DModel", "video", (3, 4, 4),
      _video_inputs((3, 4, 4), 4, (1, 2, 2), 16, mask="encoder_attention_mask", extra=_allegro_extra(12)),
      notes="Allegro: rope ((freqs_t, freqs_h, freqs_w), (grid_t, grid_h, grid_w)) from the pipeline; the "
            "attention mask is built from the latent", since="0.32.0")
+
+
+# ==============================================================================================================
+# EasyAnimate, Cosmos (Predict 1/2), SANA-Video
+
+_add("easyanimate", "EasyAnimateTransformer3DModel", "video", (2, 4, 4),
+     _make("EasyAnimateTransformer3DModel", attention_head_dim=16, num_attention_heads=2, in_channels=4,
+           mmdit_layers=2, num_layers=2, out_channels=4, patch_size=2, sample_height=60, sample_width=90,
+           text_embed_dim=16, time_embed_dim=8, time_position_encoding_type="3d_rope"),
+     _video_inputs((2, 4, 4), 4, (1, 2, 2), 16), notes="EasyAnimate V5.1: MMDiT-style joint blocks",
+     since="0.33.0")
+
+
+def _cosmos_extra(cond=False):
+    def extra(batch, g, f, h, w):
+        kw = {"attention_mask": torch.ones(batch, TXT), "fps": 30}
+        if cond:
+            kw["condition_mask"] = torch.ones(batch, 1, f, 2 * h, 2 * w)
+        return kw
+
+    return extra
+
+
+_COSMOS = dict(out_channels=4, num_attention_heads=2, attention_head_dim=12, num_layers=2, mlp_ratio=2,
+               text_embed_dim=16, adaln_lora_dim=4, max_size=(4, 32, 32), patch_size=(1, 2, 2),
+               rope_scale=(2.0, 1.0, 1.0), concat_padding_mask=False, extra_pos_embed_type="learnable")
+# Real Cosmos checkpoints set concat_padding_mask=True: the model then resizes padding_mask with torchvision (not a
+# dependency here) and repeats a (1, 1, H, W) mask over the batch; the tiny entries leave it off.
+_add("cosmos", "CosmosTransformer3DModel", "video", (2, 4, 4), _make("CosmosTransformer3DModel", in_channels=4, **_COSMOS),
+     _video_inputs((2, 4, 4), 4, (1, 2, 2), 16, extra=_cosmos_extra()),
+     notes="Cosmos-1.0 text-to-world; grid bounded by max_size; concat_padding_mask off (needs torchvision)",
+     since="0.33.0")
+_add("cosmos-v2w", "CosmosTransformer3DModel", "video", (2, 4, 4),
+     _make("CosmosTransformer3DModel", in_channels=5, **_COSMOS),
+     _video_inputs((2, 4, 4), 4, (1, 2, 2), 16, extra=_cosmos_extra(cond=True)),
+     notes="Cosmos video-to-world: condition_mask (B, 1, F, H, W) concatenated as a channel", since="0.33.0")
+_add("cosmos-predict2", "CosmosTransformer3DModel", "video", (2, 4, 4),
+     _make("CosmosTransformer3DModel", in_channels=4, **dict(_COSMOS, extra_pos_embed_type=None)),
+     _video_inputs((2, 4, 4), 4, (1, 2, 2), 16, t=0.5, extra=_cosmos_extra()),
+     notes="Cosmos-Predict2: no learnable extra position embedding; the pipeline passes sigma-based timesteps "
+           "(c_noise)", since="0.34.0")
+
+_add("sana-video", "SanaVideoTransformer3DModel", "video", (2, 4, 4),
+     _make("SanaVideoTransformer3DModel", in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
+           num_layers=2, num_cross_attention_heads=2, cross_attention_head_dim=12, cross_attention_dim=24,
+           caption_channels=16, mlp_ratio=2.5, sample_size=8, patch_size=(1, 2, 2), qk_norm="rms_norm_across_heads",
+           rope_max_seq_len=32),
+     _video_inputs((2, 4, 4), 4, (1, 2, 2), 16),
+     notes="SANA-Video: linear attention with Wan-style 3-D rope; GLUMBConv feed-forward on the (F, H, W) grid",
+     since="0.36.0")
+
+
+# ==============================================================================================================
+# UNets (SD 1.x/2.x, SDXL), ControlNet, video UNets. grid = the latent (H, W) = the first attention level's grid.
+
+CROSS = 32
+
+
+def _unet_inputs(default, channels=4, cross=CROSS, t=500.0, sdxl=False, extra=None, video=False, frames_first=False):
+    def inputs(batch=2, grid=None, seed=0):
+        g = _gen(seed)
+        dims = _grid(grid, default)
+        if video:
+            f, h, w = dims
+            shape = (batch, f, channels, h, w) if frames_first else (batch, channels, f, h, w)
+        else:
+            h, w = dims
+            shape = (batch, channels, h, w)
+        kw = dict(sample=_randn(g, *shape), timestep=torch.tensor(t), encoder_hidden_states=_randn(g, batch, TXT, cross))
+        if sdxl:
+            kw["added_cond_kwargs"] = {"text_embeds": _randn(g, batch, 32), "time_ids": _randn(g, batch, 6)}
+        if extra is not None:
+            kw.update(extra(batch, g, dims))
+        return kw
+
+    return inputs
+
+
+_UNET_SD = dict(sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+                cross_attention_dim=CROSS, attention_head_dim=8, norm_num_groups=32)
+_add("unet-sd", "UNet2DConditionModel", "image", (8, 8), _make("UNet2DConditionModel", **_UNET_SD),
+     _unet_inputs((8, 8)), latent="sample",
+     notes="SD 1.x/2.x layout: attention from the first (full-resolution) level; grid = latent (H, W)")
+_add("unet-sdxl", "UNet2DConditionModel", "image", (8, 8),
+     _make("UNet2DConditionModel", sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64, 64),
+           layers_per_block=1, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+           up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), transformer_layers_per_block=(1, 1, 2),
+           cross_attention_dim=CROSS, attention_head_dim=8, norm_num_groups=32, addition_embed_type="text_time",
+           addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8),
+     _unet_inputs((8, 8), sdxl=True), latent="sample",
+     notes="SDXL layout: no attention at full resolution, 2 transformer layers at the deepest level; "
+           "added_cond_kwargs text_embeds/time_ids")
+
+
+def _controlnet_extra(factor):
+    def extra(batch, g, dims):
+        h, w = dims
+        return {"controlnet_cond": _randn(g, batch, 3, h * factor, w * factor)}
+
+    return extra
+
+
+def _cn_expect(c0):
+    return lambda kw: (kw["sample"].shape[0], c0, *kw["sample"].shape[2:])
+
+
+_add("controlnet", "ControlNetModel", "image", (8, 8),
+     _make("ControlNetModel", block_out_channels=(32, 64), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+           layers_per_block=1, in_channels=4, cross_attention_dim=CROSS, attention_head_dim=8, norm_num_groups=32,
+           conditioning_embedding_out_channels=(16, 32),
+           post=_randomize("controlnet_down_blocks", "controlnet_mid_block")),
+     _unet_inputs((8, 8), extra=_controlnet_extra(2)), latent="sample", expect=_cn_expect(32),
+     notes="ControlNet (SD layout): controlnet_cond in pixel space (2x the latent here: 2 conditioning levels); "
+           "output_tensor = the first down-block residual; zero-initialised outputs made random")
+
+
+def _video_unet_extra(kind):
+    def extra(batch, g, dims):
+        f, h, w = dims
+        if kind == "svd":
+            return {"added_time_ids": torch.tensor([[6.0, 127.0, 0.02]]).repeat(batch, 1)}
+        if kind == "i2vgen":
+            return {"fps": torch.tensor([8] * batch), "image_latents": _randn(g, batch, 4, f, h, w),
+                    "image_embeddings": _randn(g, batch, CROSS)}
+        return {}
+
+    return extra
+
+
+_UNET3D = dict(block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=32, in_channels=4, out_channels=4,
+               cross_attention_dim=CROSS, attention_head_dim=8, sample_size=8,
+               down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"), up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"))
+_add("unet-3d", "UNet3DConditionModel", "video", (3, 8, 8), _make("UNet3DConditionModel", **_UNET3D),
+     _unet_inputs((3, 8, 8), video=True), latent="sample",
+     notes="ModelScope/Zeroscope: spatial Transformer2DModel on (B*F, H*W) + TransformerTemporalModel on (B*H*W, F)")
+_add("unet-svd", "UNetSpatioTemporalConditionModel", "video", (3, 8, 8),
+     _make("UNetSpatioTemporalConditionModel", sample_size=8, in_channels=8, out_channels=4, block_out_channels=(32, 64),
+           layers_per_block=1, cross_attention_dim=CROSS, num_attention_heads=(2, 4), addition_time_embed_dim=8,
+           projection_class_embeddings_input_dim=24,
+           down_block_types=("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
+           up_block_types=("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal")),
+     lambda batch=2, grid=None, seed=0: {**_unet_inputs((3, 8, 8), channels=8, video=True, frames_first=True,
+                                                        extra=_video_unet_extra("svd"))(batch, grid, seed),
+                                         "encoder_hidden_states": _randn(_gen(seed + 1), batch, 1, CROSS)},
+     latent="sample", expect=lambda kw: (*kw["sample"].shape[:2], 4, *kw["sample"].shape[3:]),
+     notes="Stable Video Diffusion: sample (B, F, C, H, W) = [noise | image latent] on channels; one CLIP image "
+           "token as context")
+def _motion_extra(batch, g, dims):
+    """Newer UNetMotionModel expects the text repeated per frame (the AnimateDiff pipeline does it); older ones
+    repeat it themselves."""
+    import inspect
+
+    ctx = _randn(g, batch, TXT, CROSS)
+    if "encoder_hidden_states.repeat_interleave" in inspect.getsource(_cls("UNetMotionModel").forward):
+        return {"encoder_hidden_states": ctx}
+    return {"encoder_hidden_states": ctx.repeat_interleave(dims[0], dim=0)}
+
+
+_add("unet-motion", "UNetMotionModel", "video", (3, 8, 8),
+     _make("UNetMotionModel", block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=32, in_channels=4,
+           out_channels=4, cross_attention_dim=CROSS, num_attention_heads=4, sample_size=8,
+           down_block_types=("CrossAttnDownBlockMotion", "DownBlockMotion"),
+           up_block_types=("UpBlockMotion", "CrossAttnUpBlockMotion")),
+     _unet_inputs((3, 8, 8), video=True, extra=_motion_extra), latent="sample",
+     notes="AnimateDiff: SD UNet + motion modules (temporal transformers on (B*H*W, F)); encoder_hidden_states "
+           "(B*F, L, D) on diffusers 0.42 (the pipeline repeats the prompt per frame)")
+_add("i2vgen-xl", "I2VGenXLUNet", "video", (3, 8, 8),
+     _make("I2VGenXLUNet", sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+           norm_num_groups=32, cross_attention_dim=CROSS, attention_head_dim=4, num_attention_heads=None,
+           down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"), up_block_types=("UpBlock3D", "CrossAttnUpBlock3D")),
+     _unet_inputs((3, 8, 8), video=True, extra=_video_unet_extra("i2vgen")), latent="sample",
+     notes="I2VGen-XL: image latents concatenated on channels inside; image embedding tokens prepended to the "
+           "text context")
+
+
+# ==============================================================================================================
+# DiT, PixArt, Transformer2DModel (the UNets' inner transformer), SD3 / 3.5
+
+
+def _dit_extra(batch, g, dims):
+    return {"class_labels": torch.arange(batch) % 10}
+
+
+_add("dit", "DiTTransformer2DModel", "image", (4, 4),
+     _make("DiTTransformer2DModel", num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+           num_layers=2, sample_size=8, patch_size=2, norm_num_groups=32, num_embeds_ada_norm=10),
+     lambda batch=2, grid=None, seed=0: {
+         "hidden_states": _randn(_gen(seed), batch, 4, 2 * _grid(grid, (4, 4))[0], 2 * _grid(grid, (4, 4))[1]),
+         "timestep": _t(batch, 500).long(), "class_labels": torch.arange(batch) % 10},
+     expect=_out_channels(8), alt_grid=(5, 5),
+     notes="DiT: class-conditional, learn_sigma (2C out); square grids only (unpatchify takes sqrt(N))",
+     since="0.28.0")
+_add("pixart", "PixArtTransformer2DModel", "image", (4, 4),
+     _make("PixArtTransformer2DModel", num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+           num_layers=2, cross_attention_dim=16, sample_size=8, patch_size=2, caption_channels=16),
+     _latent_inputs((4, 4), 4, 2, 16, t=500.0,
+                    extra=lambda b, g, h, w: {"added_cond_kwargs": {"resolution": None, "aspect_ratio": None}}),
+     expect=_out_channels(8), notes="PixArt-alpha/sigma: adaLN-single, cross-attention to T5; learn_sigma",
+     since="0.28.0")
+_add("transformer-2d", "Transformer2DModel", "other", (8, 8),
+     _make("Transformer2DModel", num_attention_heads=2, attention_head_dim=8, in_channels=32, norm_num_groups=32,
+           cross_attention_dim=CROSS, num_layers=1),
+     lambda batch=2, grid=None, seed=0: {
+         "hidden_states": _randn(_gen(seed), batch, 32, *_grid(grid, (8, 8))),
+         "encoder_hidden_states": _randn(_gen(seed + 1), batch, TXT, CROSS)},
+     notes="the continuous-input Transformer2DModel the SD UNets use inside (proj_in/proj_out around "
+           "BasicTransformerBlocks)")
+
+
+def _sd3_extra(batch, g, h, w):
+    return {"pooled_projections": _randn(g, batch, 16)}
+
+
+_SD3 = dict(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+            joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16, out_channels=4,
+            pos_embed_max_size=16)
+_add("sd3", "SD3Transformer2DModel", "image", (4, 4), _make("SD3Transformer2DModel", **_SD3),
+     _latent_inputs((4, 4), 4, 2, 16, t=500.0, extra=_sd3_extra),
+     notes="SD3 MMDiT: joint attention [image | text]; position embedding cropped from a pos_embed_max_size grid",
+     since="0.29.0")
+_add("sd3.5", "SD3Transformer2DModel", "image", (4, 4),
+     _make("SD3Transformer2DModel", dual_attention_layers=(0,), qk_norm="rms_norm", **_SD3),
+     _latent_inputs((4, 4), 4, 2, 16, t=500.0, extra=_sd3_extra),
+     notes="SD3.5: qk-norm; dual_attention_layers add an image-only attn2 in those blocks", since="0.31.0")
+
+
+# ==============================================================================================================
+# Flux.1 (dev, schnell, Kontext, Fill/Control), Chroma, Bria, Bria-FIBO, LongCat-Image, Ovis-Image:
+# packed 2x2 tokens (B, H*W, 4C), img_ids (N, 3) = (index, row, col), txt_ids (L, 3) zeros
+
+
+def _flux_inputs(default, in_ch=16, text_dim=32, pooled=16, guidance=True, refs=0, t=0.6, mask=False,
+                 extra=None):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        ids = torch.cat([_flux_img_ids(h, w)] + [_flux_img_ids(h, w, first=1) for _ in range(refs)])
+        kw = dict(hidden_states=_randn(g, batch, h * w * (1 + refs), in_ch),
+                  encoder_hidden_states=_randn(g, batch, TXT, text_dim),
+                  timestep=_t(batch, t), img_ids=ids, txt_ids=torch.zeros(TXT, 3))
+        if pooled:
+            kw["pooled_projections"] = _randn(g, batch, pooled)
+        if guidance:
+            kw["guidance"] = torch.full((batch,), 3.5)
+        if mask:
+            kw["attention_mask"] = torch.ones(batch, TXT + h * w * (1 + refs), dtype=torch.bool)
+        if extra is not None:
+            kw.update(extra(batch, g, h, w))
+        return kw
+
+    return inputs
+
+
+_FLUX = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+             num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))
+_add("flux", "FluxTransformer2DModel", "image", (4, 4), _make("FluxTransformer2DModel", guidance_embeds=True, **_FLUX),
+     _flux_inputs((4, 4)), notes="Flux.1 [dev]: 1 double + 2 single blocks; timestep t/1000, raw guidance",
+     since="0.30.0")
+_add("flux-schnell", "FluxTransformer2DModel", "image", (4, 4),
+     _make("FluxTransformer2DModel", guidance_embeds=False, **_FLUX), _flux_inputs((4, 4), guidance=False),
+     notes="Flux.1 [schnell]: no guidance embedding", since="0.30.0")
+_add("flux-kontext", "FluxTransformer2DModel", "image", (4, 4),
+     _make("FluxTransformer2DModel", guidance_embeds=True, **_FLUX), _flux_inputs((4, 4), refs=1),
+     notes="Kontext: reference tokens appended after the image's, their ids' first column = 1", since="0.30.0")
+_add("flux-fill", "FluxTransformer2DModel", "image", (4, 4),
+     _make("FluxTransformer2DModel", guidance_embeds=True, **dict(_FLUX, in_channels=48, out_channels=16)),
+     _flux_inputs((4, 4), in_ch=48), expect=lambda kw: (*kw["hidden_states"].shape[:2], 16),
+     notes="Fill / Control (depth, canny): condition latents concatenated on channels (in 384 / 128, out 64)",
+     since="0.30.0")
+_add("chroma", "ChromaTransformer2DModel", "image", (4, 4),
+     _make("ChromaTransformer2DModel", patch_size=1, in_channels=16, num_layers=1, num_single_layers=2,
+           attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6),
+           approximator_num_channels=8, approximator_hidden_dim=32, approximator_layers=1),
+     _flux_inputs((4, 4), pooled=0, guidance=False, mask=True),
+     notes="Chroma: attention_mask (B, L+N) over [text | image] -> (B, 1, S, S) in every block", since="0.35.0")
+_BRIA = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+             num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=[4, 6, 6])
+_add("bria", "BriaTransformer2DModel", "image", (4, 4), _make("BriaTransformer2DModel", **_BRIA),
+     _flux_inputs((4, 4), pooled=0, guidance=False, t=500.0),
+     notes="Bria 3.2: the Flux layout, timestep 0..1000", since="0.35.0")
+_add("bria-fibo", "BriaFiboTransformer2DModel", "image", (4, 4),
+     _make("BriaFiboTransformer2DModel", text_encoder_dim=8, **_BRIA),
+     _flux_inputs((4, 4), pooled=0, guidance=False, t=500.0,
+                  extra=lambda b, g, h, w: {"text_encoder_layers": [_randn(g, b, TXT, 8) for _ in range(3)]}),
+     notes="Bria FIBO: each block's text = [shared half | that block's text-encoder layer]", since="0.36.0")
+_add("longcat-image", "LongCatImageTransformer2DModel", "image", (4, 4),
+     _make("LongCatImageTransformer2DModel", patch_size=1, in_channels=16, num_layers=1, num_single_layers=2,
+           attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+           axes_dims_rope=[4, 6, 6]),
+     _flux_inputs((4, 4), pooled=0, guidance=False), notes="LongCat-Image: the Flux layout", since="0.36.0")
+_add("ovis-image", "OvisImageTransformer2DModel", "image", (4, 4),
+     _make("OvisImageTransformer2DModel", patch_size=1, in_channels=16, out_channels=16, num_layers=1,
+           num_single_layers=2, attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+           axes_dims_rope=(4, 6, 6)),
+     _flux_inputs((4, 4), pooled=0, guidance=False), notes="Ovis-Image: the Flux layout", since="0.36.0")
+
+
+# ==============================================================================================================
+# Latte: spatial blocks on (B*F, H*W) and temporal blocks on (B*H*W, F)
+
+_add("latte", "LatteTransformer3DModel", "video", (3, 4, 4),
+     _make("LatteTransformer3DModel", num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+           num_layers=1, cross_attention_dim=16, sample_size=8, patch_size=2, norm_type="ada_norm_single",
+           caption_channels=16, video_length=3, activation_fn="gelu-approximate", norm_elementwise_affine=False,
+           num_embeds_ada_norm=1000),
+     _video_inputs((3, 4, 4), 4, (1, 2, 2), 16),
+     expect=_out_channels(8), notes="Latte: learn_sigma (2C out); temp_pos_embed sized video_length (F fixed)",
+     since="0.30.0", fixed_grid=False)
