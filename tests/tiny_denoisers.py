@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -136,17 +137,25 @@ def output_tensor(out) -> torch.Tensor:
     raise TypeError(f"cannot find the main tensor in {type(out).__name__}")
 
 
+@contextlib.contextmanager
 def cpu_fast():
-    """A context manager for running the catalogue on a CPU: oneDNN off.
+    """A context manager for running the catalogue on a shared CPU: one intra-op thread, oneDNN off.
 
-    With oneDNN on, the first call of every new convolution shape builds a primitive (~2 s for a tiny UNet on a
-    loaded 2-core machine); off, the same forward takes milliseconds.
+    The models are so small that thread hand-offs dominate: on a loaded 2-core machine a 4-token matmul waits
+    ~10 ms for its second thread, and with oneDNN on the first call of each new convolution shape builds a
+    primitive (~2 s for a tiny UNet). With one thread and oneDNN off the forwards take milliseconds.
 
     Example:
         >>> with cpu_fast():
         ...     pass
     """
-    return torch.backends.mkldnn.flags(enabled=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.backends.mkldnn.flags(enabled=False):
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 # --------------------------------------------------------------------------------------------------------------
