@@ -50,21 +50,21 @@ def test_tiny_denoiser_runs(name):
 
     kwargs = entry.inputs(batch=2, grid=entry.grid, seed=0)
     with torch.no_grad():
-        first = output_tensor(model(**kwargs))
-        second = output_tensor(model(**entry.inputs(batch=2, grid=entry.grid, seed=0)))
+        first = output_tensor(model(**kwargs), entry)
+        second = output_tensor(model(**entry.inputs(batch=2, grid=entry.grid, seed=0)), entry)
     assert tuple(first.shape) == entry.expected_shape(kwargs), name
     assert torch.isfinite(first).all(), name
     torch.testing.assert_close(first, second, rtol=0, atol=0)  # deterministic: same inputs, same output
 
     # a different seed must change the output (the inputs reach it)
     with torch.no_grad():
-        other = output_tensor(model(**entry.inputs(batch=2, grid=entry.grid, seed=1)))
+        other = output_tensor(model(**entry.inputs(batch=2, grid=entry.grid, seed=1)), entry)
     assert not torch.equal(first, other), name
 
     grid = entry.second_grid()
     kwargs3 = entry.inputs(batch=3, grid=grid, seed=2)
     with torch.no_grad():
-        third = output_tensor(model(**kwargs3))
+        third = output_tensor(model(**kwargs3), entry)
     assert third.shape[0] == 3, name
     assert tuple(third.shape) == entry.expected_shape(kwargs3), name
     assert torch.isfinite(third).all(), name

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,6 +49,8 @@ class TinyDenoiser:
         fixed_grid: the model only accepts its default grid (learned position tables of a fixed size).
         alt_grid: a second valid grid for tests; None = the default grid one wider on its last axis (or the
             default grid itself when ``fixed_grid``).
+        per_sample: the model returns a list with one tensor per batch item (``output_tensor`` stacks it).
+        requires: modules the model's forward imports (e.g. "torchvision"); missing ones make it unavailable.
     """
 
     name: str
@@ -62,6 +65,8 @@ class TinyDenoiser:
     since: str = ""
     fixed_grid: bool = False
     alt_grid: tuple[int, ...] | None = None
+    per_sample: bool = False
+    requires: tuple[str, ...] = ()
 
     def second_grid(self) -> tuple[int, ...]:
         """A second valid grid, non-square where the model allows it."""
@@ -109,31 +114,56 @@ def available(name: str) -> str | None:
             getattr(diffusers, entry.cls)
         except Exception:
             return f"class {entry.cls} not in diffusers {diffusers.__version__}"
+    for module in entry.requires:
+        if importlib.util.find_spec(module) is None:
+            return f"{entry.cls} needs {module}, which is not installed"
     if entry.since and _version_tuple(diffusers.__version__) < _version_tuple(entry.since):
         return f"{entry.cls} as built here needs diffusers>={entry.since} (installed {diffusers.__version__})"
     return None
 
 
-def output_tensor(out) -> torch.Tensor:
-    """The main output of a forward call: ``out.sample``, ``out[0]``, a list of per-sample tensors stacked, ...
+def output_tensor(out, entry: TinyDenoiser | str | None = None) -> torch.Tensor:
+    """The main output of a forward call.
+
+    ``out.sample`` / ``out[0]`` for denoisers (the video for LTX-2's ``(video, audio)``); the first residual for
+    ControlNets (``down_block_res_samples[0]``, ``controlnet_block_samples[0]``, the first value of Z-Image
+    ControlNet's ``{layer: residual}``); per-sample lists (Z-Image's list of ``(C, F, H, W)``) are stacked. Lists
+    of equal-shape tensors of 4 or more dimensions count as per-sample; pass ``entry`` to be explicit.
+
+    Args:
+        out: what the model's forward returned.
+        entry: the catalogue entry (or its name); its ``per_sample`` flag decides whether a list is stacked.
 
     Example:
         >>> output_tensor((torch.zeros(1, 2),)).shape
         torch.Size([1, 2])
     """
+    if isinstance(entry, str):
+        entry = CATALOGUE[entry]
+    per_sample = None if entry is None else entry.per_sample
     if isinstance(out, torch.Tensor):
         return out
     for attr in ("sample", "predicted_image_embedding", "down_block_res_samples", "controlnet_block_samples",
                  "noise_pred", "hidden_states"):
         value = getattr(out, attr, None)
         if value is not None:
-            return output_tensor(value)
+            return _main(value, per_sample)
+    return _main(out, per_sample)
+
+
+def _main(out, per_sample):
+    if isinstance(out, torch.Tensor):
+        return out
     if isinstance(out, dict):
-        return output_tensor(next(iter(out.values())))
-    if isinstance(out, list) and out and all(isinstance(o, torch.Tensor) and o.shape == out[0].shape for o in out):
-        return torch.stack(out)  # per-sample outputs (Z-Image): one tensor per batch item
+        return _main(next(iter(out.values())), per_sample)
+    if isinstance(out, list) and out and all(isinstance(o, torch.Tensor) for o in out):
+        same = all(o.shape == out[0].shape for o in out)
+        if per_sample or (per_sample is None and same and out[0].dim() >= 4):
+            return torch.stack(out)  # one tensor per batch item (Z-Image)
     if isinstance(out, (list, tuple)):
-        return output_tensor(out[0])
+        if out and isinstance(out[0], list):
+            return _main(out[0], per_sample)  # (list of per-sample tensors,) from return_dict=False
+        return _main(out[0], per_sample)
     raise TypeError(f"cannot find the main tensor in {type(out).__name__}")
 
 
@@ -205,12 +235,13 @@ def _randomize(*module_names: str, std: float = 0.1):
 
 
 def _add(name, cls, kind, grid, build, inputs, notes="", latent="hidden_states", expect=None, since="",
-         fixed_grid=False, alt_grid=None):
+         fixed_grid=False, alt_grid=None, per_sample=False, requires=()):
     if name in CATALOGUE:
         raise ValueError(f"duplicate catalogue entry {name!r}")
     CATALOGUE[name] = TinyDenoiser(name=name, cls=cls, kind=kind, build=build, inputs=inputs, grid=tuple(grid),
                                    notes=notes, latent=latent, expect=expect, since=since,
-                                   fixed_grid=fixed_grid, alt_grid=alt_grid)
+                                   fixed_grid=fixed_grid, alt_grid=alt_grid, per_sample=per_sample,
+                                   requires=tuple(requires))
 
 
 def _grid(grid, default):
@@ -349,7 +380,7 @@ def _zimage_inputs(default, in_ch=16, cap_dim=16, patch=2):
 _ZIMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1,
                n_heads=2, n_kv_heads=2, qk_norm=True, cap_feat_dim=16, axes_dims=[8, 4, 4], axes_lens=[64, 32, 32])
 _add("z-image", "ZImageTransformer2DModel", "image", (4, 8),
-     _make("ZImageTransformer2DModel", **_ZIMAGE), _zimage_inputs((4, 8)), latent="x",
+     _make("ZImageTransformer2DModel", **_ZIMAGE), _zimage_inputs((4, 8)), latent="x", per_sample=True,
      notes="forward(x=list of (C, 1, H, W), t, cap_feats=list of (L, D)); returns a list (stacked by "
            "output_tensor); image tokens are padded to a multiple of 32", since="0.36.0")
 
@@ -1091,3 +1122,239 @@ _add("latte", "LatteTransformer3DModel", "video", (3, 4, 4),
      _video_inputs((3, 4, 4), 4, (1, 2, 2), 16),
      expect=_out_channels(8), notes="Latte: learn_sigma (2C out); temp_pos_embed sized video_length (F fixed)",
      since="0.30.0", fixed_grid=False)
+
+
+# ==============================================================================================================
+# HunyuanDiT (+ ControlNet)
+
+
+def _randomize_zeros(std: float = 0.1):
+    """A post-build step: give every all-zero parameter (zero-initialised ControlNet projections) random values."""
+
+    def post(model):
+        for p in model.parameters():
+            if p.numel() and not p.any():
+                p.normal_(0.0, std)
+
+    return post
+
+
+def _hunyuandit_inputs(default, head_dim=8, control=False):
+    def inputs(batch=2, grid=None, seed=0):
+        from diffusers.models.embeddings import get_2d_rotary_pos_embed
+
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        kw = dict(hidden_states=_randn(g, batch, 4, 2 * h, 2 * w), timestep=_t(batch, 500.0),
+                  encoder_hidden_states=_randn(g, batch, TXT, 8), text_embedding_mask=torch.ones(batch, TXT),
+                  encoder_hidden_states_t5=_randn(g, batch, TXT, 8), text_embedding_mask_t5=torch.ones(batch, TXT),
+                  image_meta_size=torch.tensor([[16.0, 16.0, 16.0, 16.0, 0.0, 0.0]]).repeat(batch, 1),
+                  style=torch.zeros(batch, dtype=torch.long),
+                  image_rotary_emb=get_2d_rotary_pos_embed(head_dim, _crop_region((h, w), 8, 8), (h, w),
+                                                           output_type="pt"))
+        if control:
+            kw["controlnet_cond"] = _randn(g, batch, 4, 2 * h, 2 * w)
+        return kw
+
+    return inputs
+
+
+_HDIT = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, patch_size=2, sample_size=8, hidden_size=16,
+             mlp_ratio=2.0, cross_attention_dim=8, cross_attention_dim_t5=8, pooled_projection_dim=8, text_len=TXT,
+             text_len_t5=TXT)
+_add("hunyuan-dit", "HunyuanDiT2DModel", "image", (4, 4), _make("HunyuanDiT2DModel", num_layers=2, **_HDIT),
+     _hunyuandit_inputs((4, 4)), expect=_out_channels(8),
+     notes="HunyuanDiT: U-shaped skips between the first and second half of blocks; 2-D rope (cos, sin) from the "
+           "pipeline; learn_sigma", since="0.28.0")
+_add("hunyuan-dit-controlnet", "HunyuanDiT2DControlNetModel", "image", (4, 4),
+     _make("HunyuanDiT2DControlNetModel", conditioning_channels=4, transformer_num_layers=4, post=_randomize_zeros(),
+           **_HDIT),
+     _hunyuandit_inputs((4, 4), control=True),
+     expect=lambda kw: (kw["hidden_states"].shape[0], (kw["hidden_states"].shape[2] // 2) * (kw["hidden_states"].shape[3] // 2), 16),
+     notes="HunyuanDiT ControlNet: transformer_num_layers/2 - 1 blocks; controlnet_cond in latent space; "
+           "output_tensor = the first block residual (B, N, D)", since="0.29.0")
+
+
+# ==============================================================================================================
+# Transformer ControlNets: Flux, SD3, Qwen-Image, SANA, Z-Image
+
+
+def _cn_tokens(dim):
+    """expect(): (B, N, dim) residuals where N = the latent's token count."""
+    return lambda kw: (kw["hidden_states"].shape[0], kw["hidden_states"].shape[1], dim)
+
+
+def _flux_cn_extra(ch):
+    return lambda b, g, h, w: {"controlnet_cond": _randn(g, b, h * w, ch)}
+
+
+_add("flux-controlnet", "FluxControlNetModel", "image", (4, 4),
+     _make("FluxControlNetModel", guidance_embeds=True, post=_randomize_zeros(), **_FLUX),
+     _flux_inputs((4, 4), extra=_flux_cn_extra(16)), expect=_cn_tokens(32),
+     notes="Flux ControlNet (packed controlnet_cond tokens added after x_embedder); returns per-block residuals",
+     since="0.30.0")
+_add("flux-controlnet-union", "FluxControlNetModel", "image", (4, 4),
+     _make("FluxControlNetModel", guidance_embeds=True, num_mode=4, post=_randomize_zeros(), **_FLUX),
+     _flux_inputs((4, 4), extra=lambda b, g, h, w: {**_flux_cn_extra(16)(b, g, h, w),
+                                                     "controlnet_mode": torch.zeros(b, 1, dtype=torch.long)}),
+     expect=_cn_tokens(32),
+     notes="Flux ControlNet-Union: a mode embedding token is PREPENDED to the text tokens (L + 1)", since="0.30.0")
+
+
+def _sd3_cn_extra(b, g, h, w):
+    return {"pooled_projections": _randn(g, b, 16), "controlnet_cond": _randn(g, b, 4, 2 * h, 2 * w)}
+
+
+_add("sd3-controlnet", "SD3ControlNetModel", "image", (4, 4),
+     _make("SD3ControlNetModel", post=_randomize_zeros(), **dict(_SD3, num_layers=2)),
+     _latent_inputs((4, 4), 4, 2, 16, t=500.0, extra=_sd3_cn_extra),
+     expect=lambda kw: (kw["hidden_states"].shape[0], kw["hidden_states"].shape[2] * kw["hidden_states"].shape[3] // 4, 16),
+     notes="SD3 ControlNet: controlnet_cond latent (B, C, H, W) through pos_embed_input", since="0.29.0")
+
+
+def _qwen_cn_inputs(default):
+    base = _qwen_inputs(default)
+
+    def inputs(batch=2, grid=None, seed=0):
+        kw = base(batch, grid, seed)
+        kw["controlnet_cond"] = _randn(_gen(seed + 7), *kw["hidden_states"].shape)
+        return kw
+
+    return inputs
+
+
+_add("qwen-image-controlnet", "QwenImageControlNetModel", "image", (4, 4),
+     _make("QwenImageControlNetModel", post=_randomize_zeros(),
+           **{k: v for k, v in _QWEN.items()}),
+     _qwen_cn_inputs((4, 4)), expect=_cn_tokens(32),
+     notes="Qwen-Image ControlNet: packed controlnet_cond tokens added after img_in", since="0.36.0")
+
+
+def _sana_cn_extra(b, g, h, w):
+    return {"controlnet_cond": _randn(g, b, 4, h, w)}
+
+
+_add("sana-controlnet", "SanaControlNetModel", "image", (8, 8),
+     _make("SanaControlNetModel", post=_randomize_zeros(),
+           **{k: v for k, v in _SANA.items() if k != "num_layers"}, num_layers=2),
+     _latent_inputs((8, 8), 4, 1, 8, t=500.0, extra=_sana_cn_extra),
+     expect=lambda kw: (kw["hidden_states"].shape[0], kw["hidden_states"].shape[2] * kw["hidden_states"].shape[3], 16),
+     notes="SANA ControlNet: controlnet_cond latent through the patch embed; GLUMBConv blocks like SANA",
+     since="0.33.0")
+
+
+def _build_zimage_controlnet():
+    torch.manual_seed(0)
+    transformer = _cls("ZImageTransformer2DModel")(**_ZIMAGE)
+    controlnet = _cls("ZImageControlNetModel")(
+        control_layers_places=[0, 1], control_refiner_layers_places=[0], control_in_dim=16,
+        add_control_noise_refiner="control_noise_refiner", all_patch_size=(2,), all_f_patch_size=(1,), dim=32,
+        n_refiner_layers=1, n_heads=2, n_kv_heads=2, qk_norm=True)
+    controlnet = _cls("ZImageControlNetModel").from_transformer(controlnet, transformer)
+    with torch.no_grad():
+        _randomize_zeros()(controlnet)
+    return controlnet.float().eval()
+
+
+def _zimage_cn_inputs(default):
+    base = _zimage_inputs(default)
+
+    def inputs(batch=2, grid=None, seed=0):
+        kw = base(batch, grid, seed)
+        g = _gen(seed + 7)
+        kw["control_context"] = [_randn(g, *x.shape) for x in kw["x"]]
+        return kw
+
+    return inputs
+
+
+def _zimage_cn_expect(kw):
+    c, f, hh, ww = kw["x"][0].shape
+    pad = lambda n: -(-n // 32) * 32  # noqa: E731
+    return (len(kw["x"]), pad(hh * ww // 4) + pad(kw["cap_feats"][0].shape[0]), 32)
+
+
+_add("z-image-controlnet", "ZImageControlNetModel", "image", (4, 8), _build_zimage_controlnet,
+     _zimage_cn_inputs((4, 8)), latent="x", expect=_zimage_cn_expect,
+     notes="Z-Image ControlNet: shares the transformer's embedders/refiners (from_transformer); returns "
+           "{layer index: residual (B, S_unified, D)}", since="0.36.0")
+
+
+# ==============================================================================================================
+# UNet-side ControlNets: Union (SDXL), ControlNet-XS, SparseCtrl; Cosmos ControlNet
+
+
+def _union_extra(batch, g, dims):
+    h, w = dims
+    return {"controlnet_cond": [_randn(g, batch, 3, 2 * h, 2 * w)],
+            "control_type": torch.tensor([[1.0, 0.0, 0.0]]).repeat(batch, 1), "control_type_idx": [0],
+            "added_cond_kwargs": {"text_embeds": _randn(g, batch, 32), "time_ids": _randn(g, batch, 6)}}
+
+
+_add("controlnet-union", "ControlNetUnionModel", "image", (8, 8),
+     _make("ControlNetUnionModel", block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+           layers_per_block=1, in_channels=4, cross_attention_dim=CROSS, attention_head_dim=8, norm_num_groups=32,
+           transformer_layers_per_block=(1, 1), conditioning_embedding_out_channels=(16, 32),
+           addition_embed_type="text_time", addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8,
+           num_control_type=3, num_trans_channel=32, num_trans_head=2, num_trans_layer=1, num_proj_channel=32,
+           post=_randomize_zeros()),
+     _unet_inputs((8, 8), extra=_union_extra), latent="sample", expect=_cn_expect(32),
+     notes="ControlNet-Union (SDXL): a list of condition images with control_type / control_type_idx; a small "
+           "transformer fuses the condition features", since="0.31.0")
+
+
+def _xs_extra(batch, g, dims):
+    h, w = dims
+    return {"controlnet_cond": _randn(g, batch, 3, 2 * h, 2 * w)}
+
+
+_add("controlnet-xs", "UNetControlNetXSModel", "image", (8, 8),
+     _make("UNetControlNetXSModel", sample_size=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+           up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), block_out_channels=(32, 64), norm_num_groups=32,
+           cross_attention_dim=CROSS, num_attention_heads=2, ctrl_conditioning_embedding_out_channels=(16, 32),
+           ctrl_block_out_channels=(4, 8), ctrl_num_attention_heads=2, ctrl_max_norm_num_groups=4,
+           post=_randomize_zeros()),
+     _unet_inputs((8, 8), extra=_xs_extra), latent="sample", alt_grid=(8, 10),
+     notes="ControlNet-XS (grid axes must be even): the base UNet and a small control UNet run interleaved, exchanging features at every "
+           "block (ControlNetXSCrossAttn*Block pairs)")
+
+
+def _sparsectrl_extra(batch, g, dims):
+    f, h, w = dims
+    return {"controlnet_cond": _randn(g, batch, 4, f, h, w),
+            "conditioning_mask": torch.ones(batch, 1, f, h, w),
+            **_motion_extra(batch, g, dims)}
+
+
+_add("sparsectrl", "SparseControlNetModel", "video", (3, 8, 8),
+     _make("SparseControlNetModel", in_channels=4, conditioning_channels=4, block_out_channels=(32, 64),
+           down_block_types=("CrossAttnDownBlockMotion", "DownBlockMotion"), layers_per_block=1, norm_num_groups=32,
+           cross_attention_dim=CROSS, attention_head_dim=8, conditioning_embedding_out_channels=(16, 32),
+           motion_num_attention_heads=2, concat_conditioning_mask=True, use_simplified_condition_embedding=True,
+           post=_randomize_zeros()),
+     _unet_inputs((3, 8, 8), video=True, extra=_sparsectrl_extra), latent="sample",
+     expect=lambda kw: (kw["sample"].shape[0] * kw["sample"].shape[2], 32, *kw["sample"].shape[3:]),
+     notes="SparseCtrl (AnimateDiff): residuals come out frame-flattened (B*F, C, H, W); condition latents + mask",
+     since="0.30.0")
+
+
+def _cosmos_cn_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        return dict(controls_latents=_randn(g, batch, 4, f, 2 * h, 2 * w), latents=_randn(g, batch, 4, f, 2 * h, 2 * w),
+                    timestep=_t(batch, 500.0), encoder_hidden_states=_randn(g, batch, TXT, 16),
+                    condition_mask=torch.zeros(batch, 1, f, 2 * h, 2 * w), padding_mask=torch.zeros(1, 1, 2 * h, 2 * w),
+                    fps=30)
+
+    return inputs
+
+
+_add("cosmos-controlnet", "CosmosControlNetModel", "video", (2, 4, 4),
+     _make("CosmosControlNetModel", n_controlnet_blocks=2, in_channels=4 + 1 + 1 + 1, latent_channels=4 + 1 + 1,
+           model_channels=24, num_attention_heads=2, attention_head_dim=12, mlp_ratio=2.0, text_embed_dim=16,
+           adaln_lora_dim=4, max_size=(4, 32, 32), post=_randomize_zeros()),
+     _cosmos_cn_inputs((2, 4, 4)), latent="latents", requires=("torchvision",),
+     expect=lambda kw: (kw["latents"].shape[0], kw["latents"].shape[2] * kw["latents"].shape[3] * kw["latents"].shape[4] // 4, 24),
+     notes="Cosmos-Transfer ControlNet: VACE-style control blocks over control tokens; resizes padding_mask with "
+           "torchvision", since="0.37.0")
