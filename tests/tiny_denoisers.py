@@ -1358,3 +1358,130 @@ _add("cosmos-controlnet", "CosmosControlNetModel", "video", (2, 4, 4),
      expect=lambda kw: (kw["latents"].shape[0], kw["latents"].shape[2] * kw["latents"].shape[3] * kw["latents"].shape[4] // 4, 24),
      notes="Cosmos-Transfer ControlNet: VACE-style control blocks over control tokens; resizes padding_mask with "
            "torchvision", since="0.37.0")
+
+
+# ==============================================================================================================
+# Qwen-Image 2.1 (single stream, image tokens in VLM slots), CogView 3+/4, AuraFlow, HunyuanImage 2.1, PRX,
+# NucleusMoE, Kandinsky 5, Helios, Motif-Video
+
+
+def _qwen21_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        slots = h * w // 4  # one VLM image slot per 2x2 group of target tokens
+        img_mask = torch.zeros(batch, TXT + slots, dtype=torch.bool)
+        img_mask[:, TXT:] = True
+        return dict(hidden_states=_randn(g, batch, h * w, 4), encoder_hidden_states=_randn(g, batch, TXT, 8),
+                    encoder_hidden_states_mask=torch.ones(batch, TXT, dtype=torch.long), timestep=_t(batch, 0.6),
+                    img_shapes=[[(1, h, w)]] * batch, img_mask=img_mask)
+
+    return inputs
+
+
+_add("qwen-image-2.1", "QwenImage21Transformer2DModel", "image", (4, 4),
+     _make("QwenImage21Transformer2DModel", patch_size=1, in_channels=4, out_channels=4, num_layers=2,
+           attention_head_dim=16, num_attention_heads=2, context_in_dim=8, mlp_ratio=2, axes_dims_rope=(4, 6, 6)),
+     _qwen21_inputs((4, 4)), alt_grid=(4, 6),
+     expect=lambda kw: (kw["hidden_states"].shape[0], TXT + kw["hidden_states"].shape[1], 4),
+     notes="Qwen-Image 2.1: returns the whole joint sequence (the pipeline keeps the last N rows); ONE stream = the VLM sequence with each image slot expanded to a 2x2 group of latent "
+           "tokens (grid axes even); block-causal mask; target image last; timestep 0..1", since="0.38.0")
+
+
+def _cogview_extra(batch, g, h, w):
+    size = torch.tensor([[16.0 * h, 16.0 * w]]).repeat(batch, 1)
+    return {"original_size": size, "target_size": size, "crop_coords": torch.zeros(batch, 2)}
+
+
+_add("cogview3plus", "CogView3PlusTransformer2DModel", "image", (4, 4),
+     _make("CogView3PlusTransformer2DModel", patch_size=2, in_channels=4, num_layers=2, attention_head_dim=4,
+           num_attention_heads=4, out_channels=4, text_embed_dim=8, time_embed_dim=8, condition_dim=2,
+           pos_embed_max_size=8, sample_size=8),
+     _latent_inputs((4, 4), 4, 2, 8, t=500.0, extra=_cogview_extra),
+     notes="CogView3-Plus: joint [text | image] blocks, cropped sin-cos position table", since="0.31.0")
+_add("cogview4", "CogView4Transformer2DModel", "image", (4, 4),
+     _make("CogView4Transformer2DModel", patch_size=2, in_channels=4, num_layers=2, attention_head_dim=4,
+           num_attention_heads=4, out_channels=4, text_embed_dim=8, time_embed_dim=8, condition_dim=4,
+           rope_axes_dim=(2, 2)),
+     _latent_inputs((4, 4), 4, 2, 8, t=500.0, extra=_cogview_extra),
+     notes="CogView4: joint [text | image], 2-D rope on image rows", since="0.33.0")
+_add("aura-flow", "AuraFlowTransformer2DModel", "image", (4, 4),
+     _make("AuraFlowTransformer2DModel", sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1,
+           num_single_dit_layers=1, attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16,
+           caption_projection_dim=16, out_channels=4, pos_embed_max_size=64),
+     _latent_inputs((4, 4), 4, 2, 16, t=0.5),
+     notes="AuraFlow: MMDiT blocks then single DiT blocks ([text | image]); register tokens", since="0.30.0")
+
+
+def _hyimage_extra(batch, g, h, w):
+    return {"encoder_attention_mask": torch.ones(batch, TXT, dtype=torch.bool),
+            "encoder_hidden_states_2": _randn(g, batch, 4, 8),
+            "encoder_attention_mask_2": torch.ones(batch, 4, dtype=torch.bool)}
+
+
+_add("hunyuan-image-2.1", "HunyuanImageTransformer2DModel", "image", (4, 4),
+     _make("HunyuanImageTransformer2DModel", in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+           num_layers=1, num_single_layers=1, num_refiner_layers=1, patch_size=(1, 1), text_embed_dim=16,
+           text_embed_2_dim=8, rope_axes_dim=(4, 4)),
+     _latent_inputs((4, 4), 4, 1, 16, t=500.0, extra=_hyimage_extra),
+     notes="HunyuanImage 2.1: HunyuanVideo-style double + single blocks ([image | text]) on a 32x VAE latent, "
+           "patch 1; byT5 glyph tokens as a second text", since="0.36.0")
+_add("prx", "PRXTransformer2DModel", "image", (4, 4),
+     _make("PRXTransformer2DModel", in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32, mlp_ratio=2.0,
+           num_heads=2, depth=2, axes_dim=[8, 8]),
+     _latent_inputs((4, 4), 4, 2, 16, t=0.5,
+                    extra=lambda b, g, h, w: {"attention_mask": torch.ones(b, TXT, dtype=torch.bool)}),
+     notes="PRX (Photoroom): timestep t/1000", since="0.36.0")
+_add("nucleus-moe-image", "NucleusMoEImageTransformer2DModel", "image", (4, 4),
+     _make("NucleusMoEImageTransformer2DModel", patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+           attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6),
+           mlp_ratio=2.0, moe_enabled=True, dense_moe_strategy="leave_first_three_and_last_block_dense", num_experts=4,
+           moe_intermediate_dim=16, capacity_factors=8.0),
+     lambda batch=2, grid=None, seed=0: {**_qwen_inputs((4, 4))(batch, grid, seed),
+                                         "img_shapes": [(1, *_grid(grid, (4, 4)))] * batch},
+     notes="NucleusMoE-Image: Qwen-style packed tokens + img_shapes, MoE feed-forwards", since="0.38.0")
+
+
+def _k5_inputs(default, visual_cond=False):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        c = 4 * 2 + 1 if visual_cond else 4
+        return dict(hidden_states=_randn(g, batch, f, 2 * h, 2 * w, c), encoder_hidden_states=_randn(g, batch, TXT, 8),
+                    timestep=_t(batch, 500.0), pooled_projections=_randn(g, batch, 8),
+                    visual_rope_pos=[torch.arange(f), torch.arange(h), torch.arange(w)], text_rope_pos=torch.arange(TXT))
+
+    return inputs
+
+
+_add("kandinsky5", "Kandinsky5Transformer3DModel", "video", (2, 4, 4),
+     _make("Kandinsky5Transformer3DModel", in_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=16, out_visual_dim=4,
+           patch_size=(1, 2, 2), model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=2, axes_dims=(4, 6, 6)),
+     _k5_inputs((2, 4, 4)),
+     notes="Kandinsky 5: latent (B, F, H, W, C) channels LAST; text blocks first, then visual blocks with "
+           "cross-attention; NABLA sparse attention reorders tokens 'fractally' when enabled", since="0.36.0")
+
+
+def _helios_extra(batch, g, f, h, w):
+    hh, ww = 2 * h, 2 * w
+    return {"indices_hidden_states": torch.arange(1, f + 1).float().expand(batch, f),
+            "indices_latents_history_short": torch.zeros(batch, 1),
+            "indices_latents_history_mid": torch.zeros(batch, 1),
+            "indices_latents_history_long": torch.zeros(batch, 4),
+            "latents_history_short": _randn(g, batch, 4, 1, hh, ww), "latents_history_mid": _randn(g, batch, 4, 1, hh, ww),
+            "latents_history_long": _randn(g, batch, 4, 4, hh, ww)}
+
+
+_add("helios", "HeliosTransformer3DModel", "video", (2, 4, 4),
+     _make("HeliosTransformer3DModel", patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+           out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_dim=(4, 4, 4),
+           has_multi_term_memory_patch=True, guidance_cross_attn=True, zero_history_timestep=True),
+     _video_inputs((2, 4, 4), 4, (1, 2, 2), 16, extra=_helios_extra), alt_grid=(2, 4, 6),
+     notes="Helios: Wan-style blocks; short/mid/long history latents are patch-embedded (coarser for mid/long) and "
+           "prepended to the sequence (Framepack-like)", since="0.37.0")
+_add("motif-video", "MotifVideoTransformer3DModel", "video", (2, 4, 4),
+     _make("MotifVideoTransformer3DModel", in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=12,
+           num_layers=1, num_single_layers=1, patch_size=2, patch_size_t=1, text_embed_dim=16, rope_axes_dim=(4, 4, 4)),
+     _video_inputs((2, 4, 4), 9, (1, 2, 2), 16, mask="encoder_attention_mask"), expect=_out_channels(4),
+     notes="Motif-Video: HunyuanVideo-style double + single blocks; latent = [noise | cond | mask]",
+     since="0.38.0")
