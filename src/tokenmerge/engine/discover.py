@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..families import Family, match_family
+from ..families import Family, match_family, refusal_for
 from ..families.spec import BlockSite, BoundArg
 
 __all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS"]
@@ -58,6 +58,9 @@ def site_of(module: nn.Module, path: str, family: Family) -> DenoiserSite | None
 
 def _in_module(module: nn.Module, path: str) -> list[DenoiserSite]:
     module = _unwrap(module)
+    refused = refusal_for(module)
+    if refused is not None:
+        raise TypeError(f"tokenmerge cannot patch {path or 'the model'} ({type(module).__name__}): {refused.reason}")
     family = match_family(module)
     if family is not None:
         site = site_of(module, path, family)

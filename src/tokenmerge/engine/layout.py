@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ..families.spec import TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Rotary
+from ..families.spec import TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Mask, Rotary
 
-__all__ = ["split_text", "join_text", "image_part", "take_rotary"]
+__all__ = ["split_text", "join_text", "image_part", "take_rotary", "take_mask"]
 
 
 def image_part(x: torch.Tensor, image: int, text: str) -> torch.Tensor:
@@ -65,3 +65,15 @@ def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor):
                            "expected a tensor or a tuple of tensors")
     index = _rotary_index(value.shape[spec.token_axis], image, reps.to(value.device), spec.text)
     return value.index_select(spec.token_axis, index)
+
+
+def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor) -> torch.Tensor:
+    """An attention mask at the rows/columns of the merged tokens: each of its last two axes that spans the
+    tokens (``image`` of them, plus any text) keeps the text entries and the merged tokens' first tokens'."""
+    if not isinstance(mask, torch.Tensor):
+        raise RuntimeError(f"token merging: attention mask {spec.kwarg!r} is a {type(mask).__name__}")
+    for axis in (-2, -1):
+        if mask.dim() >= -axis and mask.shape[axis] >= image and mask.shape[axis] > 1:
+            index = _rotary_index(mask.shape[axis], image, reps.to(mask.device), spec.text)
+            mask = mask.index_select(axis, index)
+    return mask

@@ -24,7 +24,7 @@ from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_NONE, Arg, BlockSite, 
 from ..merge import bipartite_soft_matching, downsample, num_windows, random_offsets
 from ..merge.bipartite import _MASK32, _mix32
 from .discover import DenoiserSite
-from .layout import image_part, join_text, split_text, take_rotary
+from .layout import image_part, join_text, split_text, take_mask, take_rotary
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
 
 __all__ = ["DenoiserPatch", "PATCH_ATTR"]
@@ -52,10 +52,10 @@ class _Hook:
 class _Bound:
     """A target of one block, bound to its sub-module's signature."""
 
-    __slots__ = ("spec", "arg", "context")
+    __slots__ = ("spec", "arg", "context", "rotary", "mask")
 
-    def __init__(self, spec, arg, context):
-        self.spec, self.arg, self.context = spec, arg, context
+    def __init__(self, spec, arg, context, rotary, mask):
+        self.spec, self.arg, self.context, self.rotary, self.mask = spec, arg, context, rotary, mask
 
 
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
@@ -143,7 +143,9 @@ class DenoiserPatch:
             if self.todo and spec.kind == SELF and context is None:
                 raise TypeError(f"tokenmerge: {site.path}.{spec.attr} takes no encoder_hidden_states/context "
                                 "argument to pass downsampled keys and values through (ToDo)")
-            targets.append(_Bound(spec, _HIDDEN.bind(sub), context))
+            rotary = Arg(spec.rotary.kwarg).bind(sub) if spec.rotary is not None else None
+            mask = Arg(spec.mask.kwarg if spec.mask is not None else "attention_mask").bind(sub)
+            targets.append(_Bound(spec, _HIDDEN.bind(sub), context, rotary, mask))
         self._targets.append(targets)
         self._inputs.append(_HIDDEN.bind(block))
         self._handles.append(block.register_forward_pre_hook(_Hook(self, "_block_pre", index), with_kwargs=True))
@@ -326,10 +328,12 @@ class DenoiserPatch:
         pool = self.todo and kind == SELF and context is None
         if plan.num_merged == 0 and not pool:
             return None
-        if kind == SELF and context is None and kwargs.get("attention_mask") is not None:
+        masked = target.mask is not None and kind in (SELF, JOINT) and target.mask.read(args, kwargs) is not None
+        if masked and (target.spec.mask is None or pool or (kind == SELF and context is not None)):
             raise RuntimeError(
-                "tokenmerge: self-attention with an attention_mask over image tokens cannot be merged or "
-                "downsampled; apply the patch with merge_attn=False for this model")
+                f"tokenmerge: {target.spec.attr} got an attention mask over image tokens, which "
+                + ("ToDo cannot pool" if pool else f"the {self.family.name} family does not declare to follow")
+                + "; apply the patch with merge_attn=False for this model")
         x = target.arg.read(args, kwargs)
         if kind == JOINT:
             return self._merge_joint(call, t, target, x, args, kwargs)
@@ -338,6 +342,7 @@ class DenoiserPatch:
             args, kwargs = target.context.replace(args, kwargs, pooled)
         if plan.num_merged:
             args, kwargs = target.arg.replace(args, kwargs, plan.merge(x))
+            args, kwargs = self._follow_rotary(plan, target, args, kwargs)
         return args, kwargs
 
     def _merge_joint(self, call: BlockCall, t: int, target: _Bound, x: torch.Tensor, args, kwargs):
@@ -346,12 +351,20 @@ class DenoiserPatch:
         image, extra = split_text(x, plan.num_tokens, spec.text)
         call.text[t] = extra
         args, kwargs = target.arg.replace(args, kwargs, join_text(x, plan.merge(image), extra, spec.text))
-        if spec.rotary is not None and kwargs.get(spec.rotary.kwarg) is not None:
+        return self._follow_rotary(plan, target, args, kwargs)
+
+    def _follow_rotary(self, plan, target: _Bound, args, kwargs):
+        """The target's rotary embedding and attention mask at the merged tokens (each keeps its first token's)."""
+        for bound, spec, take in ((target.rotary, target.spec.rotary, take_rotary),
+                                  (target.mask, target.spec.mask, take_mask)):
+            value = bound.read(args, kwargs) if bound is not None and spec is not None else None
+            if value is None:
+                continue
             if not isinstance(plan, SharedPlan):
-                raise RuntimeError("tokenmerge: rotary positions need one merge pattern for the batch; the family "
-                                   f"{self.family.name!r} must set shared_plan=True")
-            rotary = take_rotary(spec.rotary, kwargs[spec.rotary.kwarg], plan.num_tokens, plan.representatives())
-            kwargs = {**kwargs, spec.rotary.kwarg: rotary}
+                raise RuntimeError(f"tokenmerge: {target.spec.attr} takes per-token positions or masks, which need "
+                                   f"one merge pattern for the batch: family {self.family.name!r} must set "
+                                   "shared_plan=True")
+            args, kwargs = bound.replace(args, kwargs, take(spec, value, plan.num_tokens, plan.representatives()))
         return args, kwargs
 
     def _unmerge_output(self, index: int, t: int, module, args, output):

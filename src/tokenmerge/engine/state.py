@@ -88,10 +88,12 @@ class SharedPlan:
         return self._for(x.shape[0]).unmerge(x)
 
 
+# A timestep tensor may hold one value per token (Wan 2.2 TI2V, LTX I2V: 0 on the clean conditioning frame's
+# tokens): the step's noise level is its largest value, which is also the value of a plain (B,) timestep.
 def host_timestep(timestep) -> float | None:
     if timestep is None:
         return None
-    return float(timestep.reshape(-1)[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
+    return float(timestep.max()) if isinstance(timestep, torch.Tensor) else float(timestep)
 
 
 def step_key(timestep, device: torch.device):
@@ -99,6 +101,6 @@ def step_key(timestep, device: torch.device):
     if timestep is None:  # no timestep to key on: one fixed pattern, still reproducible
         return 0
     if isinstance(timestep, torch.Tensor):
-        t = timestep.reshape(-1)[:1].to(device=device, dtype=torch.float32)
+        t = timestep.reshape(-1).amax(0, keepdim=True).to(device=device, dtype=torch.float32)
         return (t * 64).round().to(torch.int64) & _MASK32
     return int(round(float(timestep) * 64)) & _MASK32

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import dit, unet
+from . import dit, unet, video
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, Blocks, BlockSite,
-                   Family, IdsGrid, LatentGrid, Predicate, Rotary, Target, block_has, config_has, has, has_list,
+                   Family, IdsGrid, LatentGrid, Mask, Predicate, Refused, Rotary, Target, block_has, config_has, has, has_list,
                    takes)
 
 __all__ = [
-    "Arg", "Blocks", "BlockSite", "Family", "IdsGrid", "LatentGrid", "Predicate", "Rotary", "Target",
+    "Arg", "Blocks", "BlockSite", "Family", "IdsGrid", "LatentGrid", "Mask", "Predicate", "Rotary", "Target",
     "SELF", "CROSS", "MLP", "JOINT", "TEXT_NONE", "TEXT_BEFORE", "TEXT_AFTER", "TEXT_STREAM",
     "has", "has_list", "takes", "config_has", "block_has",
-    "register_family", "unregister_family", "registered_families", "match_family", "BUILTIN",
+    "register_family", "unregister_family", "registered_families", "match_family", "refusal_for", "BUILTIN",
+    "REFUSED", "Refused",
 ]
 
-BUILTIN: tuple[Family, ...] = (unet.DIFFUSERS_UNET, unet.LDM_UNET, dit.DIT, dit.MMDIT, dit.FLUX)
+BUILTIN: tuple[Family, ...] = (unet.DIFFUSERS_UNET, unet.LDM_UNET, dit.DIT, dit.MMDIT, dit.FLUX, video.WAN)
+# Models recognised and refused with their own reason (checked before the families).
+REFUSED: tuple[Refused, ...] = video.REFUSED
 _USER: list[Family] = []
 
 
@@ -83,3 +86,11 @@ def match_family(module: nn.Module) -> Family | None:
         raise RuntimeError(f"tokenmerge: {type(module).__name__} matches several families "
                            f"({', '.join(f.name for f in found)}); please report this")
     return found[0] if found else None
+
+
+def refusal_for(module: nn.Module) -> Refused | None:
+    """The refusal record that matches ``module`` (a model recognised as not supported), if any; a user's
+    registered family that matches takes precedence."""
+    if any(family.match(module) for family in _USER):
+        return None
+    return next((r for r in REFUSED if r.match(module)), None)

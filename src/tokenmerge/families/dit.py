@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
-from .spec import (CROSS, JOINT, MLP, SELF, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Rotary, Target,
-                   block_has, config_has, has, takes)
+from .spec import (CROSS, JOINT, MLP, SELF, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask, Rotary,
+                   Target, block_has, config_has, has, takes)
 from .unet import BASIC_TARGETS
 
 __all__ = ["DIT", "MMDIT", "FLUX"]
@@ -43,15 +43,16 @@ MMDIT = Family(
 )
 
 _FLUX_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
+_FLUX_MASK = Mask("attention_mask", text=TEXT_BEFORE)  # Chroma, Bria-Fibo: (B, 1, S, S) over [text, image]
 FLUX = Family(
     "diffusers-flux",
     match=has("x_embedder", "single_transformer_blocks", "transformer_blocks") & takes("img_ids")
     & block_has("single_transformer_blocks", "attn", "proj_mlp"),
     grid=IdsGrid(Arg("img_ids"), axes=(1, 2)),
     blocks=(
-        Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX_ROTARY), Target("ff", MLP)),
+        Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX_ROTARY, mask=_FLUX_MASK), Target("ff", MLP)),
                requires=("attn", "ff")),
-        Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX_ROTARY),),
+        Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX_ROTARY, mask=_FLUX_MASK),),
                text=TEXT_BEFORE, requires=("attn", "proj_mlp")),
     ),
     timestep=Arg("timestep", scale=1000.0),

@@ -14,7 +14,7 @@ from typing import Callable
 from torch import nn
 
 __all__ = [
-    "Arg", "Family", "Blocks", "Target", "Rotary", "LatentGrid", "IdsGrid", "BlockSite",
+    "Arg", "Family", "Refused", "Blocks", "Target", "Rotary", "Mask", "LatentGrid", "IdsGrid", "BlockSite",
     "SELF", "CROSS", "MLP", "JOINT", "has", "has_list", "takes", "config_has", "block_has", "Predicate",
     "TEXT_NONE", "TEXT_BEFORE", "TEXT_AFTER", "TEXT_STREAM",
 ]
@@ -62,6 +62,8 @@ class Arg:
                 return BoundArg(name, None, self.scale)
         if self.fallback_index is not None and len(positional) > self.fallback_index:
             return BoundArg(positional[self.fallback_index], self.fallback_index, self.scale)
+        if any(p.kind == p.VAR_KEYWORD for p in params):  # e.g. diffusers' Attention(**cross_attention_kwargs)
+            return BoundArg(self.name, None, self.scale)
         return None
 
 
@@ -199,7 +201,8 @@ class config_has(Predicate):
     kind: object = object
 
     def __call__(self, module):
-        return isinstance(config(module).get(self.key), self.kind)
+        cfg = config(module)
+        return self.key in cfg and isinstance(cfg[self.key], self.kind)
 
     def __str__(self):
         return f"config_has({self.key})"
@@ -245,6 +248,19 @@ class Rotary:
 
 
 @dataclass(frozen=True)
+class Mask:
+    """An attention mask passed to a target as ``kwarg``, over its query rows and/or key columns: the image part
+    of every axis that spans the tokens follows the merge (a merged token keeps its first token's row/column).
+
+    Exact when the tokens merged together have the same mask entries (padding masks over text, masks that are
+    constant within a frame when each frame merges within itself). ``text``: where the text rows are.
+    """
+
+    kwarg: str = "attention_mask"
+    text: str = TEXT_NONE
+
+
+@dataclass(frozen=True)
 class Target:
     """A sub-module of a block to merge around.
 
@@ -252,7 +268,9 @@ class Target:
         attr: its attribute name on the block.
         kind: ``SELF``, ``CROSS``, ``MLP`` or ``JOINT``.
         text: for ``JOINT``: where the text is in its ``hidden_states`` (``TEXT_STREAM``: a separate argument).
-        rotary: for ``JOINT``: the rotary embeddings that follow the image tokens.
+        rotary: the rotary embeddings the sub-module takes, whose image rows follow the merged tokens.
+        mask: the attention mask the sub-module may take, which then follows the merged tokens (a target
+            without one refuses a mask over merged tokens).
         output_image: for ``JOINT`` returning a tuple: the index of the image output (the rest passes whole).
         refuse: a reason this sub-module cannot take merged tokens (e.g. a feed-forward that reshapes tokens
             to the grid); asking to merge it is an error that gives the reason.
@@ -262,6 +280,7 @@ class Target:
     kind: str
     text: str = TEXT_STREAM
     rotary: Rotary | None = None
+    mask: Mask | None = None
     output_image: int = 0
     refuse: str | None = None
 
@@ -381,3 +400,12 @@ class Family:
                 sites.append(BlockSite(f"{path}.{spec.attr}.{i}" if path else f"{spec.attr}.{i}", block, 0,
                                        targets, spec.text))
         return sites
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A model tokenmerge recognises and refuses, with the reason (instead of the generic "cannot patch")."""
+
+    name: str
+    match: Predicate
+    reason: str

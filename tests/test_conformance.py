@@ -1,0 +1,226 @@
+"""The conformance suite: what "supported" means, run over every registered family x its tiny factories.
+
+For every entry of the catalogue (tests/tiny_denoisers.py) whose model a family matches: off / on / removed
+bit-identical, ratio 0 bit-identical, a non-square grid with an odd batch, a batch change between calls, a schedule
+that leaves a call unmerged, plan reuse across calls, plan sharing, local matching, ToDo where the family allows it
+(else its refusal), and exactly one family matching. ``EXPECTED`` is the support table: an entry that changes family
+or stops being matched fails here. ``torch.compile(fullgraph=True)`` runs once per family (marked ``compile``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokenmerge
+from tiny_denoisers import CATALOGUE as _CATALOGUE
+from tiny_denoisers import TinyDenoiser, available as _available, output_tensor
+from tiny_models import ldm_unet
+from tokenmerge.families import BUILTIN, match_family
+
+
+def _ldm_inputs(batch=2, grid=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h, w = grid or (8, 8)
+    return dict(x=torch.randn(batch, 4, h, w, generator=g), timesteps=torch.full((batch,), 500.0),
+                context=torch.randn(batch, 5, 32, generator=g))
+
+
+# the LDM-style UNet (CompVis/Stability code, not diffusers) from tiny_models, called at model.diffusion_model
+CATALOGUE = dict(_CATALOGUE, ldm=TinyDenoiser("ldm", "UNetModel", "image", lambda: ldm_unet().model.diffusion_model,
+                                             _ldm_inputs, (8, 8), latent="x"))
+
+
+def available(name):
+    return None if name == "ldm" else _available(name)
+
+# catalogue entry -> the family that must match it (None: refused today, with the reason in REFUSED)
+EXPECTED = {
+    "unet-sd": "diffusers-unet", "unet-sdxl": "diffusers-unet", "controlnet": "diffusers-unet",
+    "unet-3d": "diffusers-unet", "unet-svd": "diffusers-unet", "unet-motion": "diffusers-unet",
+    "i2vgen-xl": "diffusers-unet",
+    "dit": "diffusers-dit", "pixart": "diffusers-dit", "latte": "diffusers-dit", "ldm": "ldm-unet",
+    "sd3": "diffusers-mmdit", "sd3.5": "diffusers-mmdit",
+    "flux": "diffusers-flux", "flux-schnell": "diffusers-flux", "flux-fill": "diffusers-flux",
+    "bria": "diffusers-flux", "longcat-image": "diffusers-flux", "ovis-image": "diffusers-flux",
+    "chroma": "diffusers-flux", "bria-fibo": "diffusers-flux", "flux-controlnet": "diffusers-flux",
+    "flux-controlnet-union": "diffusers-flux", "sd3-controlnet": "diffusers-mmdit",
+    "controlnet-union": "diffusers-unet", "sparsectrl": "diffusers-unet", "helios": "wan",
+    "wan": "wan", "wan-i2v": "wan", "wan-ti2v": "wan", "wan-vace": "wan", "wan-animate": "wan",
+    "skyreels-v2": "wan", "skyreels-v2-df": "wan", "chronoedit": "wan",
+}
+# matched, and failing with a clear tokenmerge error at the first call (not yet supported; never silently wrong)
+CALL_ERRORS = {"flux-kontext": "do not form a"}
+
+
+def _entries(kind=None):
+    return [n for n, fam in EXPECTED.items() if fam is not None and (kind is None or fam == kind)]
+
+
+def _skip_unavailable(name):
+    reason = available(name)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [t for o in out for t in _tensors(o)] if isinstance(out, (list, tuple)) else []
+
+
+@torch.no_grad()
+def _run(model, inputs):
+    """Every output tensor, flattened into one (a ControlNet's residuals too)."""
+    out = model(**inputs)
+    return torch.cat([t.reshape(-1) for t in _tensors(out)]) if not isinstance(out, torch.Tensor) else out.clone()
+
+
+def _setup(name, batch=2, grid=None):
+    _skip_unavailable(name)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    return entry, model, entry.inputs(batch=batch, grid=grid)
+
+
+def _other_grid(entry):
+    """A non-square grid the entry accepts (the same frame count: some video models have a fixed one)."""
+    g = entry.grid
+    return g if entry.fixed_grid else (*g[:-1], g[-1] + 2)
+
+
+@pytest.mark.parametrize("name", _entries())
+def test_exactly_one_family_matches(name):
+    entry, model, _ = _setup(name)
+    inner = getattr(model, "_orig_mod", model)
+    matching = [f.name for f in BUILTIN if f.match(inner)]
+    assert matching == [EXPECTED[name]], f"{name}: families matching {matching}"
+    assert match_family(inner).name == EXPECTED[name]
+    info = tokenmerge.apply_patch(model, ratio=0.5) and tokenmerge.describe_patch(model)
+    assert info.num_blocks > 0 and {d.family for d in info.denoisers} == {EXPECTED[name]}
+    tokenmerge.remove_patch(model)
+
+
+@pytest.mark.parametrize("name", _entries())
+def test_off_on_removed_and_ratio_zero(name):
+    entry, model, inputs = _setup(name)
+    plain = _run(model, inputs)
+    tokenmerge.apply_patch(model, ratio=0.0)
+    assert torch.equal(_run(model, inputs), plain), "ratio 0 must be bit-identical"
+    tokenmerge.apply_patch(model, ratio=0.5)
+    merged = _run(model, inputs)
+    assert merged.shape == plain.shape and torch.isfinite(merged).all()
+    assert not torch.equal(merged, plain), "ratio 0.5 changed nothing"
+    tokenmerge.remove_patch(model)
+    assert torch.equal(_run(model, inputs), plain), "removal must be bit-identical"
+
+
+@pytest.mark.parametrize("name", _entries())
+def test_non_square_grid_odd_batch_and_batch_change(name):
+    entry, model, _ = _setup(name)
+    odd = entry.inputs(batch=3, grid=_other_grid(entry), seed=1)
+    even = entry.inputs(batch=2, seed=2)
+    plain_odd, plain_even = _run(model, odd), _run(model, even)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    try:
+        merged_odd, merged_even = _run(model, odd), _run(model, even)  # one patch, two batch sizes and grids
+    finally:
+        tokenmerge.remove_patch(model)
+    assert merged_odd.shape == plain_odd.shape and merged_even.shape == plain_even.shape
+    assert not torch.equal(merged_odd, plain_odd) and not torch.equal(merged_even, plain_even)
+    assert torch.isfinite(merged_odd).all() and torch.isfinite(merged_even).all()
+
+
+@pytest.mark.parametrize("name", _entries())
+def test_schedule_reuse_sharing_and_local_matching(name):
+    entry, model, inputs = _setup(name)
+    plain = _run(model, inputs)
+    calls = []
+
+    def counting(*args):
+        calls.append(1)
+        return tokenmerge.merge.bipartite_soft_matching(*args)
+
+    # the inputs' timesteps are mid-schedule: a window at the very end leaves this call unmerged, bit for bit
+    tokenmerge.apply_patch(model, ratio=0.5, start=0.999, stop=1.0)
+    assert torch.equal(_run(model, inputs), plain), "a schedule that excludes this step must not merge"
+    tokenmerge.apply_patch(model, ratio=0.5)
+    exact = _run(model, inputs)
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(ratio=0.5, reuse_steps=2), matcher=counting)
+    first = _run(model, inputs)
+    made = len(calls)
+    second = _run(model, inputs)
+    assert made > 0 and len(calls) == made, "reuse_steps=2: the second call must reuse every plan"
+    assert torch.equal(first, exact) and torch.equal(second, exact)
+    calls.clear()
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(ratio=0.5, share_plans=True), matcher=counting)
+    shared = _run(model, inputs)
+    blocks = tokenmerge.describe_patch(model).num_blocks
+    assert 0 < len(calls) <= blocks and torch.isfinite(shared).all()
+    tokenmerge.apply_patch(model, ratio=0.5, match_radius=0)
+    local = _run(model, inputs)
+    assert local.shape == plain.shape and torch.isfinite(local).all() and not torch.equal(local, plain)
+    tokenmerge.remove_patch(model)
+    assert torch.equal(_run(model, inputs), plain)
+
+
+@pytest.mark.parametrize("name", _entries())
+def test_todo_or_its_refusal(name):
+    entry, model, inputs = _setup(name)
+    family = match_family(getattr(model, "_orig_mod", model))
+    if family.todo is not None:
+        with pytest.raises(ValueError) as err:
+            tokenmerge.apply_todo(model, downsample=2)
+        assert family.todo[:40] in str(err.value)
+        assert tokenmerge.describe_patch(model) is None  # nothing left behind
+        return
+    plain = _run(model, inputs)
+    tokenmerge.apply_todo(model, downsample=1)
+    assert torch.equal(_run(model, inputs), plain), "downsample=1 pools nothing"
+    tokenmerge.apply_todo(model, downsample=2)
+    pooled = _run(model, inputs)
+    assert pooled.shape == plain.shape and torch.isfinite(pooled).all() and not torch.equal(pooled, plain)
+    tokenmerge.remove_patch(model)
+    assert torch.equal(_run(model, inputs), plain)
+
+
+def test_every_builtin_family_has_a_factory():
+    covered = set(EXPECTED.values())
+    assert {f.name for f in BUILTIN} <= covered, f"families without a tiny factory: {set(f.name for f in BUILTIN) - covered}"
+
+
+def test_catalogue_entries_not_supported_are_refused_clearly():
+    """Every other catalogue entry is refused with an error that names tokenmerge and the model: at apply time, or
+    (CALL_ERRORS: when only the call's inputs show the layout) at the first call. Never patched silently."""
+    for name, entry in CATALOGUE.items():
+        if name in EXPECTED or available(name) is not None:
+            continue
+        model = entry.build()
+        if name in CALL_ERRORS:
+            tokenmerge.apply_patch(model, ratio=0.5)
+            with pytest.raises(RuntimeError, match=CALL_ERRORS[name]), torch.no_grad():
+                model(**entry.inputs())
+            tokenmerge.remove_patch(model)
+            continue
+        with pytest.raises(TypeError, match=f"tokenmerge cannot patch .*{type(model).__name__}"):
+            tokenmerge.apply_patch(model, ratio=0.5)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", sorted({_entries(f.name)[0] for f in BUILTIN if _entries(f.name)}))
+def test_compile_fullgraph_matches_eager(name):
+    entry, model, inputs = _setup(name)
+    torch._dynamo.reset()
+    tokenmerge.apply_patch(model, ratio=0.5)
+    try:
+        with torch.no_grad():
+            eager = output_tensor(model(**inputs))
+            compiled = output_tensor(torch.compile(model, fullgraph=True)(**inputs))
+    finally:
+        tokenmerge.remove_patch(model)
+        torch._dynamo.reset()
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
