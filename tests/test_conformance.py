@@ -15,8 +15,8 @@ import torch
 import tokenmerge
 from tiny_denoisers import CATALOGUE as _CATALOGUE
 from tiny_denoisers import TinyDenoiser, available as _available, output_tensor
-from tiny_models import ldm_unet
-from tokenmerge.families import BUILTIN, match_family
+from tiny_models import ToyVideoDiT, ldm_unet, toy_video_family, toy_video_inputs
+from tokenmerge.families import BUILTIN, match_family, registered_families
 
 
 def _ldm_inputs(batch=2, grid=None, seed=0):
@@ -26,13 +26,27 @@ def _ldm_inputs(batch=2, grid=None, seed=0):
                 context=torch.randn(batch, 5, 32, generator=g))
 
 
-# the LDM-style UNet (CompVis/Stability code, not diffusers) from tiny_models, called at model.diffusion_model
+def _toy():
+    torch.manual_seed(0)
+    return ToyVideoDiT().eval()
+
+
+# the LDM-style UNet (CompVis/Stability code, not diffusers) from tiny_models, called at model.diffusion_model, and
+# a video DiT the package has never seen, added by a user's register_family (the fixture below)
 CATALOGUE = dict(_CATALOGUE, ldm=TinyDenoiser("ldm", "UNetModel", "image", lambda: ldm_unet().model.diffusion_model,
-                                             _ldm_inputs, (8, 8), latent="x"))
+                                             _ldm_inputs, (8, 8), latent="x"),
+                 toy=TinyDenoiser("toy", "ToyVideoDiT", "video", _toy, toy_video_inputs, (3, 4, 4), latent="latent"))
 
 
 def available(name):
-    return None if name == "ldm" else _available(name)
+    return None if name in ("ldm", "toy") else _available(name)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _user_family():
+    family = tokenmerge.register_family(toy_video_family())
+    yield family
+    tokenmerge.unregister_family(family.name)
 
 # catalogue entry -> the family that must match it (None: refused today, with the reason in REFUSED)
 EXPECTED = {
@@ -48,6 +62,7 @@ EXPECTED = {
     "controlnet-union": "diffusers-unet", "sparsectrl": "diffusers-unet", "helios": "wan",
     "wan": "wan", "wan-i2v": "wan", "wan-ti2v": "wan", "wan-vace": "wan", "wan-animate": "wan",
     "skyreels-v2": "wan", "skyreels-v2-df": "wan", "chronoedit": "wan",
+    "toy": "toy-video",  # registered by the user (register_family), not built in
 }
 # matched, and failing with a clear tokenmerge error at the first call (not yet supported; never silently wrong)
 CALL_ERRORS = {"flux-kontext": "do not form a"}
@@ -97,7 +112,7 @@ def _other_grid(entry):
 def test_exactly_one_family_matches(name):
     entry, model, _ = _setup(name)
     inner = getattr(model, "_orig_mod", model)
-    matching = [f.name for f in BUILTIN if f.match(inner)]
+    matching = [f.name for f in registered_families() if f.match(inner)]
     assert matching == [EXPECTED[name]], f"{name}: families matching {matching}"
     assert match_family(inner).name == EXPECTED[name]
     info = tokenmerge.apply_patch(model, ratio=0.5) and tokenmerge.describe_patch(model)
@@ -188,6 +203,13 @@ def test_todo_or_its_refusal(name):
     assert torch.equal(_run(model, inputs), plain)
 
 
+def test_register_family_rejects_a_second_family_of_the_same_name():
+    with pytest.raises(ValueError, match="registered already"):
+        tokenmerge.register_family(toy_video_family())
+    with pytest.raises(ValueError, match="no blocks"):
+        tokenmerge.register_family(tokenmerge.Family("empty", match=toy_video_family().match))
+
+
 def test_every_builtin_family_has_a_factory():
     covered = set(EXPECTED.values())
     assert {f.name for f in BUILTIN} <= covered, f"families without a tiny factory: {set(f.name for f in BUILTIN) - covered}"
@@ -211,7 +233,7 @@ def test_catalogue_entries_not_supported_are_refused_clearly():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name", sorted({_entries(f.name)[0] for f in BUILTIN if _entries(f.name)}))
+@pytest.mark.parametrize("name", sorted({_entries(f.name)[0] for f in BUILTIN if _entries(f.name)} | {"toy"}))
 def test_compile_fullgraph_matches_eager(name):
     entry, model, inputs = _setup(name)
     torch._dynamo.reset()

@@ -398,3 +398,71 @@ def make_dit_pipeline(kind: str):
         return pipe, dict(common, **size, prompt_embeds=torch.randn(1, 5, 32, generator=r),
                           pooled_prompt_embeds=torch.randn(1, 32, generator=r))
     raise ValueError(kind)
+
+
+# ---- a model no built-in family knows: registered by the tests with register_family --------------------------
+class ToyAttention(nn.Module):
+    """Self-attention that takes other keys/values through ``encoder_hidden_states`` (so ToDo applies)."""
+
+    def __init__(self, dim: int, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.q, self.kv, self.out = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+
+    def forward(self, hidden_states, encoder_hidden_states=None):
+        b, n, c = hidden_states.shape
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        k, v = self.kv(context).chunk(2, -1)
+
+        def heads(x):
+            return x.view(b, -1, self.heads, c // self.heads).transpose(1, 2)
+
+        out = torch.nn.functional.scaled_dot_product_attention(heads(self.q(hidden_states)), heads(k), heads(v))
+        return self.out(out.transpose(1, 2).reshape(b, n, c))
+
+
+class ToyBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = ToyAttention(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, hidden_states, temb):
+        x = hidden_states + self.attn(self.norm1(hidden_states) * (1 + temb[:, None]))
+        return x + self.mlp(self.norm2(x))
+
+
+class ToyVideoDiT(nn.Module):
+    """A video DiT of its own shape: ``forward(latent, t)``, latent (B, C, F, H, W), 2x2 spatial patches."""
+
+    def __init__(self, channels: int = 4, dim: int = 16, depth: int = 2):
+        super().__init__()
+        self.toy_patchify = nn.Conv3d(channels, dim, (1, 2, 2), stride=(1, 2, 2))
+        self.time = nn.Linear(1, dim)
+        self.my_blocks = nn.ModuleList([ToyBlock(dim) for _ in range(depth)])
+        self.unpatchify = nn.ConvTranspose3d(dim, channels, (1, 2, 2), stride=(1, 2, 2))
+
+    def forward(self, latent, t):
+        x = self.toy_patchify(latent)
+        b, c, f, h, w = x.shape
+        x = x.flatten(2).transpose(1, 2)  # (B, F*H*W, C), frame-major
+        temb = self.time(t.float().view(-1, 1) / 1000)
+        for block in self.my_blocks:
+            x = block(x, temb)
+        return self.unpatchify(x.transpose(1, 2).reshape(b, c, f, h, w))
+
+
+def toy_video_family():
+    """The ``Family`` record a user would write for ``ToyVideoDiT`` (nothing of it is in the package)."""
+    from tokenmerge.families import MLP, SELF, Arg, Blocks, Family, LatentGrid, Target, has, has_list
+
+    return Family("toy-video", match=has_list("my_blocks") & has("toy_patchify"),
+                  grid=LatentGrid(Arg("latent"), rank=3, patch=(1, 2, 2)), timestep=Arg("t"),
+                  blocks=(Blocks("my_blocks", (Target("attn", SELF), Target("mlp", MLP))),))
+
+
+def toy_video_inputs(batch: int = 2, grid=None, seed: int = 0) -> dict:
+    f, h, w = grid or (3, 4, 4)
+    g = torch.Generator().manual_seed(seed)
+    return dict(latent=torch.randn(batch, 4, f, 2 * h, 2 * w, generator=g), t=torch.full((batch,), 500.0))

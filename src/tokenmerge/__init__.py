@@ -6,7 +6,7 @@ A drop-in successor to ``tomesd``: ``import tokenmerge as tomesd`` works, with `
 
 from .config import ToDoConfig, ToMeConfig
 from .families import Family, register_family, registered_families, unregister_family
-from .patch import PatchInfo, apply_config, apply_patch, apply_todo, describe_patch, patched, remove_patch
+from .patch import PatchInfo, apply_config, apply_patch, apply_todo, describe_patch, observe, patched, remove_patch
 
 __version__ = "0.1.0"
 
@@ -20,6 +20,7 @@ __all__ = [
     "apply_patch",
     "apply_todo",
     "describe_patch",
+    "observe",
     "patched",
     "register_family",
     "registered_families",

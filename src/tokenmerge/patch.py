@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .config import ToDoConfig, ToMeConfig
 from .engine import PATCH_ATTR, SUPPORTED, BlockSite, DenoiserPatch, DenoiserSite, find_denoisers, held_modules
 
-__all__ = ["apply_patch", "apply_todo", "remove_patch", "patched", "describe_patch", "PatchInfo", "DenoiserInfo"]
+__all__ = ["apply_patch", "apply_todo", "remove_patch", "patched", "describe_patch", "observe", "PatchInfo", "DenoiserInfo"]
 
 
 def apply_patch(
@@ -244,6 +244,19 @@ def remove_patch(model):
     for patch in _patches(model):
         patch.remove()
     return model
+
+
+def observe(model, observer) -> None:
+    """Give every tokenmerge patch on ``model`` an observer: ``observer.begin(phase)`` / ``observer.end(phase)``
+    are called around each phase inside the patched blocks ("block", "similarity", "merge", the target kinds
+    "self"/"cross"/"mlp"/"joint", "unmerge"). ``None`` detaches. For profiling (``tokenmerge bench --breakdown``):
+    an observer that synchronises the device slows every step.
+
+    Example:
+        >>> tokenmerge.observe(pipe, my_timer)  # doctest: +SKIP
+    """
+    for patch in _patches(model):
+        patch.observer = observer
 
 
 @contextlib.contextmanager

@@ -58,15 +58,11 @@ class PhaseTimer:
 
 
 def attach(model, timer: PhaseTimer | None) -> None:
-    """Give every tokenmerge patch installed on ``model`` this timer (``None`` detaches).
+    """Give every tokenmerge patch installed on ``model`` this timer (``None`` detaches), through the core's
+    documented observer hook (``tokenmerge.observe``)."""
+    import tokenmerge
 
-    The only place the tools touch the core's internals (``patch._patches``, ``DenoiserPatch.timer``): to be
-    swapped for the core's documented observer hook when it has one.
-    """
-    from ..patch import _patches
-
-    for patch in _patches(model):
-        patch.timer = timer
+    tokenmerge.observe(model, timer)
 
 
 def breakdown_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, device, dtype,
