@@ -1485,3 +1485,191 @@ _add("motif-video", "MotifVideoTransformer3DModel", "video", (2, 4, 4),
      _video_inputs((2, 4, 4), 9, (1, 2, 2), 16, mask="encoder_attention_mask"), expect=_out_channels(4),
      notes="Motif-Video: HunyuanVideo-style double + single blocks; latent = [noise | cond | mask]",
      since="0.38.0")
+
+
+# ==============================================================================================================
+# Krea 2, Ideogram 4, GLM-Image, OmniGen: sequences with explicit position ids
+
+
+def _krea2_inputs(default, text_layers=3, text_dim=16):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        pos = torch.zeros(TXT + h * w, 3)
+        pos[TXT:, 1] = torch.arange(h).repeat_interleave(w)
+        pos[TXT:, 2] = torch.arange(w).repeat(h)
+        return dict(hidden_states=_randn(g, batch, h * w, 16),
+                    encoder_hidden_states=_randn(g, batch, TXT, text_layers, text_dim),  # (B, L, LLM layers, D)
+                    timestep=_t(batch, 0.5), position_ids=pos,
+                    encoder_attention_mask=torch.ones(batch, TXT, dtype=torch.bool))
+
+    return inputs
+
+
+_add("krea2", "Krea2Transformer2DModel", "image", (4, 4),
+     _make("Krea2Transformer2DModel", in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+           num_key_value_heads=2, intermediate_size=32, timestep_embed_dim=8, text_hidden_dim=16, num_text_layers=3,
+           text_num_attention_heads=2, text_num_key_value_heads=1, text_intermediate_size=16,
+           num_layerwise_text_blocks=1, num_refiner_text_blocks=1, axes_dims_rope=(4, 2, 2)),
+     _krea2_inputs((4, 4)),
+     notes="Krea 2: packed tokens; position_ids (L + N, 3) = text rows (zeros) then image (0, row, col); "
+           "encoder_hidden_states carries several LLM layers (B, L, layers, D); optional reference_hidden_states",
+     since="0.38.0")
+
+
+def _ideogram4_inputs(default, llm_dim=24):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        n, s = h * w, TXT + h * w
+        x = torch.zeros(batch, s, 16)
+        x[:, TXT:] = _randn(g, batch, n, 16)
+        ctx = torch.zeros(batch, s, llm_dim)
+        ctx[:, :TXT] = _randn(g, batch, TXT, llm_dim)
+        off = 65536  # IMAGE_POSITION_OFFSET
+        pos = torch.zeros(batch, s, 3, dtype=torch.long)
+        pos[:, :TXT] = torch.arange(TXT)[:, None]
+        pos[:, TXT:, 0] = off
+        pos[:, TXT:, 1] = torch.arange(h).repeat_interleave(w) + off
+        pos[:, TXT:, 2] = torch.arange(w).repeat(h) + off
+        indicator = torch.full((batch, s), 2, dtype=torch.long)  # OUTPUT_IMAGE_INDICATOR
+        indicator[:, :TXT] = 3  # LLM_TOKEN_INDICATOR
+        return dict(hidden_states=x, timestep=_t(batch, 0.5), encoder_hidden_states=ctx, position_ids=pos,
+                    segment_ids=torch.ones(batch, s, dtype=torch.long), indicator=indicator)
+
+    return inputs
+
+
+_add("ideogram4", "Ideogram4Transformer2DModel", "image", (4, 4),
+     _make("Ideogram4Transformer2DModel", in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+           intermediate_size=32, adaln_dim=16, llm_features_dim=24, rope_theta=10_000, mrope_section=(2, 1, 1)),
+     _ideogram4_inputs((4, 4)),
+     notes="Ideogram 4: ONE sequence [text rows | image rows] from the input on (hidden_states zero on text rows, "
+           "encoder_hidden_states zero on image rows), indicator/segment_ids per token, M-RoPE with image positions "
+           "offset by 65536; output covers the whole sequence", since="0.38.0")
+
+
+def _glm_extra(batch, g, h, w):
+    size = torch.tensor([[2.0 * h, 2.0 * w]]).repeat(batch, 1)
+    return {"prior_token_id": torch.randint(0, 64, (batch, h * w), generator=g),
+            "prior_token_drop": torch.zeros(batch, dtype=torch.bool), "target_size": size,
+            "crop_coords": torch.zeros(batch, 2)}
+
+
+_add("glm-image", "GlmImageTransformer2DModel", "image", (4, 4),
+     _make("GlmImageTransformer2DModel", patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=8,
+           num_attention_heads=2, text_embed_dim=32, time_embed_dim=16, condition_dim=8,
+           prior_vq_quantizer_codebook_size=64),
+     _latent_inputs((4, 4), 4, 2, 32, t=500.0, extra=_glm_extra),
+     notes="GLM-Image: CogView4-style joint blocks + per-token prior VQ token embeddings added to the image "
+           "tokens (prior_token_id (B, N))", since="0.37.0")
+
+
+def _omnigen_inputs(default, vocab=1000):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        n, L = h * w, 8
+        s = L + 1 + n  # [text | time token | image]
+        return dict(hidden_states=_randn(g, batch, 4, 2 * h, 2 * w), timestep=torch.rand(batch, generator=g),
+                    input_ids=torch.randint(1, 10, (batch, L), generator=g), input_img_latents=[],
+                    input_image_sizes={}, attention_mask=torch.ones(batch, s, s),
+                    position_ids=torch.arange(s).expand(batch, s).contiguous())
+
+    return inputs
+
+
+_add("omnigen", "OmniGenTransformer2DModel", "image", (4, 4),
+     _make("OmniGenTransformer2DModel", hidden_size=16, num_attention_heads=4, num_key_value_heads=4,
+           intermediate_size=32, num_layers=2, pad_token_id=0, vocab_size=1000, in_channels=4, time_step_dim=4,
+           rope_scaling={"long_factor": [1, 2], "short_factor": [1, 2]}),
+     _omnigen_inputs((4, 4)),
+     notes="OmniGen (Phi-3 LLM): ONE sequence [text (image placeholders replaced by input-image latents) | time "
+           "token | output image], a (B, S, S) attention mask and position_ids; timestep 0..1", since="0.32.0")
+
+
+# ==============================================================================================================
+# JoyImage-Edit (+Plus), ERNIE-Image, Bria FIBO 2, Flux 3
+
+
+def _joy_inputs(default, plus=False, items=2):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        if plus:  # pre-patchified: (B, tokens, C, pt, ph, pw), item shapes in tokens
+            x = _randn(g, batch, items * h * w, 16, 1, 2, 2)
+        else:  # (B, items, C, T, H, W): [reference(s).., target]
+            x = _randn(g, batch, items, 16, 1, 2 * h, 2 * w)
+        kw = dict(hidden_states=x, encoder_hidden_states=_randn(g, batch, TXT, 16), timestep=_t(batch, 0.6))
+        if plus:
+            kw["shape_list"] = [[(1, h, w)] * items] * batch
+        return kw
+
+    return inputs
+
+
+_JOY = dict(patch_size=[1, 2, 2], in_channels=16, hidden_size=32, num_attention_heads=2, text_dim=16, num_layers=2,
+            rope_dim_list=[4, 6, 6], theta=256)
+_add("joyimage-edit", "JoyImageEditTransformer3DModel", "image", (2, 2), _make("JoyImageEditTransformer3DModel", **_JOY),
+     _joy_inputs((2, 2)),
+     notes="JoyImage-Edit: hidden_states (B, items, C, 1, H, W) = [reference(s).., target]; the model moves the "
+           "target first and flattens items into the frame axis (tokens item-major)", since="0.38.0")
+_add("joyimage-edit-plus", "JoyImageEditPlusTransformer3DModel", "image", (2, 2),
+     _make("JoyImageEditPlusTransformer3DModel", **_JOY), _joy_inputs((2, 2), plus=True),
+     notes="JoyImage-Edit-Plus: hidden_states are pre-patchified tokens (B, max_patches, C, 1, 2, 2) of all items; "
+           "per-item token shapes in shape_list (items may differ in size)",
+     since="0.38.0")
+_add("ernie-image", "ErnieImageTransformer2DModel", "image", (8, 8),
+     _make("ErnieImageTransformer2DModel", hidden_size=16, num_attention_heads=1, num_layers=1, ffn_hidden_size=16,
+           in_channels=16, out_channels=16, patch_size=1, text_in_dim=16, rope_theta=256, rope_axes_dim=(8, 4, 4)),
+     _latent_inputs((8, 8), 16, 1, 16, t=0.6, text_key="text_bth",
+                    extra=lambda b, g, h, w: {"text_lens": torch.full((b,), TXT)}),
+     notes="ERNIE-Image: patch 1 on a 16x VAE latent (B, 128, H, W); text given as (B, L, D) + per-sample lengths; "
+           "one shared adaLN", since="0.38.0")
+
+
+def _fibo2_inputs(default, bundles=2, text_dim=24):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        return dict(hidden_states=_randn(g, batch, 4, 2 * h, 2 * w), timestep=_t(batch, 0.5),
+                    encoder_hidden_states=_randn(g, batch, bundles, 6, text_dim))
+
+    return inputs
+
+
+_add("bria-fibo2", "BriaFibo2Transformer2DModel", "image", (4, 4),
+     _make("BriaFibo2Transformer2DModel", in_channels=4, patch_size=2, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
+           cap_feat_dim=24, injection_layer_ids=(1,), perceiver_num_layers=1, min_num_gist_tokens=4,
+           max_num_gist_tokens=8, gist_step=4, gist_min_text_len=4, gist_max_text_len=16, axes_dims=(4, 6, 6),
+           axes_lens=(16, 16, 16)),
+     _fibo2_inputs((4, 4)),
+     notes="Bria FIBO 2: Z-Image-style unified stream; text compressed to Perceiver 'gist' tokens; text bundles "
+           "(B, 1 + injections, L, D) re-injected by cross-attention in injection_layer_ids; per-token timesteps "
+           "with context_latents (edit images)", since="0.39.0")
+
+
+def _flux3_inputs(default, cond=False):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        kw = dict(hidden_states=_randn(g, batch, h * w, 16), encoder_hidden_states=_randn(g, batch, TXT, 32),
+                  timestep=_t(batch, 0.6), img_ids=_flux2_ids(h, w),
+                  txt_ids=_cartesian_ids(torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(TXT)))
+        if cond:
+            kw["image_cond_hidden_states"] = _randn(g, batch, h * w, 16)
+            kw["image_cond_ids"] = _flux2_ids(h, w, t=10)
+        return kw
+
+    return inputs
+
+
+_FLUX3 = dict(in_channels=16, cond_in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+              num_attention_heads=2, joint_attention_dim=32, timestep_channels=32, mlp_ratio=3.0,
+              axes_dims_rope=(4, 4, 4, 4))
+_add("flux3", "Flux3Transformer2DModel", "image", (4, 4), _make("Flux3Transformer2DModel", **_FLUX3), _flux3_inputs((4, 4)),
+     notes="Flux 3: Flux.2-style double + parallel single blocks, 4-axis ids, timestep 0..1", since="0.39.0")
+_add("flux3-ref", "Flux3Transformer2DModel", "image", (4, 4), _make("Flux3Transformer2DModel", **_FLUX3),
+     _flux3_inputs((4, 4), cond=True),
+     notes="Flux 3 with a reference image: image_cond_hidden_states / image_cond_ids, a third token mode",
+     since="0.39.0")
