@@ -94,3 +94,14 @@ def refusal_for(module: nn.Module) -> Refused | None:
     if any(family.match(module) for family in _USER):
         return None
     return next((r for r in REFUSED if r.match(module)), None)
+
+
+def support_table() -> str:
+    """The README's support table, made from the registry (a test checks that the README holds this text)."""
+    rows = ["| family | models | ToMe | ToDo |", "|---|---|---|---|"]
+    for family in BUILTIN:
+        todo = "yes" if family.todo is None else "no: " + family.todo.split(",")[0].removeprefix("ToDo ")
+        rows.append(f"| `{family.name}` | {family.description} | yes | {todo} |")
+    for refused in REFUSED:
+        rows.append(f"| `{refused.name}` | recognised and refused: {refused.reason} | no | no |")
+    return "\n".join(rows)

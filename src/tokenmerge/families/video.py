@@ -17,9 +17,9 @@ from .spec import (CROSS, MLP, SELF, TEXT_NONE, Blocks, Family, LatentGrid, Mask
 __all__ = ["WAN", "REFUSED"]
 
 ROTARY_SELF_REFUSES_TODO = (
-    "ToDo pools the keys and values of self-attention, and this family applies rotary positions to its keys inside "
-    "the attention call, for every token: pooled keys would need pooled positions, which that call cannot take. "
-    "Use ToMe (apply_patch) on this model")
+    "ToDo cannot pool keys that carry rotary positions inside the attention call (Wan and kin), where every key "
+    "gets the position of its token: pooled keys would need pooled positions, which that call cannot take. Use "
+    "ToMe (apply_patch) on this model")
 
 WAN = Family(
     "wan",
