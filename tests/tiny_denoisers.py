@@ -109,11 +109,10 @@ def available(name: str) -> str | None:
         import diffusers
     except ImportError:  # pragma: no cover
         return "diffusers is not installed"
-    if not hasattr(diffusers, entry.cls):
-        try:
-            getattr(diffusers, entry.cls)
-        except Exception:
-            return f"class {entry.cls} not in diffusers {diffusers.__version__}"
+    try:
+        _cls(entry.cls)
+    except Exception:
+        return f"class {entry.cls} not in diffusers {diffusers.__version__}"
     for module in entry.requires:
         if importlib.util.find_spec(module) is None:
             return f"{entry.cls} needs {module}, which is not installed"
@@ -192,8 +191,20 @@ def cpu_fast():
 # helpers
 
 
+_CLASS_MODULES = ("diffusers", "diffusers.models", "diffusers.models.transformers", "diffusers.models.unets",
+                  "diffusers.models.controlnets")
+
+
 def _cls(name: str):
-    return getattr(importlib.import_module("diffusers"), name)
+    """The diffusers class ``name`` (top-level or only in ``diffusers.models.*``), or AttributeError."""
+    for module in _CLASS_MODULES:
+        try:
+            value = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            value = None
+        if value is not None:
+            return value
+    raise AttributeError(name)
 
 
 def _make(cls_name: str, seed: int = 0, post: Callable[[torch.nn.Module], None] | None = None, **config):
@@ -1673,3 +1684,85 @@ _add("flux3-ref", "Flux3Transformer2DModel", "image", (4, 4), _make("Flux3Transf
      _flux3_inputs((4, 4), cond=True),
      notes="Flux 3 with a reference image: image_cond_hidden_states / image_cond_ids, a third token mode",
      since="0.39.0")
+
+
+# ==============================================================================================================
+# Older / smaller denoisers: UNet2DModel (unconditional), StableCascadeUNet, Kandinsky3UNet, UVit2D (aMUSEd),
+# the UNets' inner transformers (Dual, Temporal), and 1-D / prior models (kind "audio" / "other")
+
+
+_add("unet-2d", "UNet2DModel", "image", (8, 8),
+     _make("UNet2DModel", sample_size=8, in_channels=3, out_channels=3, block_out_channels=(32, 64), layers_per_block=1,
+           down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+           attention_head_dim=8, norm_num_groups=32),
+     lambda batch=2, grid=None, seed=0: {"sample": _randn(_gen(seed), batch, 3, *_grid(grid, (8, 8))),
+                                         "timestep": torch.tensor(500)},
+     latent="sample", alt_grid=(8, 10),
+     notes="UNet2DModel (DDPM, unconditional): attention only at the second level (AttnDownBlock2D); grid axes "
+           "even")
+
+
+def _cascade_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        return dict(sample=_randn(g, batch, 4, h, w), timestep_ratio=torch.full((batch,), 0.5),
+                    clip_text_pooled=_randn(g, batch, 1, 16), clip_text=_randn(g, batch, TXT, 16),
+                    clip_img=_randn(g, batch, 1, 16))
+
+    return inputs
+
+
+_add("stable-cascade-prior", "StableCascadeUNet", "image", (8, 8),
+     _make("StableCascadeUNet", in_channels=4, out_channels=4, timestep_ratio_embedding_dim=8, patch_size=1,
+           conditioning_dim=32, block_out_channels=(32, 32), num_attention_heads=(2, 2), down_num_layers_per_block=(1, 1),
+           up_num_layers_per_block=(1, 1), clip_text_in_channels=16, clip_text_pooled_in_channels=16,
+           clip_image_in_channels=16, clip_seq=2, kernel_size=3, dropout=(0.0, 0.0), self_attn=True,
+           timestep_conditioning_type=("sca",), switch_level=(False,)),
+     _cascade_inputs((8, 8)), latent="sample", alt_grid=(8, 10),
+     notes="Stable Cascade stage C (prior): SDCascadeAttnBlock attends over [image tokens | CLIP tokens] "
+           "(self_attn=True concatenates the image tokens to the keys); timestep_ratio 0..1", since="0.27.0")
+_add("kandinsky3-unet", "Kandinsky3UNet", "image", (8, 8),
+     _make("Kandinsky3UNet", in_channels=4, time_embedding_dim=32, groups=8, attention_head_dim=8, layers_per_block=2,
+           block_out_channels=(16, 16, 32, 32), cross_attention_dim=16, encoder_hid_dim=16),
+     lambda batch=2, grid=None, seed=0: {"sample": _randn(_gen(seed), batch, 4, *_grid(grid, (8, 8))),
+                                         "timestep": _t(batch, 500).long(),
+                                         "encoder_hidden_states": _randn(_gen(seed + 1), batch, TXT, 16),
+                                         "encoder_attention_mask": torch.ones(batch, TXT)},
+     latent="sample", alt_grid=(8, 16),
+     notes="Kandinsky 3 UNet (4 levels and layers_per_block >= 2 are hard-coded): attention blocks reshape (B, C, H, W) <-> tokens inside Kandinsky3AttentionBlock")
+
+
+def _uvit_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        return dict(input_ids=torch.randint(0, 32, (batch, h, w), generator=g), encoder_hidden_states=_randn(g, batch, TXT, 16),
+                    pooled_text_emb=_randn(g, batch, 16), micro_conds=torch.rand(batch, 5, generator=g))
+
+    return inputs
+
+
+_add("uvit2d", "UVit2DModel", "image", (4, 4),
+     _make("UVit2DModel", hidden_size=32, cond_embed_dim=16, micro_cond_encode_dim=2, micro_cond_embed_dim=10,
+           encoder_hidden_size=16, vocab_size=34, codebook_size=32, in_channels=16, block_out_channels=16,
+           num_res_blocks=1, block_num_heads=2, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+           sample_size=4),
+     _uvit_inputs((4, 4)), latent="input_ids",
+     expect=lambda kw: (kw["input_ids"].shape[0], 32, *kw["input_ids"].shape[1:]),
+     notes="aMUSEd U-ViT: masked-token model over VQ ids (B, H, W); returns logits (B, codebook, H, W); "
+           "not a diffusion latent")
+_add("dual-transformer-2d", "DualTransformer2DModel", "other", (8, 8),
+     _make("DualTransformer2DModel", num_attention_heads=2, attention_head_dim=8, in_channels=32, num_layers=1,
+           norm_num_groups=32, cross_attention_dim=CROSS),
+     lambda batch=2, grid=None, seed=0: {"hidden_states": _randn(_gen(seed), batch, 32, *_grid(grid, (8, 8))),
+                                         "encoder_hidden_states": _randn(_gen(seed + 1), batch, 77 + 257, CROSS)},
+     notes="Versatile Diffusion's dual transformer: two Transformer2DModels over the text (first 77) and image "
+           "(next 257) context tokens, mixed; context length fixed by condition_lengths")
+_add("transformer-temporal", "TransformerTemporalModel", "other", (3, 8, 8),
+     _make("TransformerTemporalModel", num_attention_heads=2, attention_head_dim=8, in_channels=32, norm_num_groups=32,
+           num_layers=1),
+     lambda batch=2, grid=None, seed=0: {
+         "hidden_states": _randn(_gen(seed), batch * _grid(grid, (3, 8, 8))[0], 32, *_grid(grid, (3, 8, 8))[1:]),
+         "num_frames": _grid(grid, (3, 8, 8))[0]},
+     notes="the temporal transformer of video UNets: input (B*F, C, H, W), attention over F per pixel")
