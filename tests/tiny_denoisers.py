@@ -1766,3 +1766,104 @@ _add("transformer-temporal", "TransformerTemporalModel", "other", (3, 8, 8),
          "hidden_states": _randn(_gen(seed), batch * _grid(grid, (3, 8, 8))[0], 32, *_grid(grid, (3, 8, 8))[1:]),
          "num_frames": _grid(grid, (3, 8, 8))[0]},
      notes="the temporal transformer of video UNets: input (B*F, C, H, W), attention over F per pixel")
+
+
+# ==============================================================================================================
+# ConsisID, AnyFlow, MiniMax-H3 (audio + video), SANA-WM
+
+
+def _consisid_extra(batch, g, f, h, w):
+    return {"id_vit_hidden": [torch.ones(batch, 2, 2)], "id_cond": torch.ones(batch, 2)}
+
+
+def _frames_first_inputs(default, ch, text_dim, extra=None, t=500.0, timestep=None):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        kw = dict(hidden_states=_randn(g, batch, f, ch, 2 * h, 2 * w), encoder_hidden_states=_randn(g, batch, TXT, text_dim),
+                  timestep=_t(batch, t) if timestep is None else timestep(batch, f))
+        if extra is not None:
+            kw.update(extra(batch, g, f, h, w))
+        return kw
+
+    return inputs
+
+
+_add("consisid", "ConsisIDTransformer3DModel", "video", (2, 4, 4),
+     _make("ConsisIDTransformer3DModel", num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+           time_embed_dim=2, text_embed_dim=8, num_layers=1, sample_width=8, sample_height=8, sample_frames=5,
+           patch_size=2, temporal_compression_ratio=4, max_text_seq_length=TXT, cross_attn_interval=1, is_kps=False,
+           is_train_face=True, cross_attn_dim_head=1, cross_attn_num_heads=1, LFE_id_dim=2, LFE_vit_dim=2, LFE_depth=5,
+           LFE_dim_head=8, LFE_num_heads=2, LFE_num_id_token=1, LFE_num_querie=1, LFE_output_dim=10, LFE_ff_mult=1,
+           LFE_num_scale=1),
+     _frames_first_inputs((2, 4, 4), 4, 8, extra=_consisid_extra),
+     notes="ConsisID: the CogVideoX layout ((B, F, C, H, W), [text | video]) + face cross-attention "
+           "(perceiver identity tokens) after every cross_attn_interval blocks", since="0.33.0")
+_add("anyflow", "AnyFlowTransformer3DModel", "video", (2, 4, 4),
+     _make("AnyFlowTransformer3DModel", patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+           out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32),
+     lambda batch=2, grid=None, seed=0: {
+         **_frames_first_inputs((2, 4, 4), 4, 16, timestep=lambda b, f: torch.full((b, f), 500.0))(batch, grid, seed),
+         "r_timestep": torch.full((batch, _grid(grid, (2, 4, 4))[0]), 250.0)},
+     notes="AnyFlow: Wan-style blocks, latent (B, F, C, H, W) frames first, per-frame timestep and r_timestep (flow "
+           "map)", since="0.39.0")
+
+
+def _h3_inputs(default, audio=6, audio_ch=6, text_dim=8):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        n = f * h * w
+        s = TXT + audio + n  # [text | audio | video]
+        text_i, audio_i, video_i = torch.arange(TXT), torch.arange(TXT, TXT + audio), torch.arange(TXT + audio, s)
+        tags = torch.empty(s, dtype=torch.long)
+        tags[text_i], tags[audio_i], tags[video_i] = 1, 2, 0
+        t_idx = torch.zeros(s, dtype=torch.long)
+        t_idx[audio_i] = 1
+        pos = torch.zeros(s, 3)
+        pos[:, 0] = torch.arange(s, dtype=torch.float32)
+        pos[video_i, 0] = torch.arange(f).repeat_interleave(h * w).float() + TXT + audio
+        pos[video_i, 1] = torch.arange(h).repeat_interleave(w).repeat(f).float()
+        pos[video_i, 2] = torch.arange(w).repeat(f * h).float()
+        return dict(hidden_states=_randn(g, batch, n, 16), audio_hidden_states=_randn(g, batch, audio, audio_ch),
+                    encoder_hidden_states=_randn(g, batch, TXT, text_dim), timestep=torch.tensor([0.7, 0.3]),
+                    timestep_indices=t_idx, token_tags=tags, position_ids=pos, video_indices=video_i,
+                    audio_indices=audio_i, text_indices=text_i)
+
+    return inputs
+
+
+_add("minimax-h3", "MiniMaxH3Transformer3DModel", "video", (2, 2, 2),
+     _make("MiniMaxH3Transformer3DModel", num_attention_heads=2, attention_head_dim=16, hidden_size=24, num_layers=2,
+           num_refiner_layers=2, ffn_dim=32, in_channels=4, audio_in_channels=6, patch_size=(1, 2, 2), text_dim=8,
+           freq_dim=8, time_embed_hidden_dim=24, time_embed_dim=16, rope_freq_dim=2),
+     _h3_inputs((2, 2, 2)),
+     notes="MiniMax-H3: ONE packed sequence [text | audio | video] built by the caller, rows tagged by token_tags "
+           "and timestep_indices (an AdaLN table per (timestep, modality)), 3-D position_ids; pre-patchified video "
+           "tokens (B, N, C*p*p); returns (video, audio)", since="0.39.0")
+
+
+def _sana_wm_inputs(default, ch=4, caption=8, plucker=8):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        c2w = torch.eye(4).repeat(batch, f, 1, 1)
+        c2w[..., 2, 3] = torch.arange(f, dtype=torch.float32) * 0.1
+        intr = torch.tensor([float(w), float(h), w / 2, h / 2]).expand(batch, f, 4)
+        return dict(hidden_states=_randn(g, batch, ch, f, h, w), timestep=torch.full((batch, 1, f), 500.0),
+                    encoder_hidden_states=_randn(g, batch, 1, TXT, caption),
+                    encoder_attention_mask=torch.ones(batch, TXT, dtype=torch.long),
+                    camera_conditions=torch.cat([c2w.flatten(start_dim=-2), intr], dim=-1),
+                    chunk_plucker=_randn(g, batch, plucker, f, h, w))
+
+    return inputs
+
+
+_add("sana-wm", "SanaWMTransformer3DModel", "video", (4, 8, 8),
+     _make("SanaWMTransformer3DModel", in_channels=4, num_layers=2, hidden_size=32, num_attention_heads=2,
+           patch_size=(1, 1, 1), softmax_every_n=2, linear_head_dim=16, t_kernel_size=3, conv_kernel_size=4,
+           caption_channels=8, mlp_ratio=2.0, chunk_plucker_channels=8, chunk_plucker_post_attn_blocks=2),
+     _sana_wm_inputs((4, 8, 8)), alt_grid=(4, 8, 10),
+     notes="SANA-WM (world model): camera-conditioned video, per-frame timestep (B, 1, F), linear (gated delta) "
+           "attention with temporal short convolutions and every n-th block softmax; convolutions over the token "
+           "grid", since="0.39.0")
