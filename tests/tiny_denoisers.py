@@ -1867,3 +1867,82 @@ _add("sana-wm", "SanaWMTransformer3DModel", "video", (4, 8, 8),
      notes="SANA-WM (world model): camera-conditioned video, per-frame timestep (B, 1, F), linear (gated delta) "
            "attention with temporal short convolutions and every n-th block softmax; convolutions over the token "
            "grid", since="0.39.0")
+
+
+# ==============================================================================================================
+# 1-D, audio and prior denoisers (kind "audio" / "other"); grid = (L,) sequence positions
+
+
+_add("unet-1d", "UNet1DModel", "audio", (16,),
+     _make("UNet1DModel", sample_size=16, in_channels=2, out_channels=2, extra_in_channels=8,
+           block_out_channels=(32, 32, 64), down_block_types=("DownBlock1DNoSkip", "DownBlock1D", "AttnDownBlock1D"),
+           up_block_types=("AttnUpBlock1D", "UpBlock1D", "UpBlock1DNoSkip"), mid_block_type="UNetMidBlock1D",
+           norm_num_groups=8, layers_per_block=1, use_timestep_embedding=False, time_embedding_type="fourier",
+           time_embedding_dim=8,
+           flip_sin_to_cos=True),
+     lambda batch=2, grid=None, seed=0: {"sample": _randn(_gen(seed), batch, 2, _grid(grid, (16,))[0] * 4),
+                                         "timestep": torch.tensor(10)},
+     latent="sample", alt_grid=(32,),
+     notes="Dance Diffusion UNet1D: grid = sample length / 4; attention only at the lowest levels "
+           "(AttnDownBlock1D / UNetMidBlock1D, over (B, C, L') reshaped inside); keep lengths powers of two")
+
+
+def _stable_audio_inputs(default, ch=4, head_dim=8, cross=16, global_dim=8):
+    def inputs(batch=2, grid=None, seed=0):
+        from diffusers.models.embeddings import get_1d_rotary_pos_embed
+
+        (length,) = _grid(grid, default)
+        g = _gen(seed)
+        return dict(hidden_states=_randn(g, batch, ch, length), timestep=_t(batch, 500.0),
+                    encoder_hidden_states=_randn(g, batch, TXT, cross), global_hidden_states=_randn(g, batch, 1, global_dim),
+                    rotary_embedding=get_1d_rotary_pos_embed(head_dim // 2, length + 1, use_real=True,
+                                                             repeat_interleave_real=False))
+
+    return inputs
+
+
+_add("stable-audio", "StableAudioDiTModel", "audio", (16,),
+     _make("StableAudioDiTModel", sample_size=16, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+           num_key_value_attention_heads=1, out_channels=4, cross_attention_dim=16, time_proj_dim=8,
+           global_states_input_dim=8, cross_attention_input_dim=16),
+     _stable_audio_inputs((16,)),
+     notes="Stable Audio Open: latent (B, C, L); the global (duration) token is PREPENDED to the sequence "
+           "([global | audio], rope over L + 1 rows, half the head dim); cross-attention to T5 + duration tokens",
+     since="0.30.0")
+
+
+def _prior_inputs(dim=16, n=3):
+    def inputs(batch=2, grid=None, seed=0):
+        g = _gen(seed)
+        return dict(hidden_states=_randn(g, batch, dim), timestep=torch.tensor(10), proj_embedding=_randn(g, batch, dim),
+                    encoder_hidden_states=_randn(g, batch, n, dim), attention_mask=torch.ones(batch, n, dtype=torch.bool))
+
+    return inputs
+
+
+_add("prior", "PriorTransformer", "other", (1,),
+     _make("PriorTransformer", num_attention_heads=2, attention_head_dim=4, num_layers=2, embedding_dim=16,
+           num_embeddings=3, additional_embeddings=4),
+     _prior_inputs(), fixed_grid=True,
+     notes="unCLIP / Kandinsky 2 / Shap-E prior: denoises ONE image embedding (B, D); the sequence is "
+           "[text tokens | proj embedding | time | noisy embedding | prd]: nothing spatial to merge")
+
+
+def _t5film_inputs(default, d_model=16):
+    def inputs(batch=2, grid=None, seed=0):
+        (length,) = _grid(grid, default)
+        g = _gen(seed)
+        enc = _randn(g, batch, 6, d_model)
+        mask = torch.ones(batch, 6, dtype=torch.bool)
+        return dict(encodings_and_masks=[(enc, mask)], decoder_input_tokens=_randn(g, batch, length, 8),
+                    decoder_noise_time=torch.rand(batch, generator=g))
+
+    return inputs
+
+
+_add("t5-film", "T5FilmDecoder", "audio", (16,),
+     _make("T5FilmDecoder", input_dims=8, targets_length=16, d_model=16, num_layers=1, num_heads=2, d_kv=8, d_ff=32,
+           dropout_rate=0.0),
+     _t5film_inputs((16,)), latent="decoder_input_tokens", fixed_grid=True,
+     notes="Spectrogram Diffusion decoder (MIDI -> mel): a T5 decoder over targets_length mel frames with FiLM "
+           "time conditioning; length fixed by targets_length")
