@@ -969,8 +969,8 @@ _add("unet-svd", "UNetSpatioTemporalConditionModel", "video", (3, 8, 8),
      lambda batch=2, grid=None, seed=0: {**_unet_inputs((3, 8, 8), channels=8, video=True, frames_first=True,
                                                         extra=_video_unet_extra("svd"))(batch, grid, seed),
                                          "encoder_hidden_states": _randn(_gen(seed + 1), batch, 1, CROSS)},
-     latent="sample", expect=lambda kw: (*kw["sample"].shape[:2], 4, *kw["sample"].shape[3:]),
-     notes="Stable Video Diffusion: sample (B, F, C, H, W) = [noise | image latent] on channels; one CLIP image "
+     latent="sample", expect=lambda kw: (*kw["sample"].shape[:2], 4, *kw["sample"].shape[3:]), alt_grid=(3, 8, 10),
+     notes="Stable Video Diffusion (grid axes even on diffusers 0.27): sample (B, F, C, H, W) = [noise | image latent] on channels; one CLIP image "
            "token as context")
 def _motion_extra(batch, g, dims):
     """Newer UNetMotionModel expects the text repeated per frame (the AnimateDiff pipeline does it); older ones
@@ -1874,13 +1874,22 @@ _add("sana-wm", "SanaWMTransformer3DModel", "video", (4, 8, 8),
 # 1-D, audio and prior denoisers (kind "audio" / "other"); grid = (L,) sequence positions
 
 
-_add("unet-1d", "UNet1DModel", "audio", (16,),
-     _make("UNet1DModel", sample_size=16, in_channels=2, out_channels=2, extra_in_channels=8,
-           block_out_channels=(32, 32, 64), down_block_types=("DownBlock1DNoSkip", "DownBlock1D", "AttnDownBlock1D"),
-           up_block_types=("AttnUpBlock1D", "UpBlock1D", "UpBlock1DNoSkip"), mid_block_type="UNetMidBlock1D",
-           norm_num_groups=8, layers_per_block=1, use_timestep_embedding=False, time_embedding_type="fourier",
-           time_embedding_dim=8,
-           flip_sin_to_cos=True),
+def _build_unet1d():
+    """UNet1D's fourier time features are concatenated to the input: 16 channels (0.27 hard-codes
+    embedding_size=8; newer releases take time_embedding_dim, whose default grew to 2 * block_out_channels[0])."""
+    import inspect
+
+    config = dict(sample_size=16, in_channels=2, out_channels=2, extra_in_channels=16, block_out_channels=(32, 32, 64),
+                  down_block_types=("DownBlock1DNoSkip", "DownBlock1D", "AttnDownBlock1D"),
+                  up_block_types=("AttnUpBlock1D", "UpBlock1D", "UpBlock1DNoSkip"), mid_block_type="UNetMidBlock1D",
+                  norm_num_groups=8, layers_per_block=1, use_timestep_embedding=False, time_embedding_type="fourier",
+                  flip_sin_to_cos=True)
+    if "time_embedding_dim" in inspect.signature(_cls("UNet1DModel").__init__).parameters:
+        config["time_embedding_dim"] = 16
+    return _make("UNet1DModel", **config)()
+
+
+_add("unet-1d", "UNet1DModel", "audio", (16,), _build_unet1d,
      lambda batch=2, grid=None, seed=0: {"sample": _randn(_gen(seed), batch, 2, _grid(grid, (16,))[0] * 4),
                                          "timestep": torch.tensor(10)},
      latent="sample", alt_grid=(32,),
@@ -1947,3 +1956,29 @@ _add("t5-film", "T5FilmDecoder", "audio", (16,),
      _t5film_inputs((16,)), latent="decoder_input_tokens", fixed_grid=True,
      notes="Spectrogram Diffusion decoder (MIDI -> mel): a T5 decoder over targets_length mel frames with FiLM "
            "time conditioning; length fixed by targets_length")
+
+
+# ==============================================================================================================
+# Kandinsky 6 (video + audio)
+
+
+def _k6_inputs(default, audio=True):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        kw = dict(hidden_states=_randn(g, batch, f, 2 * h, 2 * w, 2 * 4 + 1), encoder_hidden_states=_randn(g, batch, TXT, 8),
+                  pooled_projections=_randn(g, batch, 8), timestep=_t(batch, 500.0))
+        if audio:
+            kw["audio_hidden_states"] = _randn(g, batch, 6, 4)
+        return kw
+
+    return inputs
+
+
+_add("kandinsky6", "Kandinsky6Transformer3DModel", "video", (2, 2, 2),
+     _make("Kandinsky6Transformer3DModel", in_visual_dim=4, out_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=16,
+           patch_size=(1, 2, 2), model_dim=48, ff_dim=64, num_text_blocks=1, num_visual_blocks=2, axes_dims=(4, 4, 4),
+           visual_cond=True, in_audio_dim=4, out_audio_dim=4),
+     _k6_inputs((2, 2, 2)), expect=lambda kw: (*kw["hidden_states"].shape[:4], 4),
+     notes="Kandinsky 6: latent (B, F, H, W, 2C+1) channels last ([noise | cond | mask]); video and audio text "
+           "branches; fused video+audio visual blocks; returns (video, audio)", since="0.39.0")
