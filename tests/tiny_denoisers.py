@@ -1982,3 +1982,64 @@ _add("kandinsky6", "Kandinsky6Transformer3DModel", "video", (2, 2, 2),
      _k6_inputs((2, 2, 2)), expect=lambda kw: (*kw["hidden_states"].shape[:4], 4),
      notes="Kandinsky 6: latent (B, F, H, W, 2C+1) channels last ([noise | cond | mask]); video and audio text "
            "branches; fused video+audio visual blocks; returns (video, audio)", since="0.39.0")
+
+
+# ==============================================================================================================
+# Audio DiTs: Stable Audio 3, ACE-Step, LongCat-Audio-DiT, MiniMax-Music 3 (1-D latents; grid = (L,))
+
+
+def _sa3_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        (length,) = _grid(grid, default)
+        g = _gen(seed)
+        return dict(hidden_states=_randn(g, batch, 8, length), timestep=torch.rand(batch, generator=g),
+                    encoder_hidden_states=_randn(g, batch, TXT, 16), global_hidden_states=_randn(g, batch, 12))
+
+    return inputs
+
+
+_add("stable-audio-3", "StableAudio3DiTModel", "audio", (16,),
+     _make("StableAudio3DiTModel", io_channels=8, patch_size=1, embed_dim=32, depth=2, num_heads=4, cond_token_dim=16,
+           global_cond_dim=12, local_add_cond_dim=5, timestep_features_dim=16, ff_mult=2, num_memory_tokens=3,
+           use_differential_attention=False),
+     _sa3_inputs((16,)),
+     notes="Stable Audio 3: latent (B, C, L); learned memory tokens prepended to the sequence; timestep 0..1",
+     since="0.39.0")
+
+
+def _ace_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        (length,) = _grid(grid, default)
+        g = _gen(seed)
+        return dict(hidden_states=_randn(g, batch, 2 * length, 8), timestep=torch.rand(batch, generator=g),
+                    timestep_r=torch.rand(batch, generator=g), encoder_hidden_states=_randn(g, batch, 10, 32),
+                    context_latents=_randn(g, batch, 2 * length, 16))
+
+    return inputs
+
+
+_add("ace-step", "AceStepTransformer1DModel", "audio", (4,),
+     _make("AceStepTransformer1DModel", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, head_dim=8, in_channels=24, audio_acoustic_hidden_dim=8, patch_size=2,
+           rope_theta=10000.0, sliding_window=16),
+     _ace_inputs((4,)),
+     notes="ACE-Step 1.5: latent (B, T, C) (time first), patch 2 on T; context_latents concatenated on channels; "
+           "sliding-window / full attention layers (layer_types)", since="0.39.0")
+_add("longcat-audio-dit", "LongCatAudioDiTTransformer", "audio", (16,),
+     _make("LongCatAudioDiTTransformer", dit_dim=64, dit_depth=2, dit_heads=4, dit_text_dim=32, latent_dim=8,
+           text_conv=False),
+     lambda batch=2, grid=None, seed=0: {
+         "hidden_states": _randn(_gen(seed), batch, _grid(grid, (16,))[0], 8),
+         "encoder_hidden_states": _randn(_gen(seed + 1), batch, 10, 32),
+         "encoder_attention_mask": torch.ones(batch, 10, dtype=torch.bool),
+         "attention_mask": torch.ones(batch, _grid(grid, (16,))[0], dtype=torch.bool), "timestep": _t(batch, 0.5)},
+     notes="LongCat-Audio-DiT: latent (B, T, C); a long skip from the input to the last blocks (long_skip); "
+           "self-attention key mask (B, T)", since="0.39.0")
+_add("minimax-music3", "MiniMaxMusic3Transformer1DModel", "audio", (24,),
+     _make("MiniMaxMusic3Transformer1DModel", in_channels=8, condition_dim=16, num_layers=2, num_attention_heads=2,
+           attention_head_dim=8, ff_inner_dim=32, rotary_dim=4, fourier_embedding_dim=8),
+     lambda batch=2, grid=None, seed=0: {
+         "hidden_states": _randn(_gen(seed), batch, 8, _grid(grid, (24,))[0]),
+         "encoder_hidden_states": _randn(_gen(seed + 1), batch, _grid(grid, (24,))[0], 16), "timestep": _t(batch, 0.5)},
+     notes="MiniMax-Music 3: latent (B, C, L); the condition is frame-aligned (B, L, D), added per position, "
+           "not cross-attended", since="0.39.0")
