@@ -2041,5 +2041,61 @@ _add("minimax-music3", "MiniMaxMusic3Transformer1DModel", "audio", (24,),
      lambda batch=2, grid=None, seed=0: {
          "hidden_states": _randn(_gen(seed), batch, 8, _grid(grid, (24,))[0]),
          "encoder_hidden_states": _randn(_gen(seed + 1), batch, _grid(grid, (24,))[0], 16), "timestep": _t(batch, 0.5)},
-     notes="MiniMax-Music 3: latent (B, C, L); the condition is frame-aligned (B, L, D), added per position, "
-           "not cross-attended", since="0.39.0")
+     notes="MiniMax-Music 3: latent (B, C, L); the condition is frame-aligned (B, L, D) and concatenated on "
+           "channels with the latent (no cross-attention)", since="0.39.0")
+
+
+# ==============================================================================================================
+# Kandinsky 6 super-resolution, Wan-Animate 2 (reference pass), DreamLite (UNet and its transformer)
+
+
+def _k6sr_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        return dict(hidden_states=_randn(g, batch, f, 2 * h, 2 * w, 2 * 4 + 1), timestep=_t(batch, 500.0))
+
+    return inputs
+
+
+_add("kandinsky6-sr", "Kandinsky6SRTransformer3DModel", "video", (2, 8, 8),
+     _make("Kandinsky6SRTransformer3DModel", in_visual_dim=4, out_visual_dim=8, time_dim=16, patch_size=(1, 2, 2),
+           model_dim=24, ff_dim=32, num_visual_blocks=2, axes_dims=(4, 4, 4)),
+     _k6sr_inputs((2, 8, 8)), expect=lambda kw: (*kw["hidden_states"].shape[:4], 8), alt_grid=(2, 8, 16),
+     notes="Kandinsky 6 video super-resolution: no text; latent (B, F, H, W, 2C+1) channels last; NABLA sparse "
+           "flex attention over 8x8 token blocks (grid H, W multiples of 8)", since="0.39.0")
+
+
+def _wan_animate2_inputs(default, latent=16, cond=20, text_dim=32):
+    def inputs(batch=2, grid=None, seed=0):
+        from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        return dict(hidden_states=[_randn(g, latent, f, 2 * h, 2 * w) for _ in range(batch)], timestep=torch.ones(batch),
+                    encoder_hidden_states=[_randn(g, TXT, text_dim) for _ in range(batch)],
+                    condition_latents=[_randn(g, cond, f, 2 * h, 2 * w) for _ in range(batch)],
+                    encoder_hidden_states_image=_randn(g, batch, 4, 1280), kv_cache=WanAnimate2KVCache(2),
+                    kv_cache_mode="extract", seq_len=f * h * w,
+                    offset_grid_sizes=torch.tensor([[f, h, w]] * batch, dtype=torch.long))
+
+    return inputs
+
+
+_add("wan-animate-2", "WanAnimate2Transformer3DModel", "video", (2, 2, 2),
+     _make("WanAnimate2Transformer3DModel", patch_size=(1, 2, 2), text_len=16, in_dim=36, dim=32, ffn_dim=64, freq_dim=16,
+           text_dim=32, out_dim=16, num_heads=2, num_layers=2, cross_attn_norm=True, use_img_emb=True),
+     _wan_animate2_inputs((2, 2, 2)), per_sample=True,
+     expect=lambda kw: (len(kw["hidden_states"]), *kw["hidden_states"][0].shape),
+     notes="Wan-Animate 2, the reference pass (kv_cache_mode='extract'): lists of per-sample (C, F, H, W) latents, "
+           "every layer's K/V cached; the generation pass ('cached') attends [cached reference | current] and "
+           "needs that cache. CLIP width 1280 is hard-coded", since="0.39.0")
+_add("dreamlite-unet", "DreamLiteUNetModel", "image", (8, 8),
+     _make("DreamLiteUNetModel", sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64),
+           layers_per_block=1, down_block_types=("DreamLiteCrossAttnNoSelfAttnDownBlock2D", "DreamLiteCrossAttnDownBlock2D"),
+           mid_block_type="DreamLiteUNetMidBlock2DCrossAttn",
+           up_block_types=("DreamLiteCrossAttnUpBlock2D", "DreamLiteCrossAttnNoSelfAttnUpBlock2D"),
+           cross_attention_dim=CROSS, attention_head_dim=8, norm_num_groups=32),
+     _unet_inputs((8, 8)), latent="sample", alt_grid=(8, 10),
+     notes="DreamLite UNet: SD-style levels; the first level has cross-attention only (no self-attention)",
+     since="0.39.0")
