@@ -2099,3 +2099,62 @@ _add("dreamlite-unet", "DreamLiteUNetModel", "image", (8, 8),
      _unet_inputs((8, 8)), latent="sample", alt_grid=(8, 10),
      notes="DreamLite UNet: SD-style levels; the first level has cross-attention only (no self-attention)",
      since="0.39.0")
+
+
+# ==============================================================================================================
+# SANA-WM LTX-2 refiner, AnyFlow-FAR, DreamLite's transformer
+
+
+def _sana_refiner_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2AudioVideoRotaryPosEmbed
+
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        rope = SanaWMLTX2AudioVideoRotaryPosEmbed(dim=16, patch_size=1, patch_size_t=1, base_num_frames=20,
+                                                  base_height=2048, base_width=2048, scale_factors=(8, 32, 32),
+                                                  modality="video", double_precision=False, num_attention_heads=2)
+        coords = rope.prepare_video_coords(batch, f, h, w, device=torch.device("cpu"), fps=24.0)
+        return dict(hidden_states=_randn(g, batch, f * h * w, 4), encoder_hidden_states=_randn(g, batch, TXT, 16),
+                    timestep=torch.full((batch, f * h * w), 500.0), video_rotary_emb=rope(coords, device=torch.device("cpu")),
+                    encoder_attention_mask=torch.ones(batch, TXT))
+
+    return inputs
+
+
+_add("sana-wm-refiner", "SanaWMLTX2RefinerTransformer3DModel", "video", (2, 4, 4),
+     _make("SanaWMLTX2RefinerTransformer3DModel", in_channels=4, out_channels=4, patch_size=1, patch_size_t=1,
+           num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4,
+           audio_num_attention_heads=2, audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2,
+           caption_channels=16, rope_double_precision=False),
+     _sana_refiner_inputs((2, 4, 4)),
+     notes="SANA-WM stage-2 refiner (LTX-2 blocks, video path only): caller-made video_rotary_emb, per-token "
+           "timestep (B, N); attention-sink KV cache for block-wise refinement", since="0.39.0")
+
+
+def _far_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        f, h, w = _grid(grid, default)
+        g = _gen(seed)
+        return dict(hidden_states=_randn(g, batch, 2 * f, 4, 2 * h, 2 * w), timestep=torch.full((batch, 2 * f), 500.0),
+                    r_timestep=torch.full((batch, 2 * f), 250.0), encoder_hidden_states=_randn(g, batch, TXT, 16),
+                    chunk_partition=[f, f])
+
+    return inputs
+
+
+_add("anyflow-far", "AnyFlowFARTransformer3DModel", "video", (2, 8, 8),
+     _make("AnyFlowFARTransformer3DModel", patch_size=(1, 2, 2), compressed_patch_size=(1, 4, 4), full_chunk_limit=3,
+           num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16, freq_dim=32,
+           ffn_dim=32, num_layers=2, rope_max_seq_len=32),
+     _far_inputs((2, 8, 8)), alt_grid=(2, 8, 12),
+     notes="AnyFlow-FAR (training-rollout path, two chunks of F frames): latent (B, 2F, C, H, W) split by "
+           "chunk_partition; chunks beyond full_chunk_limit are patch-embedded coarser (compressed_patch_size); "
+           "block-causal flex-attention BlockMask across chunks (eager flex attention: ~1 s)", since="0.39.0")
+_add("dreamlite-transformer-2d", "DreamLiteTransformer2DModel", "other", (8, 8),
+     _make("DreamLiteTransformer2DModel", num_attention_heads=2, attention_head_dim=8, in_channels=32, norm_num_groups=32,
+           cross_attention_dim=CROSS, num_layers=1),
+     lambda batch=2, grid=None, seed=0: {"hidden_states": _randn(_gen(seed), batch, 32, *_grid(grid, (8, 8))),
+                                         "encoder_hidden_states": _randn(_gen(seed + 1), batch, TXT, CROSS)},
+     notes="DreamLite's inner transformer (the Transformer2DModel shape; optional no-self-attention blocks)",
+     since="0.39.0")
