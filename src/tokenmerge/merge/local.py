@@ -9,16 +9,17 @@ are scored against its neighbourhood's destinations (``T_i + 2 R_i`` windows per
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import torch
 
 from .plan import MergePlan
-from .windows import _cached, _grid, coords, window_grid, window_split
+from .windows import _cached, _grid, _raster, coords, strides, window_grid, window_split
 
 __all__ = ["local_soft_matching", "local_soft_matching_2d", "local_best_matches"]
 
-# Local matching cuts the windows into tiles of LOCAL_TILE windows per axis (at least 2 * radius) and scores
+# Local matching cuts the windows into tiles of LOCAL_TILE windows per axis (2-D; at least 2 * radius) and scores
 # each tile's tokens against its neighbourhood's destinations in one small product. LOCAL_CHUNK: the elements
 # (gathered tokens and scores) handled at once, at most, so that a chunk's copies stay small and in cache and no
 # temporary is near the size at which allocators map fresh pages (32 MB for glibc).
@@ -26,13 +27,29 @@ LOCAL_TILE = 4
 LOCAL_CHUNK = 2**20
 
 
-def tile_sizes(grid, radii, tile: int | None) -> tuple[int, ...]:
-    """Windows per tile along each axis: the whole axis where the radius is ``None``; else ``max(tile,
-    2 * radius, 1)`` with ``tile`` ``LOCAL_TILE`` by default, or 1 by default when some axis is taken whole
-    (the tile is then large already, and a thin one scores the fewest far candidates)."""
-    if tile is None:
-        tile = 1 if any(rad is None for rad in radii) else LOCAL_TILE
-    return tuple(g if rad is None else max(tile, 2 * rad, 1) for g, rad in zip(grid, radii))
+def tile_sizes(grid, radii, tile=None) -> tuple[int, ...]:
+    """Windows per tile along each axis: the whole axis where the radius is ``None``; elsewhere ``max(tile_i,
+    2 * R_i, 1)`` for a ``tile`` given (an int for every axis or one per axis), and by default: the same with
+    ``LOCAL_TILE`` on 2-D grids; ``R_i + 1`` on grids of rank 3 and more (a tile of 4^3 windows would score
+    (4 + 2R)^3 candidates: 2^3 is about 2x faster at R = 1 on a video grid, 1 at R = 0); 1 when some axis is
+    taken whole (the tile is large already: a thin one scores the fewest far candidates)."""
+    if tile is None and (len(grid) > 2 or any(rad is None for rad in radii)):
+        full = any(rad is None for rad in radii)
+        return tuple(g if rad is None else 1 if full else rad + 1 for g, rad in zip(grid, radii))
+    tile = LOCAL_TILE if tile is None else tile
+    tile = (tile,) * len(grid) if isinstance(tile, int) else tuple(tile)
+    return tuple(g if rad is None else max(t, 2 * rad, 1) for g, rad, t in zip(grid, radii, tile))
+
+
+def _slabs(shape, windows, radii) -> list[tuple[bool, ...]]:
+    """The groups of blocks the local matching tiles: the windows (no axis flagged), then, unless the grid is
+    2-D or less with an int radius on every axis (there the few tokens outside every window are matched by a
+    gather, as before), for each set of axes flagged, the tokens past the last window on those axes only."""
+    rank, extra = len(shape), [n - n // s * s for n, s in zip(shape, windows)]
+    if rank <= 2 and all(rad is not None for rad in radii):
+        return [(False,) * rank]
+    flags = itertools.product((False, True), repeat=rank)
+    return [(False,) * rank] + [f for f in flags if any(f) and all(e > 0 for e, a in zip(extra, f) if a)]
 
 
 @functools.lru_cache(maxsize=256)
@@ -42,58 +59,77 @@ def _tiling(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, tile
 
     The window grid is padded to whole tiles; a tile has ``P = prod(T_i) * S`` positions (its windows in
     raster order, each window's ``S`` tokens in choice order) and a neighbourhood of ``K = prod(T_i + 2 R_i)``
-    windows (``R_i = 0`` on whole axes). Returns:
+    windows (``R_i = 0`` on whole axes). The tokens outside every window form *slabs* (see ``_slabs``): on a
+    flagged axis, a slab's block is the ``n_i - g_i s_i`` tokens past the last window, matched as if in it
+    (tile 1, neighbourhood ``1 + 2 R_i``); its blocks are tiled on the other axes as the windows are. Returns:
 
-    - ``tokens`` ``(T, P)``: the grid token at each position (window 0's tokens past the grid's windows);
-    - ``candidates`` ``(T, K)``: the window of each neighbourhood place (0 outside the grid, masked);
-    - ``blocked`` ``(T, P, K)``: whether that position's token may NOT match that window (it may when its own
+    - ``groups``: for the windows, then each slab, ``(tokens, candidates, blocked)``:
+      ``tokens`` ``(T, P)``: the grid token at each position (some token past the grid's windows);
+      ``candidates`` ``(T, K)``: the window of each neighbourhood place (0 outside the grid, masked);
+      ``blocked`` ``(T, P, K)``: whether that position's token may NOT match that window (it may when its own
       window and the candidate are inside the grid and at most ``R_i`` windows apart along each int axis);
-    - ``inside`` ``(T * P,)``: whether a position belongs to a window inside the grid;
-    - ``first`` ``(W,)``: the flat position (over ``T * P``) of each window's choice 0;
-    - ``position`` ``(N,)``: the flat position of every token; the tokens outside every window come last,
-      numbered from ``T * P`` in the order of ``rest``;
-    - ``rest``: those tokens (as in ``window_split``).
+    - ``inside`` ``(sum T * P,)``: whether a position holds a token of the grid (a window's, or a slab's);
+    - ``first`` ``(W,)``: the flat position of each window's choice 0;
+    - ``position`` ``(N,)``: the flat position of every token (the groups one after the other; the tokens
+      ``rest`` come last, numbered in their order);
+    - ``rest``: the tokens outside every window not in a slab (matched by a gather), as in ``window_split``.
     """
     cpu, rank = torch.device("cpu"), len(shape)
-    grid, choices = window_grid(shape, windows), math.prod(windows)
+    grid, step = window_grid(shape, windows), strides(shape)
     num = math.prod(grid)
     pads = [0 if rad is None else rad for rad in radii]
-    spans = [t + 2 * p for t, p in zip(tiles, pads)]
     counts = [-(-g // t) for g, t in zip(grid, tiles)]  # tiles per axis
     padded = torch.full([c * t + 2 * p for c, t, p in zip(counts, tiles, pads)], num, dtype=torch.int64)
     padded[tuple(slice(p, p + g) for p, g in zip(pads, grid))] = torch.arange(num).view(grid)
-    candidates = padded
-    for axis, (span, t) in enumerate(zip(spans, tiles)):
-        candidates = candidates.unfold(axis, span, t)
-    num_tiles, span_all, size = math.prod(counts), math.prod(spans), math.prod(tiles)
-    candidates = candidates.reshape(num_tiles, span_all)
-    own = padded[tuple(slice(p, p + c * t) for p, c, t in zip(pads, counts, tiles))]  # window of each place, or W
-    own = own.reshape([n for ct in zip(counts, tiles) for n in ct])
-    own = own.permute(*range(0, 2 * rank, 2), *range(1, 2 * rank, 2)).reshape(num_tiles, size)
     origin, offset, _, rest = _grid.__wrapped__(shape, windows, cpu)
     origin = torch.cat([origin, origin.new_zeros(1)])
-    tokens = (origin[own].unsqueeze(2) + offset).reshape(num_tiles, size * choices)
-    near = torch.ones([1] * (2 * rank), dtype=torch.bool)
-    for axis, (t, span, p, rad) in enumerate(zip(tiles, spans, pads, radii)):
-        if rad is not None:
-            along = (torch.arange(t).unsqueeze(1) + p - torch.arange(span).unsqueeze(0)).abs() <= rad
-            view = [1] * (2 * rank)
-            view[axis], view[rank + axis] = t, span
-            near = near & along.view(view)
-    near = near.expand(*tiles, *spans).reshape(1, size, span_all)
-    allowed = near & (candidates < num).unsqueeze(1) & (own < num).unsqueeze(2)  # (T, size, K)
-    allowed = allowed.unsqueeze(2).expand(-1, -1, choices, -1).reshape(num_tiles, -1, span_all)
-    places = own.reshape(-1) < num
-    first = torch.empty(num, dtype=torch.int64)
-    first[own.reshape(-1)[places]] = torch.arange(places.shape[0])[places] * choices
-    inside = places.repeat_interleave(choices)
-    flat = tokens.reshape(-1)
-    position = torch.empty(math.prod(shape), dtype=torch.int64)
-    position[flat[inside]] = torch.arange(flat.shape[0])[inside]
-    position[rest] = flat.shape[0] + torch.arange(rest.shape[0])
-    candidates = candidates.masked_fill(candidates == num, 0)  # masked: any window will do
+    groups, insides, first = [], [], None
+    for slab in _slabs(shape, windows, radii):
+        last = [g - 1 if rad is not None else 0 for g, rad in zip(grid, radii)]  # where a slab's window is
+        spans = [(g if rad is None else 1 + 2 * rad) if a else t + 2 * p
+                 for a, g, rad, t, p in zip(slab, grid, radii, tiles, pads)]
+        sizes = [1 if a else t for a, t in zip(slab, tiles)]  # windows (or slab blocks) per tile
+        number = [1 if a else c for a, c in zip(slab, counts)]  # tiles per axis
+        candidates = padded[tuple(slice(f, f + span) if a else slice(None) for a, f, span in zip(slab, last, spans))]
+        for axis, (span, t) in enumerate(zip(spans, sizes)):
+            candidates = candidates.unfold(axis, span, t)
+        num_tiles, span_all, size = math.prod(number), math.prod(spans), math.prod(sizes)
+        candidates = candidates.reshape(num_tiles, span_all)
+        own = padded[tuple(slice(g - 1 + p, g + p) if a else slice(p, p + c * t)
+                           for a, g, p, c, t in zip(slab, grid, pads, counts, tiles))]  # window of each place, or W
+        own = own.reshape([n for ct in zip(number, sizes) for n in ct])
+        own = own.permute(*range(0, 2 * rank, 2), *range(1, 2 * rank, 2)).reshape(num_tiles, size)
+        block = offset if not any(slab) else _raster(
+            [n - g * s if a else s for a, n, g, s in zip(slab, shape, grid, windows)], step)  # tokens of a block
+        shift = sum(s * t for a, s, t in zip(slab, windows, step) if a)  # a slab's block: past its window
+        tokens = (origin[own].unsqueeze(2) + shift + block).reshape(num_tiles, size * block.shape[0])
+        near = torch.ones([1] * (2 * rank), dtype=torch.bool)
+        for axis, (t, span, p, rad) in enumerate(zip(sizes, spans, pads, radii)):
+            if rad is not None:
+                along = (torch.arange(t).unsqueeze(1) + p - torch.arange(span).unsqueeze(0)).abs() <= rad
+                view = [1] * (2 * rank)
+                view[axis], view[rank + axis] = t, span
+                near = near & along.view(view)
+        near = near.expand(*sizes, *spans).reshape(1, size, span_all)
+        allowed = near & (candidates < num).unsqueeze(1) & (own < num).unsqueeze(2)  # (T, size, K)
+        allowed = allowed.unsqueeze(2).expand(-1, -1, block.shape[0], -1).reshape(num_tiles, -1, span_all)
+        places = own.reshape(-1) < num
+        if first is None:
+            first = torch.empty(num, dtype=torch.int64)
+            first[own.reshape(-1)[places]] = torch.arange(places.shape[0])[places] * block.shape[0]
+        insides.append(places.repeat_interleave(block.shape[0]))
+        groups.append((tokens, candidates.masked_fill(candidates == num, 0), ~allowed))  # masked: any will do
+    position, base = torch.empty(math.prod(shape), dtype=torch.int64), 0
+    for (tokens, _, _), inside in zip(groups, insides):
+        flat = tokens.reshape(-1)
+        position[flat[inside]] = base + torch.arange(flat.shape[0])[inside]
+        base += flat.shape[0]
+    if len(groups) > 1:
+        rest = rest[:0]  # in the slabs
+    position[rest] = base + torch.arange(rest.shape[0])
     to = functools.partial(torch.Tensor.to, device=device)
-    return tuple(to(t) for t in (tokens, candidates, ~allowed, inside, first, position, rest))
+    groups = tuple(tuple(to(t) for t in group) for group in groups)
+    return groups, to(torch.cat(insides)), to(first), to(position), to(rest)
 
 
 @functools.lru_cache(maxsize=256)
@@ -105,8 +141,9 @@ def _rest_candidates(shape: tuple[int, ...], windows: tuple[int, ...], radii: tu
     repeated candidate changes no maximum). Destination ``i`` is window ``i``'s whatever the per-window choice.
     """
     rest = _grid.__wrapped__(shape, windows, torch.device("cpu"))[3]
+    grid = window_grid(shape, windows)
     table = torch.zeros(rest.shape[0], 1, dtype=torch.int64)
-    for coord, s, g, rad in zip(coords(rest, shape), windows, window_grid(shape, windows), radii):
+    for coord, s, g, rad in zip(coords(rest, shape), windows, grid, radii):
         if rad is None:
             near = torch.arange(g).expand(rest.shape[0], g)
         else:
@@ -115,17 +152,23 @@ def _rest_candidates(shape: tuple[int, ...], windows: tuple[int, ...], radii: tu
     return table.to(device)
 
 
-def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.Tensor):
+def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.Tensor, chunk: int = 2**24):
     """``best_matches`` restricted to each source's candidate destinations ``(Ns, K)`` (a gather and a
-    product: for the few tokens outside every window)."""
+    product: for the few tokens outside every window), ``chunk`` gathered elements at a time at most."""
     batch, num_src, channels = src.shape
-    near = dst.index_select(1, candidates.reshape(-1)).view(batch, num_src, -1, channels)
-    best, pick = (near * src.unsqueeze(2)).sum(-1).max(dim=-1)  # (B, Ns)
-    return best, candidates.expand(batch, -1, -1).gather(2, pick.unsqueeze(2)).squeeze(2)
+    rows = max(1, chunk // max(1, batch * candidates.shape[1] * channels))
+    values, picks = [], []
+    for i in range(0, num_src, rows):
+        cand = candidates[i: i + rows]
+        near = dst.index_select(1, cand.reshape(-1)).view(batch, cand.shape[0], -1, channels)
+        best, pick = (near * src[:, i: i + rows].unsqueeze(2)).sum(-1).max(dim=-1)  # (B, rows)
+        values.append(best)
+        picks.append(cand.expand(batch, -1, -1).gather(2, pick.unsqueeze(2)).squeeze(2))
+    return (values[0], picks[0]) if len(values) == 1 else (torch.cat(values, 1), torch.cat(picks, 1))
 
 
 def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: torch.Tensor | None, radius,
-                        chunk: int | None = None, tile: int | None = None, fold: int = 1) -> MergePlan:
+                        chunk: int | None = None, tile=None, fold: int = 1) -> MergePlan:
     """ToMe's plan with every source matched only against the destinations of the windows within ``radius``
     (a tuple: an int or ``None`` per axis) on a grid ``shape`` with ``windows`` (see ``windows.py``).
 
@@ -148,9 +191,7 @@ def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: t
     num_src = all_tokens - num_windows
     r = min(r, num_src)
     kept = num_src - r
-    at, candidates, blocked, inside, first, position, rest = _cached(_tiling)(shape, windows, radii, tiles, device)
-    num_tiles, places = at.shape
-    span = candidates.shape[1]
+    groups, inside, first, position, rest = _cached(_tiling)(shape, windows, radii, tiles, device)
     flat = metric.reshape(batch * tokens, channels)
     base = torch.arange(batch, device=device)
 
@@ -165,19 +206,21 @@ def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: t
     dst_metric = dst_metric / dst_metric.norm(dim=-1, keepdim=True)
     dst_flat = dst_metric.view(-1, channels)
     tiny = torch.finfo(metric.dtype).tiny
-    step = max(1, chunk // max(1, batch * places * (channels + span)))
     values, matched = [], []
-    for i in range(0, num_tiles, step):
-        cand = candidates[i: i + step]
-        x = rows(flat, at[i: i + step], tokens).view(batch, -1, places, channels)
-        near = rows(dst_flat, cand, windows_each).view(batch, -1, span, channels)
-        scores = (x @ near.transpose(2, 3)).masked_fill_(blocked[i: i + step], -torch.inf)  # (B, n, P, K)
-        best, pick = scores.max(dim=-1)
-        values.append(best / x.norm(dim=-1).clamp_min_(tiny))
-        matched.append(cand.expand(batch, -1, -1).gather(2, pick))
-    best, window = (torch.cat(v, 1).view(batch, -1) for v in (values, matched))
+    for at, candidates, blocked in groups:
+        (num_tiles, places), span = at.shape, candidates.shape[1]
+        step = max(1, chunk // max(1, batch * places * (channels + span)))
+        for i in range(0, num_tiles, step):
+            cand = candidates[i: i + step]
+            x = rows(flat, at[i: i + step], tokens).view(batch, -1, places, channels)
+            near = rows(dst_flat, cand, windows_each).view(batch, -1, span, channels)
+            scores = (x @ near.transpose(2, 3)).masked_fill_(blocked[i: i + step], -torch.inf)  # (B, n, P, K)
+            best, pick = scores.max(dim=-1)
+            values.append((best / x.norm(dim=-1).clamp_min_(tiny)).view(batch, -1))
+            matched.append(cand.expand(batch, -1, -1).gather(2, pick).view(batch, -1))
+    best, window = (torch.cat(v, 1) for v in (values, matched))
     if offsets is None:
-        source = inside.index_fill(0, first, False).unsqueeze(0)  # every windowed token but the destinations
+        source = inside.index_fill(0, first, False).expand(fold, -1)  # every windowed token but the destinations
     else:
         source = inside.expand(fold, -1).scatter(1, first + offsets, False)
     if rest.shape[0]:  # tokens outside every window: each against the windows near its own
