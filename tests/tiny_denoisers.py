@@ -2158,3 +2158,36 @@ _add("dreamlite-transformer-2d", "DreamLiteTransformer2DModel", "other", (8, 8),
                                          "encoder_hidden_states": _randn(_gen(seed + 1), batch, TXT, CROSS)},
      notes="DreamLite's inner transformer (the Transformer2DModel shape; optional no-self-attention blocks)",
      since="0.39.0")
+
+
+# ==============================================================================================================
+# Cosmos 3 Omni: one packed, unbatched sequence [text | vision items...]; "batch" = vision items in the pack
+
+
+def _cosmos3_inputs(default):
+    def inputs(batch=2, grid=None, seed=0):
+        h, w = _grid(grid, default)
+        g = _gen(seed)
+        n = h * w
+        s = 2 + batch * n
+        vision = torch.arange(2, s)
+        return dict(input_ids=torch.tensor([1, 2]), text_indexes=torch.tensor([0, 1]),
+                    position_ids=torch.zeros((3, s), dtype=torch.long), und_len=2, sequence_length=s,
+                    vision_tokens=[_randn(g, 1, 2, 1, h, w) for _ in range(batch)],
+                    vision_token_shapes=[(1, h, w)] * batch, vision_sequence_indexes=vision,
+                    vision_mse_loss_indexes=vision, vision_timesteps=torch.full((batch * n,), 0.5),
+                    vision_noisy_frame_indexes=[torch.tensor([0])] * batch)
+
+    return inputs
+
+
+_add("cosmos3-omni", "Cosmos3OmniTransformer", "other", (2, 2),
+     _make("Cosmos3OmniTransformer", head_dim=6, hidden_act="relu2", hidden_size=12, intermediate_size=24, latent_channel=2,
+           latent_patch_size=1, num_attention_heads=2, num_hidden_layers=2, num_key_value_heads=1, patch_latent_dim=2,
+           qk_norm_for_text=False, rope_axes_dim=[1, 1, 1], rope_theta=1e8, vocab_size=32),
+     _cosmos3_inputs((2, 2)), latent="vision_tokens", per_sample=True,
+     expect=lambda kw: (len(kw["vision_tokens"]), *kw["vision_tokens"][0].shape),
+     notes="Cosmos 3 Omni (LLM mixture-of-transformers): ONE packed, unbatched sequence of understanding (text) and "
+           "generation (vision / sound / action) tokens at caller-given indexes, 3-D M-RoPE position_ids (3, S), "
+           "per-token timesteps; und/gen streams have separate weights (MoT); here 'batch' = vision items",
+     since="0.39.0")
