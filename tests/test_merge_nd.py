@@ -276,14 +276,15 @@ def test_downsample_errors():
 # --------------------------------------------------------------------------------------------------------- compile
 
 @pytest.mark.compile
-@pytest.mark.parametrize("radius", [(0, None, None), (0, 1, 1)])
-def test_compiled_3d_matcher_is_one_graph_and_matches_eager(radius):
+@pytest.mark.parametrize("shape, windows, radius", [
+    ((3, 6, 8), (1, 2, 2), (0, None, None)), ((3, 6, 8), (1, 2, 2), (0, 1, 1)), ((5, 6, 6), (2, 2, 2), 1),
+], ids=["same-frame", "same-frame-local", "local-3d-slabs"])
+def test_compiled_3d_matcher_is_one_graph_and_matches_eager(shape, windows, radius):
     pytest.importorskip("torch._inductor")
-    shape, windows = (3, 6, 8), (1, 2, 2)
     torch._dynamo.reset()
 
     def step(x, key):
-        offsets = random_offsets(num_windows(shape, windows), 4, key, x.device)
+        offsets = random_offsets(num_windows(shape, windows), math.prod(windows), key, x.device)
         plan = bipartite_soft_matching(x, shape, windows, 60, offsets, radius)
         return plan.unmerge(plan.merge(x) * 2)
 
