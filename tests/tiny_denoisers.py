@@ -536,8 +536,8 @@ _add("wan-i2v", "WanTransformer3DModel", "video", (3, 4, 4), _make("WanTransform
            "prepended to the text (text must be 512 tokens: the processor splits at len - 512)", since="0.33.0")
 _add("wan-ti2v", "WanTransformer3DModel", "video", (3, 4, 4), _make("WanTransformer3DModel", **_WAN),
      _video_inputs((3, 4, 4), 4, (1, 2, 2), 16,
-                   timestep=lambda b, f, h, w: torch.cat([torch.zeros(b, h * w), torch.full((b, (f - 1) * h * w), 500.)],
-                                                         dim=1)),
+                   timestep=lambda b, f, h, w: torch.cat(
+                       [torch.zeros(b, h * w), torch.full((b, (f - 1) * h * w), 500.0)], dim=1)),
      notes="Wan 2.2 TI2V-5B (expand_timesteps): a per-token timestep (B, F*H*W), 0 on the first (clean) frame, "
            "so every block gets per-token modulation (B, N, 6, D)", since="0.35.0")
 
@@ -685,7 +685,8 @@ def _ltx_inputs(default, ch=8, text_dim=16, per_token_t=False):
         t = _t(batch, 500.0)
         if per_token_t:  # image-to-video: conditioning (first-frame) tokens at t=0, the rest at t
             t = torch.cat([torch.zeros(batch, h * w), torch.full((batch, (f - 1) * h * w), 500.0)], dim=1)
-        return dict(hidden_states=_randn(g, batch, f * h * w, ch), encoder_hidden_states=_randn(g, batch, TXT, text_dim),
+        return dict(hidden_states=_randn(g, batch, f * h * w, ch),
+                    encoder_hidden_states=_randn(g, batch, TXT, text_dim),
                     timestep=t, encoder_attention_mask=torch.ones(batch, TXT, dtype=torch.long),
                     num_frames=f, height=h, width=w, rope_interpolation_scale=(8 / 25, 32, 32))
 
@@ -708,7 +709,8 @@ def _ltx2_inputs(default, audio_frames=5):
         f, h, w = _grid(grid, default)
         g = _gen(seed)
         return dict(hidden_states=_randn(g, batch, f * h * w, 4), audio_hidden_states=_randn(g, batch, audio_frames, 4),
-                    encoder_hidden_states=_randn(g, batch, TXT, 16), audio_encoder_hidden_states=_randn(g, batch, TXT, 16),
+                    encoder_hidden_states=_randn(g, batch, TXT, 16),
+                    audio_encoder_hidden_states=_randn(g, batch, TXT, 16),
                     timestep=_t(batch, 500.0), encoder_attention_mask=torch.ones(batch, TXT, dtype=torch.bool),
                     audio_encoder_attention_mask=torch.ones(batch, TXT, dtype=torch.bool),
                     num_frames=f, height=h, width=w, audio_num_frames=audio_frames, fps=25.0)
@@ -822,8 +824,8 @@ _add("allegro", "AllegroTransformer3DModel", "video", (3, 4, 4),
      _make("AllegroTransformer3DModel", num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
            num_layers=2, cross_attention_dim=24, sample_height=8, sample_width=8, sample_frames=3, caption_channels=16),
      _video_inputs((3, 4, 4), 4, (1, 2, 2), 16, mask="encoder_attention_mask", extra=_allegro_extra(12)),
-     notes="Allegro: rope ((freqs_t, freqs_h, freqs_w), (grid_t, grid_h, grid_w)) from the pipeline; the "
-           "attention mask is built from the latent", since="0.32.0")
+     notes="Allegro: rope ((freqs_t, freqs_h, freqs_w), (grid_t, grid_h, grid_w)) from the pipeline; frames are "
+           "flattened into one (B, F*H*W, D) sequence", since="0.32.0")
 
 
 # ==============================================================================================================
@@ -852,7 +854,8 @@ _COSMOS = dict(out_channels=4, num_attention_heads=2, attention_head_dim=12, num
                rope_scale=(2.0, 1.0, 1.0), concat_padding_mask=False, extra_pos_embed_type="learnable")
 # Real Cosmos checkpoints set concat_padding_mask=True: the model then resizes padding_mask with torchvision (not a
 # dependency here) and repeats a (1, 1, H, W) mask over the batch; the tiny entries leave it off.
-_add("cosmos", "CosmosTransformer3DModel", "video", (2, 4, 4), _make("CosmosTransformer3DModel", in_channels=4, **_COSMOS),
+_add("cosmos", "CosmosTransformer3DModel", "video", (2, 4, 4),
+     _make("CosmosTransformer3DModel", in_channels=4, **_COSMOS),
      _video_inputs((2, 4, 4), 4, (1, 2, 2), 16, extra=_cosmos_extra()),
      notes="Cosmos-1.0 text-to-world; grid bounded by max_size; concat_padding_mask off (needs torchvision)",
      since="0.33.0")
@@ -892,7 +895,8 @@ def _unet_inputs(default, channels=4, cross=CROSS, t=500.0, sdxl=False, extra=No
         else:
             h, w = dims
             shape = (batch, channels, h, w)
-        kw = dict(sample=_randn(g, *shape), timestep=torch.tensor(t), encoder_hidden_states=_randn(g, batch, TXT, cross))
+        kw = dict(sample=_randn(g, *shape), timestep=torch.tensor(t),
+                  encoder_hidden_states=_randn(g, batch, TXT, cross))
         if sdxl:
             kw["added_cond_kwargs"] = {"text_embeds": _randn(g, batch, 32), "time_ids": _randn(g, batch, 6)}
         if extra is not None:
@@ -903,7 +907,8 @@ def _unet_inputs(default, channels=4, cross=CROSS, t=500.0, sdxl=False, extra=No
 
 
 _UNET_SD = dict(sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
-                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
                 cross_attention_dim=CROSS, attention_head_dim=8, norm_num_groups=32)
 _add("unet-sd", "UNet2DConditionModel", "image", (8, 8), _make("UNet2DConditionModel", **_UNET_SD),
      _unet_inputs((8, 8)), latent="sample",
@@ -911,7 +916,8 @@ _add("unet-sd", "UNet2DConditionModel", "image", (8, 8), _make("UNet2DConditionM
 _add("unet-sdxl", "UNet2DConditionModel", "image", (8, 8),
      _make("UNet2DConditionModel", sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64, 64),
            layers_per_block=1, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-           up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), transformer_layers_per_block=(1, 1, 2),
+           up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+           transformer_layers_per_block=(1, 1, 2),
            cross_attention_dim=CROSS, attention_head_dim=8, norm_num_groups=32, addition_embed_type="text_time",
            addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8),
      _unet_inputs((8, 8), sdxl=True), latent="sample",
@@ -956,12 +962,14 @@ def _video_unet_extra(kind):
 
 _UNET3D = dict(block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=32, in_channels=4, out_channels=4,
                cross_attention_dim=CROSS, attention_head_dim=8, sample_size=8,
-               down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"), up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"))
+               down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+               up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"))
 _add("unet-3d", "UNet3DConditionModel", "video", (3, 8, 8), _make("UNet3DConditionModel", **_UNET3D),
      _unet_inputs((3, 8, 8), video=True), latent="sample",
      notes="ModelScope/Zeroscope: spatial Transformer2DModel on (B*F, H*W) + TransformerTemporalModel on (B*H*W, F)")
 _add("unet-svd", "UNetSpatioTemporalConditionModel", "video", (3, 8, 8),
-     _make("UNetSpatioTemporalConditionModel", sample_size=8, in_channels=8, out_channels=4, block_out_channels=(32, 64),
+     _make("UNetSpatioTemporalConditionModel", sample_size=8, in_channels=8, out_channels=4,
+           block_out_channels=(32, 64),
            layers_per_block=1, cross_attention_dim=CROSS, num_attention_heads=(2, 4), addition_time_embed_dim=8,
            projection_class_embeddings_input_dim=24,
            down_block_types=("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
@@ -970,7 +978,8 @@ _add("unet-svd", "UNetSpatioTemporalConditionModel", "video", (3, 8, 8),
                                                         extra=_video_unet_extra("svd"))(batch, grid, seed),
                                          "encoder_hidden_states": _randn(_gen(seed + 1), batch, 1, CROSS)},
      latent="sample", expect=lambda kw: (*kw["sample"].shape[:2], 4, *kw["sample"].shape[3:]), alt_grid=(3, 8, 10),
-     notes="Stable Video Diffusion (grid axes even on diffusers 0.27): sample (B, F, C, H, W) = [noise | image latent] on channels; one CLIP image "
+     notes="Stable Video Diffusion (grid axes even on diffusers 0.27): sample (B, F, C, H, W) = [noise | image "
+           "latent] on channels; one CLIP image "
            "token as context")
 def _motion_extra(batch, g, dims):
     """Newer UNetMotionModel expects the text repeated per frame (the AnimateDiff pipeline does it); older ones
@@ -992,9 +1001,11 @@ _add("unet-motion", "UNetMotionModel", "video", (3, 8, 8),
      notes="AnimateDiff: SD UNet + motion modules (temporal transformers on (B*H*W, F)); encoder_hidden_states "
            "(B*F, L, D) on diffusers 0.42 (the pipeline repeats the prompt per frame)")
 _add("i2vgen-xl", "I2VGenXLUNet", "video", (3, 8, 8),
-     _make("I2VGenXLUNet", sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+     _make("I2VGenXLUNet", sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64),
+           layers_per_block=1,
            norm_num_groups=32, cross_attention_dim=CROSS, attention_head_dim=4, num_attention_heads=None,
-           down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"), up_block_types=("UpBlock3D", "CrossAttnUpBlock3D")),
+           down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+           up_block_types=("UpBlock3D", "CrossAttnUpBlock3D")),
      _unet_inputs((3, 8, 8), video=True, extra=_video_unet_extra("i2vgen")), latent="sample",
      notes="I2VGen-XL: image latents concatenated on channels inside; image embedding tokens prepended to the "
            "text context")
@@ -1181,7 +1192,8 @@ _add("hunyuan-dit-controlnet", "HunyuanDiT2DControlNetModel", "image", (4, 4),
      _make("HunyuanDiT2DControlNetModel", conditioning_channels=4, transformer_num_layers=4, post=_randomize_zeros(),
            **_HDIT),
      _hunyuandit_inputs((4, 4), control=True),
-     expect=lambda kw: (kw["hidden_states"].shape[0], (kw["hidden_states"].shape[2] // 2) * (kw["hidden_states"].shape[3] // 2), 16),
+     expect=lambda kw: (kw["hidden_states"].shape[0],
+                        (kw["hidden_states"].shape[2] // 2) * (kw["hidden_states"].shape[3] // 2), 16),
      notes="HunyuanDiT ControlNet: transformer_num_layers/2 - 1 blocks; controlnet_cond in latent space; "
            "output_tensor = the first block residual (B, N, D)", since="0.29.0")
 
@@ -1219,7 +1231,8 @@ def _sd3_cn_extra(b, g, h, w):
 _add("sd3-controlnet", "SD3ControlNetModel", "image", (4, 4),
      _make("SD3ControlNetModel", post=_randomize_zeros(), **dict(_SD3, num_layers=2)),
      _latent_inputs((4, 4), 4, 2, 16, t=500.0, extra=_sd3_cn_extra),
-     expect=lambda kw: (kw["hidden_states"].shape[0], kw["hidden_states"].shape[2] * kw["hidden_states"].shape[3] // 4, 16),
+     expect=lambda kw: (kw["hidden_states"].shape[0], kw["hidden_states"].shape[2] * kw["hidden_states"].shape[3] // 4,
+                        16),
      notes="SD3 ControlNet: controlnet_cond latent (B, C, H, W) through pos_embed_input", since="0.29.0")
 
 
@@ -1303,7 +1316,8 @@ def _union_extra(batch, g, dims):
 
 
 _add("controlnet-union", "ControlNetUnionModel", "image", (8, 8),
-     _make("ControlNetUnionModel", block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+     _make("ControlNetUnionModel", block_out_channels=(32, 64),
+           down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
            layers_per_block=1, in_channels=4, cross_attention_dim=CROSS, attention_head_dim=8, norm_num_groups=32,
            transformer_layers_per_block=(1, 1), conditioning_embedding_out_channels=(16, 32),
            addition_embed_type="text_time", addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8,
@@ -1326,7 +1340,8 @@ _add("controlnet-xs", "UNetControlNetXSModel", "image", (8, 8),
            ctrl_block_out_channels=(4, 8), ctrl_num_attention_heads=2, ctrl_max_norm_num_groups=4,
            post=_randomize_zeros()),
      _unet_inputs((8, 8), extra=_xs_extra), latent="sample", alt_grid=(8, 10),
-     notes="ControlNet-XS (grid axes must be even): the base UNet and a small control UNet run interleaved, exchanging features at every "
+     notes="ControlNet-XS (grid axes must be even): the base UNet and a small control UNet run interleaved, "
+           "exchanging features at every "
            "block (ControlNetXSCrossAttn*Block pairs)")
 
 
@@ -1366,7 +1381,8 @@ _add("cosmos-controlnet", "CosmosControlNetModel", "video", (2, 4, 4),
            model_channels=24, num_attention_heads=2, attention_head_dim=12, mlp_ratio=2.0, text_embed_dim=16,
            adaln_lora_dim=4, max_size=(4, 32, 32), post=_randomize_zeros()),
      _cosmos_cn_inputs((2, 4, 4)), latent="latents", requires=("torchvision",),
-     expect=lambda kw: (kw["latents"].shape[0], kw["latents"].shape[2] * kw["latents"].shape[3] * kw["latents"].shape[4] // 4, 24),
+     expect=lambda kw: (kw["latents"].shape[0],
+                        kw["latents"].shape[2] * kw["latents"].shape[3] * kw["latents"].shape[4] // 4, 24),
      notes="Cosmos-Transfer ControlNet: VACE-style control blocks over control tokens; resizes padding_mask with "
            "torchvision", since="0.37.0")
 
@@ -1395,7 +1411,8 @@ _add("qwen-image-2.1", "QwenImage21Transformer2DModel", "image", (4, 4),
            attention_head_dim=16, num_attention_heads=2, context_in_dim=8, mlp_ratio=2, axes_dims_rope=(4, 6, 6)),
      _qwen21_inputs((4, 4)), alt_grid=(4, 6),
      expect=lambda kw: (kw["hidden_states"].shape[0], TXT + kw["hidden_states"].shape[1], 4),
-     notes="Qwen-Image 2.1: returns the whole joint sequence (the pipeline keeps the last N rows); ONE stream = the VLM sequence with each image slot expanded to a 2x2 group of latent "
+     notes="Qwen-Image 2.1: returns the whole joint sequence (the pipeline keeps the last N rows); ONE stream = the "
+           "VLM sequence with each image slot expanded to a 2x2 group of latent "
            "tokens (grid axes even); block-causal mask; target image last; timestep 0..1", since="0.38.0")
 
 
@@ -1460,13 +1477,15 @@ def _k5_inputs(default, visual_cond=False):
         c = 4 * 2 + 1 if visual_cond else 4
         return dict(hidden_states=_randn(g, batch, f, 2 * h, 2 * w, c), encoder_hidden_states=_randn(g, batch, TXT, 8),
                     timestep=_t(batch, 500.0), pooled_projections=_randn(g, batch, 8),
-                    visual_rope_pos=[torch.arange(f), torch.arange(h), torch.arange(w)], text_rope_pos=torch.arange(TXT))
+                    visual_rope_pos=[torch.arange(f), torch.arange(h), torch.arange(w)],
+                    text_rope_pos=torch.arange(TXT))
 
     return inputs
 
 
 _add("kandinsky5", "Kandinsky5Transformer3DModel", "video", (2, 4, 4),
-     _make("Kandinsky5Transformer3DModel", in_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=16, out_visual_dim=4,
+     _make("Kandinsky5Transformer3DModel", in_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=16,
+           out_visual_dim=4,
            patch_size=(1, 2, 2), model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=2, axes_dims=(4, 6, 6)),
      _k5_inputs((2, 4, 4)),
      notes="Kandinsky 5: latent (B, F, H, W, C) channels LAST; text blocks first, then visual blocks with "
@@ -1479,12 +1498,14 @@ def _helios_extra(batch, g, f, h, w):
             "indices_latents_history_short": torch.zeros(batch, 1),
             "indices_latents_history_mid": torch.zeros(batch, 1),
             "indices_latents_history_long": torch.zeros(batch, 4),
-            "latents_history_short": _randn(g, batch, 4, 1, hh, ww), "latents_history_mid": _randn(g, batch, 4, 1, hh, ww),
+            "latents_history_short": _randn(g, batch, 4, 1, hh, ww),
+            "latents_history_mid": _randn(g, batch, 4, 1, hh, ww),
             "latents_history_long": _randn(g, batch, 4, 4, hh, ww)}
 
 
 _add("helios", "HeliosTransformer3DModel", "video", (2, 4, 4),
-     _make("HeliosTransformer3DModel", patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+     _make("HeliosTransformer3DModel", patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+           in_channels=4,
            out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_dim=(4, 4, 4),
            has_multi_term_memory_patch=True, guidance_cross_attn=True, zero_history_timestep=True),
      _video_inputs((2, 4, 4), 4, (1, 2, 2), 16, extra=_helios_extra), alt_grid=(2, 4, 6),
@@ -1568,7 +1589,8 @@ def _glm_extra(batch, g, h, w):
 
 
 _add("glm-image", "GlmImageTransformer2DModel", "image", (4, 4),
-     _make("GlmImageTransformer2DModel", patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=8,
+     _make("GlmImageTransformer2DModel", patch_size=2, in_channels=4, out_channels=4, num_layers=1,
+           attention_head_dim=8,
            num_attention_heads=2, text_embed_dim=32, time_embed_dim=16, condition_dim=8,
            prior_vq_quantizer_codebook_size=64),
      _latent_inputs((4, 4), 4, 2, 32, t=500.0, extra=_glm_extra),
@@ -1621,7 +1643,8 @@ def _joy_inputs(default, plus=False, items=2):
 
 _JOY = dict(patch_size=[1, 2, 2], in_channels=16, hidden_size=32, num_attention_heads=2, text_dim=16, num_layers=2,
             rope_dim_list=[4, 6, 6], theta=256)
-_add("joyimage-edit", "JoyImageEditTransformer3DModel", "image", (2, 2), _make("JoyImageEditTransformer3DModel", **_JOY),
+_add("joyimage-edit", "JoyImageEditTransformer3DModel", "image", (2, 2),
+     _make("JoyImageEditTransformer3DModel", **_JOY),
      _joy_inputs((2, 2)),
      notes="JoyImage-Edit: hidden_states (B, items, C, 1, H, W) = [reference(s).., target]; the model moves the "
            "target first and flattens items into the frame axis (tokens item-major)", since="0.38.0")
@@ -1636,7 +1659,8 @@ _add("ernie-image", "ErnieImageTransformer2DModel", "image", (8, 8),
            post=_randomize_zeros()),
      _latent_inputs((8, 8), 16, 1, 16, t=0.6, text_key="text_bth",
                     extra=lambda b, g, h, w: {"text_lens": torch.full((b,), TXT)}),
-     notes="ERNIE-Image (zero-initialised output layer made random): patch 1 on a 16x VAE latent (B, 128, H, W); text given as (B, L, D) + per-sample lengths; "
+     notes="ERNIE-Image (zero-initialised output layer made random): patch 1 on a 16x VAE latent (B, 128, H, W); text "
+           "given as (B, L, D) + per-sample lengths; "
            "one shared adaLN", since="0.38.0")
 
 
@@ -1651,7 +1675,8 @@ def _fibo2_inputs(default, bundles=2, text_dim=24):
 
 
 _add("bria-fibo2", "BriaFibo2Transformer2DModel", "image", (4, 4),
-     _make("BriaFibo2Transformer2DModel", in_channels=4, patch_size=2, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
+     _make("BriaFibo2Transformer2DModel", in_channels=4, patch_size=2, dim=32, n_layers=2, n_refiner_layers=1,
+           n_heads=2,
            cap_feat_dim=24, injection_layer_ids=(1,), perceiver_num_layers=1, min_num_gist_tokens=4,
            max_num_gist_tokens=8, gist_step=4, gist_min_text_len=4, gist_max_text_len=16, axes_dims=(4, 6, 6),
            axes_lens=(16, 16, 16)),
@@ -1679,7 +1704,8 @@ def _flux3_inputs(default, cond=False):
 _FLUX3 = dict(in_channels=16, cond_in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
               num_attention_heads=2, joint_attention_dim=32, timestep_channels=32, mlp_ratio=3.0,
               axes_dims_rope=(4, 4, 4, 4))
-_add("flux3", "Flux3Transformer2DModel", "image", (4, 4), _make("Flux3Transformer2DModel", **_FLUX3), _flux3_inputs((4, 4)),
+_add("flux3", "Flux3Transformer2DModel", "image", (4, 4), _make("Flux3Transformer2DModel", **_FLUX3),
+     _flux3_inputs((4, 4)),
      notes="Flux 3: Flux.2-style double + parallel single blocks, 4-axis ids, timestep 0..1", since="0.39.0")
 _add("flux3-ref", "Flux3Transformer2DModel", "image", (4, 4), _make("Flux3Transformer2DModel", **_FLUX3),
      _flux3_inputs((4, 4), cond=True),
@@ -1716,7 +1742,8 @@ def _cascade_inputs(default):
 
 _add("stable-cascade-prior", "StableCascadeUNet", "image", (8, 8),
      _make("StableCascadeUNet", in_channels=4, out_channels=4, timestep_ratio_embedding_dim=8, patch_size=1,
-           conditioning_dim=32, block_out_channels=(32, 32), num_attention_heads=(2, 2), down_num_layers_per_block=(1, 1),
+           conditioning_dim=32, block_out_channels=(32, 32), num_attention_heads=(2, 2),
+           down_num_layers_per_block=(1, 1),
            up_num_layers_per_block=(1, 1), clip_text_in_channels=16, clip_text_pooled_in_channels=16,
            clip_image_in_channels=16, clip_seq=2, kernel_size=3, dropout=(0.0, 0.0), self_attn=True,
            timestep_conditioning_type=("sca",), switch_level=(False,)),
@@ -1731,14 +1758,16 @@ _add("kandinsky3-unet", "Kandinsky3UNet", "image", (8, 8),
                                          "encoder_hidden_states": _randn(_gen(seed + 1), batch, TXT, 16),
                                          "encoder_attention_mask": torch.ones(batch, TXT)},
      latent="sample", alt_grid=(8, 16),
-     notes="Kandinsky 3 UNet (4 levels and layers_per_block >= 2 are hard-coded): attention blocks reshape (B, C, H, W) <-> tokens inside Kandinsky3AttentionBlock")
+     notes="Kandinsky 3 UNet (4 levels and layers_per_block >= 2 are hard-coded): attention blocks reshape (B, C, H, "
+           "W) <-> tokens inside Kandinsky3AttentionBlock")
 
 
 def _uvit_inputs(default):
     def inputs(batch=2, grid=None, seed=0):
         h, w = _grid(grid, default)
         g = _gen(seed)
-        return dict(input_ids=torch.randint(0, 32, (batch, h, w), generator=g), encoder_hidden_states=_randn(g, batch, TXT, 16),
+        return dict(input_ids=torch.randint(0, 32, (batch, h, w), generator=g),
+                    encoder_hidden_states=_randn(g, batch, TXT, 16),
                     pooled_text_emb=_randn(g, batch, 16), micro_conds=torch.rand(batch, 5, generator=g))
 
     return inputs
@@ -1781,7 +1810,8 @@ def _frames_first_inputs(default, ch, text_dim, extra=None, t=500.0, timestep=No
     def inputs(batch=2, grid=None, seed=0):
         f, h, w = _grid(grid, default)
         g = _gen(seed)
-        kw = dict(hidden_states=_randn(g, batch, f, ch, 2 * h, 2 * w), encoder_hidden_states=_randn(g, batch, TXT, text_dim),
+        kw = dict(hidden_states=_randn(g, batch, f, ch, 2 * h, 2 * w),
+                  encoder_hidden_states=_randn(g, batch, TXT, text_dim),
                   timestep=_t(batch, t) if timestep is None else timestep(batch, f))
         if extra is not None:
             kw.update(extra(batch, g, f, h, w))
@@ -1801,7 +1831,8 @@ _add("consisid", "ConsisIDTransformer3DModel", "video", (2, 4, 4),
      notes="ConsisID: the CogVideoX layout ((B, F, C, H, W), [text | video]) + face cross-attention "
            "(perceiver identity tokens) after every cross_attn_interval blocks", since="0.33.0")
 _add("anyflow", "AnyFlowTransformer3DModel", "video", (2, 4, 4),
-     _make("AnyFlowTransformer3DModel", patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+     _make("AnyFlowTransformer3DModel", patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+           in_channels=4,
            out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32),
      lambda batch=2, grid=None, seed=0: {
          **_frames_first_inputs((2, 4, 4), 4, 16, timestep=lambda b, f: torch.full((b, f), 500.0))(batch, grid, seed),
@@ -1904,7 +1935,8 @@ def _stable_audio_inputs(default, ch=4, head_dim=8, cross=16, global_dim=8):
         (length,) = _grid(grid, default)
         g = _gen(seed)
         return dict(hidden_states=_randn(g, batch, ch, length), timestep=_t(batch, 500.0),
-                    encoder_hidden_states=_randn(g, batch, TXT, cross), global_hidden_states=_randn(g, batch, 1, global_dim),
+                    encoder_hidden_states=_randn(g, batch, TXT, cross),
+                    global_hidden_states=_randn(g, batch, 1, global_dim),
                     rotary_embedding=get_1d_rotary_pos_embed(head_dim // 2, length + 1, use_real=True,
                                                              repeat_interleave_real=False))
 
@@ -1912,7 +1944,8 @@ def _stable_audio_inputs(default, ch=4, head_dim=8, cross=16, global_dim=8):
 
 
 _add("stable-audio", "StableAudioDiTModel", "audio", (16,),
-     _make("StableAudioDiTModel", sample_size=16, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+     _make("StableAudioDiTModel", sample_size=16, in_channels=4, num_layers=2, attention_head_dim=8,
+           num_attention_heads=2,
            num_key_value_attention_heads=1, out_channels=4, cross_attention_dim=16, time_proj_dim=8,
            global_states_input_dim=8, cross_attention_input_dim=16),
      _stable_audio_inputs((16,)),
@@ -1924,8 +1957,10 @@ _add("stable-audio", "StableAudioDiTModel", "audio", (16,),
 def _prior_inputs(dim=16, n=3):
     def inputs(batch=2, grid=None, seed=0):
         g = _gen(seed)
-        return dict(hidden_states=_randn(g, batch, dim), timestep=torch.tensor(10), proj_embedding=_randn(g, batch, dim),
-                    encoder_hidden_states=_randn(g, batch, n, dim), attention_mask=torch.ones(batch, n, dtype=torch.bool))
+        return dict(hidden_states=_randn(g, batch, dim), timestep=torch.tensor(10),
+                    proj_embedding=_randn(g, batch, dim),
+                    encoder_hidden_states=_randn(g, batch, n, dim),
+                    attention_mask=torch.ones(batch, n, dtype=torch.bool))
 
     return inputs
 
@@ -1966,7 +2001,8 @@ def _k6_inputs(default, audio=True):
     def inputs(batch=2, grid=None, seed=0):
         f, h, w = _grid(grid, default)
         g = _gen(seed)
-        kw = dict(hidden_states=_randn(g, batch, f, 2 * h, 2 * w, 2 * 4 + 1), encoder_hidden_states=_randn(g, batch, TXT, 8),
+        kw = dict(hidden_states=_randn(g, batch, f, 2 * h, 2 * w, 2 * 4 + 1),
+                  encoder_hidden_states=_randn(g, batch, TXT, 8),
                   pooled_projections=_randn(g, batch, 8), timestep=_t(batch, 500.0))
         if audio:
             kw["audio_hidden_states"] = _randn(g, batch, 6, 4)
@@ -1976,7 +2012,8 @@ def _k6_inputs(default, audio=True):
 
 
 _add("kandinsky6", "Kandinsky6Transformer3DModel", "video", (2, 2, 2),
-     _make("Kandinsky6Transformer3DModel", in_visual_dim=4, out_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=16,
+     _make("Kandinsky6Transformer3DModel", in_visual_dim=4, out_visual_dim=4, in_text_dim=8, in_text_dim2=8,
+           time_dim=16,
            patch_size=(1, 2, 2), model_dim=48, ff_dim=64, num_text_blocks=1, num_visual_blocks=2, axes_dims=(4, 4, 4),
            visual_cond=True, in_audio_dim=4, out_audio_dim=4),
      _k6_inputs((2, 2, 2)), expect=lambda kw: (*kw["hidden_states"].shape[:4], 4),
@@ -2019,7 +2056,8 @@ def _ace_inputs(default):
 
 
 _add("ace-step", "AceStepTransformer1DModel", "audio", (4,),
-     _make("AceStepTransformer1DModel", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+     _make("AceStepTransformer1DModel", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+           num_attention_heads=4,
            num_key_value_heads=2, head_dim=8, in_channels=24, audio_acoustic_hidden_dim=8, patch_size=2,
            rope_theta=10000.0, sliding_window=16),
      _ace_inputs((4,)),
@@ -2027,13 +2065,14 @@ _add("ace-step", "AceStepTransformer1DModel", "audio", (4,),
            "sliding-window / full attention layers (layer_types)", since="0.39.0")
 _add("longcat-audio-dit", "LongCatAudioDiTTransformer", "audio", (16,),
      _make("LongCatAudioDiTTransformer", dit_dim=64, dit_depth=2, dit_heads=4, dit_text_dim=32, latent_dim=8,
-           text_conv=False),
+           text_conv=False, post=_randomize_zeros()),
      lambda batch=2, grid=None, seed=0: {
          "hidden_states": _randn(_gen(seed), batch, _grid(grid, (16,))[0], 8),
          "encoder_hidden_states": _randn(_gen(seed + 1), batch, 10, 32),
          "encoder_attention_mask": torch.ones(batch, 10, dtype=torch.bool),
          "attention_mask": torch.ones(batch, _grid(grid, (16,))[0], dtype=torch.bool), "timestep": _t(batch, 0.5)},
-     notes="LongCat-Audio-DiT: latent (B, T, C); a long skip from the input to the last blocks (long_skip); "
+     notes="LongCat-Audio-DiT (zero-initialised output made random): latent (B, T, C); a long skip from the input to "
+           "the last blocks (long_skip); "
            "self-attention key mask (B, T)", since="0.39.0")
 _add("minimax-music3", "MiniMaxMusic3Transformer1DModel", "audio", (24,),
      _make("MiniMaxMusic3Transformer1DModel", in_channels=8, condition_dim=16, num_layers=2, num_attention_heads=2,
@@ -2072,7 +2111,8 @@ def _wan_animate2_inputs(default, latent=16, cond=20, text_dim=32):
 
         f, h, w = _grid(grid, default)
         g = _gen(seed)
-        return dict(hidden_states=[_randn(g, latent, f, 2 * h, 2 * w) for _ in range(batch)], timestep=torch.ones(batch),
+        return dict(hidden_states=[_randn(g, latent, f, 2 * h, 2 * w) for _ in range(batch)],
+                    timestep=torch.ones(batch),
                     encoder_hidden_states=[_randn(g, TXT, text_dim) for _ in range(batch)],
                     condition_latents=[_randn(g, cond, f, 2 * h, 2 * w) for _ in range(batch)],
                     encoder_hidden_states_image=_randn(g, batch, 4, 1280), kv_cache=WanAnimate2KVCache(2),
@@ -2083,7 +2123,8 @@ def _wan_animate2_inputs(default, latent=16, cond=20, text_dim=32):
 
 
 _add("wan-animate-2", "WanAnimate2Transformer3DModel", "video", (2, 2, 2),
-     _make("WanAnimate2Transformer3DModel", patch_size=(1, 2, 2), text_len=16, in_dim=36, dim=32, ffn_dim=64, freq_dim=16,
+     _make("WanAnimate2Transformer3DModel", patch_size=(1, 2, 2), text_len=16, in_dim=36, dim=32, ffn_dim=64,
+           freq_dim=16,
            text_dim=32, out_dim=16, num_heads=2, num_layers=2, cross_attn_norm=True, use_img_emb=True),
      _wan_animate2_inputs((2, 2, 2)), per_sample=True,
      expect=lambda kw: (len(kw["hidden_states"]), *kw["hidden_states"][0].shape),
@@ -2092,7 +2133,8 @@ _add("wan-animate-2", "WanAnimate2Transformer3DModel", "video", (2, 2, 2),
            "needs that cache. CLIP width 1280 is hard-coded", since="0.39.0")
 _add("dreamlite-unet", "DreamLiteUNetModel", "image", (8, 8),
      _make("DreamLiteUNetModel", sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64),
-           layers_per_block=1, down_block_types=("DreamLiteCrossAttnNoSelfAttnDownBlock2D", "DreamLiteCrossAttnDownBlock2D"),
+           layers_per_block=1,
+           down_block_types=("DreamLiteCrossAttnNoSelfAttnDownBlock2D", "DreamLiteCrossAttnDownBlock2D"),
            mid_block_type="DreamLiteUNetMidBlock2DCrossAttn",
            up_block_types=("DreamLiteCrossAttnUpBlock2D", "DreamLiteCrossAttnNoSelfAttnUpBlock2D"),
            cross_attention_dim=CROSS, attention_head_dim=8, norm_num_groups=32),
@@ -2116,7 +2158,8 @@ def _sana_refiner_inputs(default):
                                                   modality="video", double_precision=False, num_attention_heads=2)
         coords = rope.prepare_video_coords(batch, f, h, w, device=torch.device("cpu"), fps=24.0)
         return dict(hidden_states=_randn(g, batch, f * h * w, 4), encoder_hidden_states=_randn(g, batch, TXT, 16),
-                    timestep=torch.full((batch, f * h * w), 500.0), video_rotary_emb=rope(coords, device=torch.device("cpu")),
+                    timestep=torch.full((batch, f * h * w), 500.0),
+                    video_rotary_emb=rope(coords, device=torch.device("cpu")),
                     encoder_attention_mask=torch.ones(batch, TXT))
 
     return inputs
@@ -2124,7 +2167,8 @@ def _sana_refiner_inputs(default):
 
 _add("sana-wm-refiner", "SanaWMLTX2RefinerTransformer3DModel", "video", (2, 4, 4),
      _make("SanaWMLTX2RefinerTransformer3DModel", in_channels=4, out_channels=4, patch_size=1, patch_size_t=1,
-           num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4,
+           num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16, audio_in_channels=4,
+           audio_out_channels=4,
            audio_num_attention_heads=2, audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2,
            caption_channels=16, rope_double_precision=False),
      _sana_refiner_inputs((2, 4, 4)),
@@ -2152,7 +2196,8 @@ _add("anyflow-far", "AnyFlowFARTransformer3DModel", "video", (2, 8, 8),
            "chunk_partition; chunks beyond full_chunk_limit are patch-embedded coarser (compressed_patch_size); "
            "block-causal flex-attention BlockMask across chunks (eager flex attention: ~1 s)", since="0.39.0")
 _add("dreamlite-transformer-2d", "DreamLiteTransformer2DModel", "other", (8, 8),
-     _make("DreamLiteTransformer2DModel", num_attention_heads=2, attention_head_dim=8, in_channels=32, norm_num_groups=32,
+     _make("DreamLiteTransformer2DModel", num_attention_heads=2, attention_head_dim=8, in_channels=32,
+           norm_num_groups=32,
            cross_attention_dim=CROSS, num_layers=1),
      lambda batch=2, grid=None, seed=0: {"hidden_states": _randn(_gen(seed), batch, 32, *_grid(grid, (8, 8))),
                                          "encoder_hidden_states": _randn(_gen(seed + 1), batch, TXT, CROSS)},
@@ -2182,7 +2227,8 @@ def _cosmos3_inputs(default):
 
 
 _add("cosmos3-omni", "Cosmos3OmniTransformer", "other", (2, 2),
-     _make("Cosmos3OmniTransformer", head_dim=6, hidden_act="relu2", hidden_size=12, intermediate_size=24, latent_channel=2,
+     _make("Cosmos3OmniTransformer", head_dim=6, hidden_act="relu2", hidden_size=12, intermediate_size=24,
+           latent_channel=2,
            latent_patch_size=1, num_attention_heads=2, num_hidden_layers=2, num_key_value_heads=1, patch_latent_dim=2,
            qk_norm_for_text=False, rope_axes_dim=[1, 1, 1], rope_theta=1e8, vocab_size=32),
      _cosmos3_inputs((2, 2)), latent="vision_tokens", per_sample=True,
