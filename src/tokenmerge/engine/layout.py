@@ -70,6 +70,8 @@ def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor):
 def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor) -> torch.Tensor:
     """An attention mask at the rows/columns of the merged tokens: each of its last two axes that spans the
     tokens (``image`` of them, plus any text) keeps the text entries and the merged tokens' first tokens'."""
+    if not spec.image:
+        return mask
     if not isinstance(mask, torch.Tensor):
         raise RuntimeError(f"token merging: attention mask {spec.kwarg!r} is a {type(mask).__name__}")
     for axis in (-2, -1):

@@ -35,8 +35,8 @@ class CallState:
     """What one denoiser call tells its blocks. ``reset()`` forgets the call (its end, or an error).
 
     One per thread (``DenoiserPatch.state``), and one for code that ``torch.compile`` traces: dynamo follows
-    mutations of a plain object, not of a ``threading.local``. ``kept``, ``calls`` and ``last_t`` survive
-    ``reset()``.
+    mutations of a plain object, not of a ``threading.local``. ``kept``, ``calls`` and ``last_t`` (the last
+    call's denoising progress) survive ``reset()``.
     """
 
     def __init__(self) -> None:

@@ -24,7 +24,8 @@ __all__ = [
     "REFUSED", "Refused",
 ]
 
-BUILTIN: tuple[Family, ...] = (unet.DIFFUSERS_UNET, unet.LDM_UNET, dit.DIT, dit.MMDIT, dit.FLUX, video.WAN)
+BUILTIN: tuple[Family, ...] = (unet.DIFFUSERS_UNET, unet.LDM_UNET, dit.DIT, dit.MMDIT, dit.FLUX, video.WAN,
+                               video.HUNYUAN_VIDEO, video.COGVIDEOX, video.LTX_VIDEO, video.MOCHI)
 # Models recognised and refused with their own reason (checked before the families).
 REFUSED: tuple[Refused, ...] = video.REFUSED
 _USER: list[Family] = []

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from .spec import (CROSS, JOINT, MLP, SELF, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask, Rotary,
+from .spec import (JOINT, MLP, SELF, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask, Rotary,
                    Target, block_has, config_has, has, takes)
 from .unet import BASIC_TARGETS
 

@@ -7,14 +7,16 @@ A family is matched by structure (attributes, forward argument names, config key
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
 from torch import nn
 
+from .predicates import Predicate, block_has, config, config_has, has, has_list, takes
+from .predicates import params as _params
+
 __all__ = [
-    "Arg", "Family", "Refused", "Blocks", "Target", "Rotary", "Mask", "LatentGrid", "IdsGrid", "BlockSite",
+    "Arg", "ArgsGrid", "ShapesGrid", "GridSource", "grid_rank", "Family", "Refused", "Blocks", "Target", "Rotary", "Mask", "LatentGrid", "IdsGrid", "BlockSite",
     "SELF", "CROSS", "MLP", "JOINT", "has", "has_list", "takes", "config_has", "block_has", "Predicate",
     "TEXT_NONE", "TEXT_BEFORE", "TEXT_AFTER", "TEXT_STREAM",
 ]
@@ -32,13 +34,6 @@ TEXT_AFTER = "after"    # [image, text] (HunyuanVideo single-stream)
 TEXT_STREAM = "stream"  # a separate argument (``encoder_hidden_states``): the sequence is the image's alone
 
 
-def _params(module: nn.Module) -> list[inspect.Parameter]:
-    try:
-        return list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return []
-
-
 @dataclass(frozen=True)
 class Arg:
     """A ``forward`` argument: by keyword ``name``, else at its position in the signature.
@@ -51,19 +46,20 @@ class Arg:
     scale: float = 1.0
     fallback_index: int | None = None  # position to use when no parameter has these names (e.g. LDM's ``x``)
     also: tuple[str, ...] = ()  # other names it goes by, tried in order after ``name``
+    reverse: bool = False  # a timestep that rises as denoising goes on (Mochi is called with 1000 - t)
 
     def bind(self, module: nn.Module) -> "BoundArg | None":
         params = _params(module)
         positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         for name in (self.name, *self.also):
             if name in positional:
-                return BoundArg(name, positional.index(name), self.scale)
+                return BoundArg(name, positional.index(name), self.scale, self.reverse)
             if any(p.name == name for p in params):
-                return BoundArg(name, None, self.scale)
+                return BoundArg(name, None, self.scale, self.reverse)
         if self.fallback_index is not None and len(positional) > self.fallback_index:
-            return BoundArg(positional[self.fallback_index], self.fallback_index, self.scale)
+            return BoundArg(positional[self.fallback_index], self.fallback_index, self.scale, self.reverse)
         if any(p.kind == p.VAR_KEYWORD for p in params):  # e.g. diffusers' Attention(**cross_attention_kwargs)
-            return BoundArg(self.name, None, self.scale)
+            return BoundArg(self.name, None, self.scale, self.reverse)
         return None
 
 
@@ -74,6 +70,12 @@ class BoundArg:
     name: str
     index: int | None
     scale: float = 1.0
+    reverse: bool = False
+
+    def progress(self, t: float, num_train_timesteps: int) -> float:
+        """The denoising progress of timestep ``t``: 0 at the first (noisiest) step, 1 at the end."""
+        fraction = t * self.scale / num_train_timesteps
+        return fraction if self.reverse else 1.0 - fraction
 
     def read(self, args: tuple, kwargs: dict):
         if self.name in kwargs:
@@ -86,145 +88,6 @@ class BoundArg:
         if self.name not in kwargs and self.index is not None and self.index < len(args):
             return args[: self.index] + (value,) + tuple(args[self.index + 1:]), kwargs
         return args, {**kwargs, self.name: value}
-
-
-# ---- matching predicates ------------------------------------------------------------------------------------
-# Plain objects, not lambdas, so that a patched model (which refers to its family) pickles and deep-copies.
-class Predicate:
-    """A structural test on a module, composable with ``&``, ``|`` and ``~``; ``str()`` says what it tests."""
-
-    def __call__(self, module: nn.Module) -> bool:
-        raise NotImplementedError
-
-    def __and__(self, other: "Predicate") -> "Predicate":
-        return _All((self, other))
-
-    def __or__(self, other: "Predicate") -> "Predicate":
-        return _Any((self, other))
-
-    def __invert__(self) -> "Predicate":
-        return _Not(self)
-
-
-@dataclass(frozen=True)
-class _All(Predicate):
-    parts: tuple
-
-    def __call__(self, module):
-        return all(p(module) for p in self.parts)
-
-    def __str__(self):
-        return " & ".join(map(str, self.parts))
-
-
-@dataclass(frozen=True)
-class _Any(Predicate):
-    parts: tuple
-
-    def __call__(self, module):
-        return any(p(module) for p in self.parts)
-
-    def __str__(self):
-        return "(" + " | ".join(map(str, self.parts)) + ")"
-
-
-@dataclass(frozen=True)
-class _Not(Predicate):
-    part: Predicate
-
-    def __call__(self, module):
-        return not self.part(module)
-
-    def __str__(self):
-        return f"~{self.part}"
-
-
-@dataclass(frozen=True)
-class has(Predicate):
-    """The module has these attributes, each an ``nn.Module`` (a ``ModuleList`` counts)."""
-
-    attrs: tuple
-
-    def __init__(self, *attrs: str):
-        object.__setattr__(self, "attrs", attrs)
-
-    def __call__(self, module):
-        return all(isinstance(getattr(module, a, None), nn.Module) for a in self.attrs)
-
-    def __str__(self):
-        return f"has({', '.join(self.attrs)})"
-
-
-@dataclass(frozen=True)
-class has_list(Predicate):
-    """The module has these attributes, each an ``nn.ModuleList``."""
-
-    attrs: tuple
-
-    def __init__(self, *attrs: str):
-        object.__setattr__(self, "attrs", attrs)
-
-    def __call__(self, module):
-        return all(isinstance(getattr(module, a, None), nn.ModuleList) for a in self.attrs)
-
-    def __str__(self):
-        return f"has_list({', '.join(self.attrs)})"
-
-
-@dataclass(frozen=True)
-class takes(Predicate):
-    """``forward`` has parameters with these names."""
-
-    names: tuple
-
-    def __init__(self, *names: str):
-        object.__setattr__(self, "names", names)
-
-    def __call__(self, module):
-        params = {p.name for p in _params(module)}
-        return all(n in params for n in self.names)
-
-    def __str__(self):
-        return f"takes({', '.join(self.names)})"
-
-
-def config(module: nn.Module) -> dict:
-    cfg = getattr(module, "config", None)  # diffusers' FrozenDict; a transformers config is not a dict
-    return cfg if isinstance(cfg, dict) else {}
-
-
-@dataclass(frozen=True)
-class config_has(Predicate):
-    """The module's (diffusers) config has ``key``, of type ``kind``."""
-
-    key: str
-    kind: object = object
-
-    def __call__(self, module):
-        cfg = config(module)
-        return self.key in cfg and isinstance(cfg[self.key], self.kind)
-
-    def __str__(self):
-        return f"config_has({self.key})"
-
-
-@dataclass(frozen=True)
-class block_has(Predicate):
-    """The first block of the ``blocks`` list has these sub-modules."""
-
-    blocks: str
-    attrs: tuple
-
-    def __init__(self, blocks: str, *attrs: str):
-        object.__setattr__(self, "blocks", blocks)
-        object.__setattr__(self, "attrs", attrs)
-
-    def __call__(self, module):
-        seq = getattr(module, self.blocks, None)
-        return isinstance(seq, nn.ModuleList) and len(seq) > 0 and has(*self.attrs)(seq[0])
-
-    def __str__(self):
-        return f"{self.blocks}[0].has({', '.join(self.attrs)})"
 
 
 # ---- token layout -------------------------------------------------------------------------------------------
@@ -258,6 +121,7 @@ class Mask:
 
     kwarg: str = "attention_mask"
     text: str = TEXT_NONE
+    image: bool = True  # False: the mask covers the text only (Mochi) and passes whole
 
 
 @dataclass(frozen=True)
@@ -330,6 +194,7 @@ class LatentGrid:
     arg: Arg = Arg("hidden_states", fallback_index=0)
     rank: int = 2
     patch: tuple = (1, 1)
+    axes: tuple[int, ...] | None = None  # the latent's grid dims; None: its trailing ``rank`` dims
 
     def patch_sizes(self, module: nn.Module) -> tuple[int, ...]:
         cfg = config(module)
@@ -355,6 +220,39 @@ class IdsGrid:
     axes: tuple[int, ...] = (1, 2)
 
 
+@dataclass(frozen=True)
+class ArgsGrid:
+    """The grid from integer forward arguments, in tokens (LTX-Video: ``num_frames``, ``height``, ``width``).
+
+    ``tokens``: the argument holding the (packed) tokens, which tells the device.
+    """
+
+    names: tuple[str, ...] = ("num_frames", "height", "width")
+    tokens: Arg = Arg("hidden_states", fallback_index=0)
+
+    @property
+    def arg(self) -> Arg:
+        return self.tokens
+
+
+@dataclass(frozen=True)
+class ShapesGrid:
+    """The grid from per-sample shape lists (Qwen-Image's ``img_shapes``: ``[[(F, H, W), ...], ...]``, one list
+    per sample): the generated image's shape (the first of the first sample), its last ``rank`` entries."""
+
+    arg: Arg = Arg("img_shapes")
+    rank: int = 2
+
+
+GridSource = LatentGrid | IdsGrid | ArgsGrid | ShapesGrid
+
+
+def grid_rank(source: GridSource) -> int:
+    """The number of axes of the token grid a source gives."""
+    return {IdsGrid: lambda: len(source.axes), ArgsGrid: lambda: len(source.names)}.get(
+        type(source), lambda: source.rank)()
+
+
 # ---- the family ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Family:
@@ -363,7 +261,7 @@ class Family:
     Args:
         name: shown by ``describe_patch`` (e.g. ``"diffusers-unet"``).
         match: a ``Predicate`` on the denoiser module; exactly one registered family matches a given model.
-        grid: ``LatentGrid`` or ``IdsGrid``.
+        grid: where the token grid comes from: ``LatentGrid``, ``IdsGrid``, ``ArgsGrid`` or ``ShapesGrid``.
         blocks: the block lists and their targets (transformers: one resolution, blocks chosen by index).
         levels: for models with resolution levels (UNets): ``levels(module, path) -> list[BlockSite]``;
             replaces ``blocks``.
@@ -375,7 +273,7 @@ class Family:
 
     name: str
     match: Predicate
-    grid: LatentGrid | IdsGrid = LatentGrid()
+    grid: GridSource = LatentGrid()
     blocks: tuple[Blocks, ...] = ()
     levels: Callable[[nn.Module, str], list[BlockSite]] | None = None
     timestep: Arg = Arg("timestep")

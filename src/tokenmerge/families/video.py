@@ -1,4 +1,4 @@
-"""Video transformers over (frames, height, width) token grids.
+"""Video transformers over (frames, height, width) token grids (layout facts: docs/family-facts.md).
 
 - Wan 2.1 / 2.2 (T2V, I2V, TI2V) and its kin with the same block layout (VACE, Animate, SkyReels-V2, ChronoEdit):
   latent ``(B, C, F, H, W)``, ``patch_size=(1, 2, 2)``, ``blocks`` of self-attention ``attn1`` (rotary
@@ -7,14 +7,21 @@
   modulation of Wan 2.2 TI2V and the hints of VACE act on whole tokens, as the blocks' outputs are unmerged.
   SkyReels-V2's block-causal mask (constant within a frame) follows the merged tokens; with ``st=1`` each frame
   merges within itself, so that is exact.
+- HunyuanVideo 1.0 (T2V, I2V, token-replace): double- and single-stream blocks whose ``attn`` takes the image
+  and the text as two streams and joins them [image, text]; the key mask ``(B, 1, 1, N + L)`` and the rotary
+  table (video rows only) follow the merge.
+- CogVideoX 1.0 / 1.5: latent ``(B, F, C, H, W)`` (frames before channels); ``attn1`` joins [text, video], and
+  the feed-forward runs on [text, video] too: only the video part is merged.
+- LTX-Video: packed tokens, the grid from ``num_frames`` / ``height`` / ``width``; rotary ``(B, N, D)``.
+- Mochi: ``attn1`` joins [video, valid text] per sample; its text mask passes whole; called with 1000 - t.
 """
 
 from __future__ import annotations
 
-from .spec import (CROSS, MLP, SELF, TEXT_NONE, Blocks, Family, LatentGrid, Mask, Refused, Rotary, Target, block_has,
-                   config_has, has, has_list)
+from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, ArgsGrid, Blocks, Family, LatentGrid,
+                   Mask, Refused, Rotary, Target, block_has, config_has, has, has_list, takes)
 
-__all__ = ["WAN", "REFUSED"]
+__all__ = ["WAN", "HUNYUAN_VIDEO", "COGVIDEOX", "LTX_VIDEO", "MOCHI", "REFUSED"]
 
 ROTARY_SELF_REFUSES_TODO = (
     "ToDo cannot pool keys that carry rotary positions inside the attention call (Wan and kin), where every key "
@@ -23,7 +30,7 @@ ROTARY_SELF_REFUSES_TODO = (
 
 WAN = Family(
     "wan",
-    match=has("patch_embedding", "rope", "condition_embedder") & has_list("blocks")
+    match=has("patch_embedding", "rope", "condition_embedder") & has_list("blocks") & ~has("patch_short")
     & block_has("blocks", "attn1", "attn2", "ffn"),
     grid=LatentGrid(rank=3, patch=("patch_size", "patch_size", "patch_size")),
     blocks=(Blocks("blocks", (Target("attn1", SELF, rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE),
@@ -34,9 +41,79 @@ WAN = Family(
     description="Wan 2.1/2.2 (T2V, I2V, TI2V), VACE, Animate, SkyReels-V2, ChronoEdit",
 )
 
+_VIDEO_PATCH = ("patch_size_t", "patch_size", "patch_size")
+JOINT_REFUSES_TODO = (
+    "ToDo cannot patch joint attention over video and text tokens, whose keys and values are made inside one "
+    "attention call: pooling the video tokens there would pool their queries too. Use ToMe (apply_patch) on this "
+    "model")
+_HUNYUAN_ATTN = Target("attn", JOINT, rotary=Rotary("image_rotary_emb", text=TEXT_NONE),
+                       mask=Mask("attention_mask", text=TEXT_AFTER))
+
+HUNYUAN_VIDEO = Family(
+    "hunyuan-video",
+    match=has("x_embedder", "context_embedder", "time_text_embed", "rope") & ~has("clean_x_embedder")
+    & has_list("transformer_blocks", "single_transformer_blocks")
+    & block_has("single_transformer_blocks", "attn", "proj_mlp", "act_mlp"),
+    grid=LatentGrid(rank=3, patch=_VIDEO_PATCH),
+    blocks=(Blocks("transformer_blocks", (_HUNYUAN_ATTN, Target("ff", MLP)), requires=("attn", "ff")),
+            Blocks("single_transformer_blocks", (_HUNYUAN_ATTN,), requires=("attn", "proj_mlp"))),
+    shared_plan=True,
+    todo=JOINT_REFUSES_TODO,
+    description="HunyuanVideo 1.0 (T2V, I2V, token-replace I2V)",
+)
+
+COGVIDEOX = Family(
+    "cogvideox",
+    match=has("patch_embed", "time_embedding") & has_list("transformer_blocks")
+    & block_has("transformer_blocks", "attn1", "ff", "norm1") & takes("image_rotary_emb", "timestep_cond"),
+    grid=LatentGrid(rank=3, patch=_VIDEO_PATCH, axes=(1, 3, 4)),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn1", JOINT, rotary=Rotary("image_rotary_emb", text=TEXT_NONE)),
+        Target("ff", MLP, text=TEXT_BEFORE)), requires=("attn1", "ff")),),
+    shared_plan=True,
+    todo=JOINT_REFUSES_TODO,
+    description="CogVideoX 1.0 / 1.5 (T2V, I2V), ConsisID-like layouts",
+)
+
+LTX_VIDEO = Family(
+    "ltx-video",
+    match=has("proj_in", "rope", "caption_projection") & has_list("transformer_blocks") & ~has("audio_proj_in")
+    & block_has("transformer_blocks", "attn1", "attn2", "ff") & takes("num_frames", "height", "width"),
+    grid=ArgsGrid(("num_frames", "height", "width")),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn1", SELF, rotary=Rotary("image_rotary_emb", token_axis=-2, text=TEXT_NONE)),
+        Target("attn2", CROSS), Target("ff", MLP)), requires=("attn1", "ff")),),
+    shared_plan=True,
+    todo=ROTARY_SELF_REFUSES_TODO,
+    description="LTX-Video (T2V, I2V, condition)",
+)
+
+MOCHI = Family(
+    "mochi",
+    match=has("patch_embed", "time_embed", "rope") & has_list("transformer_blocks")
+    & block_has("transformer_blocks", "attn1", "ff", "ff_context", "norm4"),
+    grid=LatentGrid(rank=3, patch=(1, "patch_size", "patch_size")),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn1", JOINT, rotary=Rotary("image_rotary_emb", token_axis=0, text=TEXT_NONE),
+               mask=Mask("attention_mask", image=False)),
+        Target("ff", MLP)), requires=("attn1", "ff")),),
+    timestep=Arg("timestep", reverse=True),
+    shared_plan=True,
+    todo=JOINT_REFUSES_TODO,
+    description="Mochi 1",
+)
+
 REFUSED = (
     Refused("allegro", has("pos_embed") & has_list("transformer_blocks") & config_has("sample_frames")
             & config_has("patch_size_t"),
             "Allegro flattens its frames into one token sequence with 3-D rotary positions given as per-axis tables "
             "and per-token position grids; that layout is not supported yet"),
+    Refused("hunyuan-video-framepack", has("clean_x_embedder", "x_embedder") & has_list("single_transformer_blocks"),
+            "HunyuanVideo Framepack prepends history and clean-frame tokens to the video's in one stream, with their "
+            "own rotary rows; that layout is not supported yet"),
+    Refused("helios", has("patch_embedding", "patch_short", "patch_long") & has_list("blocks"),
+            "Helios prepends short/mid/long history tokens, embedded at other patch sizes, to the video's in every "
+            "block; that layout is not supported yet"),
+    Refused("ltx2", has("audio_proj_in", "proj_in") & has_list("transformer_blocks"),
+            "LTX-2 carries an audio stream with audio-video cross-attention in every block; not supported yet"),
 )

@@ -1,0 +1,91 @@
+"""Reading a denoiser call's token grid from its arguments, one reader per kind of grid source."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..families.spec import ArgsGrid, IdsGrid, LatentGrid, ShapesGrid
+
+__all__ = ["GridReader"]
+
+
+def _describe(value) -> str:
+    return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+class GridReader:
+    """Reads the finest token grid of one denoiser's calls: ``read(args, kwargs) -> (grid, device)``.
+
+    Position ids are read on the host once per new ids tensor (once per generation), never per step.
+    """
+
+    def __init__(self, source, module: nn.Module):
+        self.source, self.owner = source, type(module).__name__
+        self.bound = [arg.bind(module) for arg in self._args(source)]
+        self.patch = source.patch_sizes(module) if isinstance(source, LatentGrid) else None
+        self._cache: tuple = (None, None)
+        missing = [a.name for a, b in zip(self._args(source), self.bound) if b is None]
+        if missing:
+            raise TypeError(f"tokenmerge: {self.owner}.forward takes no {', '.join(missing)} argument to read its "
+                            "token grid from")
+
+    @staticmethod
+    def _args(source):
+        if isinstance(source, ArgsGrid):
+            from ..families.spec import Arg
+
+            return [source.tokens] + [Arg(n) for n in source.names]
+        return [source.arg]
+
+    def read(self, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], torch.device]:
+        values = [b.read(args, kwargs) for b in self.bound]
+        first = values[0]
+        device = first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
+        source = self.source
+        if isinstance(source, LatentGrid):
+            return self._latent(first, source), device
+        if isinstance(source, IdsGrid):
+            return self._ids(first, source), device
+        if isinstance(source, ArgsGrid):
+            if not all(isinstance(v, int) and v > 0 for v in values[1:]):
+                raise TypeError(f"tokenmerge: {self.owner}.forward needs the integer arguments "
+                                f"{', '.join(source.names)} to know its token grid; got {values[1:]}")
+            return tuple(values[1:]), device
+        return self._shapes(first, source), device
+
+    def _latent(self, sample, source: LatentGrid) -> tuple[int, ...]:
+        if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1:
+            axes = ("frames, " if source.rank == 3 else "") + "height, width"
+            raise TypeError(f"tokenmerge: {self.owner}.forward got no latent tensor '{source.arg.name}' "
+                            f"(batch, channels, {axes}); got {_describe(sample)}")
+        dims = source.axes or tuple(range(sample.dim() - source.rank, sample.dim()))
+        return tuple(int(sample.shape[d]) // p for d, p in zip(dims, self.patch))
+
+    def _ids(self, ids, source: IdsGrid) -> tuple[int, ...]:
+        width = max(source.axes) + 1
+        if not isinstance(ids, torch.Tensor) or ids.dim() not in (2, 3) or ids.shape[-1] < width:
+            raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' tensor (tokens, {width}) "
+                            f"to read the image grid from; got {_describe(ids)}")
+        key = (ids.data_ptr(), tuple(ids.shape), ids.device)
+        if self._cache[0] != key:
+            rows = ids.reshape(-1, ids.shape[-1])[: ids.shape[-2]]
+            grid = tuple(int(rows[:, a].max() - rows[:, a].min()) + 1 for a in source.axes)
+            if math.prod(grid) != rows.shape[0]:
+                raise RuntimeError(f"tokenmerge: {source.arg.name} of {rows.shape[0]} tokens do not form a "
+                                   f"{'x'.join(map(str, grid))} grid (reference or condition tokens beside the "
+                                   "image's are not supported for this model yet)")
+            self._cache = (key, grid)
+        return self._cache[1]
+
+    def _shapes(self, shapes, source: ShapesGrid) -> tuple[int, ...]:
+        try:
+            first = shapes[0][0] if isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple)) \
+                else shapes[0]
+            grid = tuple(int(n) for n in first[-source.rank:])
+        except (TypeError, IndexError, ValueError):
+            raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' list of per-sample shapes "
+                            f"to read the image grid from; got {type(shapes).__name__}") from None
+        return grid
