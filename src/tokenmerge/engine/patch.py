@@ -20,10 +20,12 @@ import torch
 from torch import nn
 
 from ..config import ToDoConfig, ToMeConfig
-from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_NONE, Arg, BlockSite, IdsGrid
+from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, BlockSite, grid_rank
 from ..merge import bipartite_soft_matching, downsample, num_windows, random_offsets
 from ..merge.bipartite import _MASK32, _mix32
 from .discover import DenoiserSite
+from .grids import GridReader
+from .guards import on_call
 from .layout import image_part, join_text, split_text, take_mask, take_rotary
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
 
@@ -58,6 +60,7 @@ class _Bound:
         self.spec, self.arg, self.context, self.rotary, self.mask = spec, arg, context, rotary, mask
 
 
+_TEXT_INSIDE = (TEXT_BEFORE, TEXT_AFTER)
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 _CONTEXT = Arg("encoder_hidden_states", also=("context",))
 
@@ -93,7 +96,7 @@ class DenoiserPatch:
         self._handles: list = []
         self._targets: list[list[_Bound]] = []
         self._inputs: list = []  # where each block's forward takes its tokens
-        self._grid_cache: tuple = (None, None)  # grids read from ids: (ids identity, grid), once per generation
+        self._grid_reader = GridReader(site.family.grid, site.module)
         self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
 
     def __getstate__(self):  # run-time state is per thread and per call: never copied
@@ -169,56 +172,28 @@ class DenoiserPatch:
     def _denoiser_pre(self, _b, _t, module, args, kwargs):
         site, cfg, state = self.site, self.config, self.state
         state.reset(self.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
-        sample = site.sample.read(args, kwargs) if site.sample is not None else None
-        state.grid = self._grid(module, sample)
+        state.grid, device = self._grid_reader.read(args, kwargs)
+        on_call(self, state.grid)  # caches added since the patch, windows larger than the grid (guards.py)
         timestep = site.timestep.read(args, kwargs) if site.timestep is not None else None
-        state.step_key = step_key(timestep, _device(sample))
+        state.step_key = step_key(timestep, device)
         state.ratio = cfg.ratio
         state.calls += 1
         if not (cfg.scheduled or cfg.reuse_steps > 1):
             return None
         # one host read per denoiser call (not per block): schedules and reuse are host-side control flow
         t = host_timestep(timestep)
+        progress = None if t is None else site.timestep.progress(t, cfg.num_train_timesteps)
         if cfg.reuse_steps > 1:
-            if t is not None and state.last_t is not None and t > state.last_t:
-                state.kept.clear()  # the timestep went up: a new generation, nothing to reuse
-            state.last_t = t
+            if progress is not None and state.last_t is not None and progress < state.last_t:
+                state.kept.clear()  # the progress went back: a new generation, nothing to reuse
+            state.last_t = progress
         if cfg.scheduled:
-            if t is None:
+            if progress is None:
                 raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
                                 f"{type(module).__name__}.forward got none")
-            progress = 1.0 - t * site.timestep.scale / cfg.num_train_timesteps
             state.active = cfg.start <= progress <= cfg.stop
             state.ratio = cfg.ratio_at(progress)
         return None
-
-    def _grid(self, module, sample) -> tuple[int, ...]:
-        """The token grid of the finest level, from the latent or from position ids."""
-        source = self.family.grid
-        if isinstance(source, IdsGrid):
-            return self._grid_from_ids(module, sample, source)
-        if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1:
-            axes = ("frames, " if source.rank == 3 else "") + "height, width"
-            raise TypeError(f"tokenmerge: {type(module).__name__}.forward got no latent tensor "
-                            f"'{source.arg.name}' (batch, channels, {axes}); got {_describe(sample)}")
-        patch = source.patch_sizes(module)
-        return tuple(int(n) // p for n, p in zip(sample.shape[-source.rank:], patch))
-
-    def _grid_from_ids(self, module, ids, source: IdsGrid) -> tuple[int, ...]:
-        width = max(source.axes) + 1
-        if not isinstance(ids, torch.Tensor) or ids.dim() not in (2, 3) or ids.shape[-1] < width:
-            raise TypeError(f"tokenmerge: {type(module).__name__}.forward got no '{source.arg.name}' tensor "
-                            f"(tokens, {width}) to read the image grid from; got {_describe(ids)}")
-        key = (ids.data_ptr(), tuple(ids.shape), ids.device)
-        if self._grid_cache[0] != key:  # one host read per new ids tensor (once per generation), not per step
-            rows = ids.reshape(-1, ids.shape[-1])[: ids.shape[-2]]
-            spans = [rows[:, a].max() - rows[:, a].min() for a in source.axes]
-            grid = tuple(int(s) + 1 for s in spans)
-            if math.prod(grid) != rows.shape[0]:
-                raise RuntimeError(f"tokenmerge: {source.arg.name} of {rows.shape[0]} tokens do not form a "
-                                   f"{'x'.join(map(str, grid))} grid")
-            self._grid_cache = (key, grid)
-        return self._grid_cache[1]
 
     def _denoiser_post(self, _b, _t, module, args, output):
         self.state.reset(self.blocks)
@@ -335,7 +310,7 @@ class DenoiserPatch:
                 + ("ToDo cannot pool" if pool else f"the {self.family.name} family does not declare to follow")
                 + "; apply the patch with merge_attn=False for this model")
         x = target.arg.read(args, kwargs)
-        if kind == JOINT:
+        if kind == JOINT or target.spec.text in _TEXT_INSIDE:  # text beside the image in this sequence
             return self._merge_joint(call, t, target, x, args, kwargs)
         if pool:  # ToDo: keys and values from the pooled grid of the full (unmerged) tokens
             pooled = self.downsampler(x, call.grid, self.factors, self.config.mode)
@@ -346,7 +321,8 @@ class DenoiserPatch:
         return args, kwargs
 
     def _merge_joint(self, call: BlockCall, t: int, target: _Bound, x: torch.Tensor, args, kwargs):
-        """Joint attention: merge the image tokens (the text passes whole) and the rotary rows with them."""
+        """A sequence of image and text tokens (joint attention, or a feed-forward run on both): merge the image
+        tokens (the text passes whole) and the rotary rows with them."""
         plan, spec = call.plan, target.spec
         image, extra = split_text(x, plan.num_tokens, spec.text)
         call.text[t] = extra
@@ -381,7 +357,7 @@ class DenoiserPatch:
         if call is None or call.plan.num_merged == 0:
             return None
         plan, spec = call.plan, self._targets[index][t].spec
-        if spec.kind == JOINT:
+        if spec.kind == JOINT or spec.text in _TEXT_INSIDE:
             extra = call.text.pop(t, 0)
             if isinstance(output, (tuple, list)):  # (image, text[, ...]): only the image part is unmerged
                 parts = list(output)
@@ -396,10 +372,6 @@ class DenoiserPatch:
         return plan.unmerge(output)
 
 
-def grid_rank(source) -> int:
-    return len(source.axes) if isinstance(source, IdsGrid) else source.rank
-
-
 def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
     """The grid ``level`` 2x downsamplings below ``grid`` (its last two axes; ``ceil``, as the UNets pad)."""
     for _ in range(level):
@@ -409,11 +381,3 @@ def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
 
 def _shape(grid) -> str:
     return "x".join(map(str, grid))
-
-
-def _device(sample):
-    return sample.device if isinstance(sample, torch.Tensor) else torch.device("cpu")
-
-
-def _describe(value) -> str:
-    return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
