@@ -107,6 +107,17 @@ def test_nd_api_is_the_2d_api_bit_for_bit(h, w, sx, sy, radius, use_rand):
     assert isinstance(slice_match(metric, (h, w), (sy, sx), 5), type(slice_matcher(metric, h, w, sx, sy, 5)))
 
 
+@pytest.mark.parametrize("radius", [None, 0, 1, 3])
+def test_a_single_frame_video_is_the_image(radius):
+    h, w, sx, sy = 13, 11, 2, 2
+    torch.manual_seed(4)
+    metric = torch.randn(2, h * w, 7)
+    offsets = random_offsets((h // sy) * (w // sx), 4, 2, CPU)
+    image = bipartite_soft_matching_2d(metric, h, w, sx, sy, 60, offsets, radius)
+    for rad in (radius, (0, radius, radius), (None, radius, radius)):
+        assert torch.equal(bipartite_soft_matching(metric, (1, h, w), (1, sy, sx), 60, offsets, rad).dest, image.dest)
+
+
 @pytest.mark.parametrize("h, w, sx, sy, radius", [(9, 11, 2, 2, None), (13, 10, 3, 2, 1), (7, 12, 2, 2, 0)])
 def test_2d_plans_match_the_reference(h, w, sx, sy, radius):
     _check_plan((h, w), (sy, sx), h * w // 2, radius, use_rand=True)

@@ -61,9 +61,9 @@ def normalize_radius(radius, shape, windows) -> tuple:
 
 def _folded_axes(shape, windows, radius) -> int:
     """How many leading axes are matched slice by slice (folded into the batch): those with window 1 and
-    radius 0, keeping at least two axes (a video's frames merge within themselves: ``(0, None, None)``)."""
+    radius 0 (a video's frames merge within themselves: ``(0, None, None)``) or size 1, keeping two axes."""
     fold = 0
-    while fold < len(shape) - 2 and windows[fold] == 1 and radius[fold] == 0:
+    while fold < len(shape) - 2 and windows[fold] == 1 and (radius[fold] == 0 or shape[fold] == 1):
         fold += 1
     return fold
 

@@ -29,14 +29,16 @@ LOCAL_CHUNK = 2**20
 
 def tile_sizes(grid, radii, tile=None) -> tuple[int, ...]:
     """Windows per tile along each axis: the whole axis where the radius is ``None``; elsewhere ``max(tile_i,
-    2 * R_i, 1)`` for a ``tile`` given (an int for every axis or one per axis), and by default: the same with
-    ``LOCAL_TILE`` on 2-D grids; ``R_i + 1`` on grids of rank 3 and more (a tile of 4^3 windows would score
-    (4 + 2R)^3 candidates: 2^3 is about 2x faster at R = 1 on a video grid, 1 at R = 0); 1 when some axis is
-    taken whole (the tile is large already: a thin one scores the fewest far candidates)."""
-    if tile is None and (len(grid) > 2 or any(rad is None for rad in radii)):
-        full = any(rad is None for rad in radii)
-        return tuple(g if rad is None else 1 if full else rad + 1 for g, rad in zip(grid, radii))
-    tile = LOCAL_TILE if tile is None else tile
+    2 * R_i, 1)`` for a ``tile`` given (an int for every axis or one per axis), and by default: 1 when the
+    whole axes hold 16 windows or more (the tile is large already: a thin one scores the fewest far
+    candidates); else ``R_i + 1`` on grids of rank 3 and more (a tile of 4^3 windows would score (4 + 2R)^3
+    candidates: 2^3 is about 2x faster at R = 1 on a video grid, 1 at R = 0); else ``max(LOCAL_TILE, 2 R_i)``.
+    """
+    if tile is None:
+        whole = math.prod(g for g, rad in zip(grid, radii) if rad is None)
+        if whole >= 16 or len(grid) > 2:
+            return tuple(g if rad is None else 1 if whole >= 16 else rad + 1 for g, rad in zip(grid, radii))
+        tile = LOCAL_TILE
     tile = (tile,) * len(grid) if isinstance(tile, int) else tuple(tile)
     return tuple(g if rad is None else max(t, 2 * rad, 1) for g, rad, t in zip(grid, radii, tile))
 
