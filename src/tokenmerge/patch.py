@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .config import ToDoConfig, ToMeConfig
 from .engine import PATCH_ATTR, SUPPORTED, BlockSite, DenoiserPatch, DenoiserSite, find_denoisers, held_modules
+from .engine import guards
 
 __all__ = ["apply_patch", "apply_todo", "remove_patch", "patched", "describe_patch", "observe", "PatchInfo", "DenoiserInfo"]
 
@@ -159,6 +160,7 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
                 + _nothing_matched([site], config.max_downsample),
                 stacklevel=3,
             )
+    guards.check_apply(model, config, plans)  # compiled code, caches, ToDo on cross-attention: refused
     previous = _snapshot(model)
     remove_patch(model)
     installed = []
@@ -171,8 +173,10 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
                 patch = DenoiserPatch(site, config, blocks, matcher, downsampler, observer)
                 patch.install()
                 installed.append(patch)
+                guards.attach(patch)
     except BaseException:
         for patch in installed:
+            guards.detach(patch)
             patch.remove()
         _restore(previous)
         raise
@@ -185,7 +189,9 @@ def _snapshot(model) -> list:
 
 def _restore(snapshot: list) -> None:
     for args in snapshot:
-        DenoiserPatch(*args).install()
+        patch = DenoiserPatch(*args)
+        patch.install()
+        guards.attach(patch)
 
 
 def select_blocks(site: DenoiserSite, max_downsample: int | None,
@@ -242,6 +248,7 @@ def remove_patch(model):
     Afterwards the model computes exactly what it computed before it was patched.
     """
     for patch in _patches(model):
+        guards.detach(patch)
         patch.remove()
     return model
 

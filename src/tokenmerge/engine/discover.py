@@ -80,6 +80,7 @@ def _in_module(module: nn.Module, path: str) -> list[DenoiserSite]:
 def held_modules(model) -> dict[str, nn.Module]:
     """The modules a model-holding object gives access to: ``{"": model}`` for a module itself, else a
     pipeline's ``components`` (or its ``unet``/``controlnet``/``transformer``/``model`` attributes)."""
+    _refuse_class(model)
     if isinstance(model, nn.Module):
         return {"": model}
     components = getattr(model, "components", None)
@@ -88,11 +89,15 @@ def held_modules(model) -> dict[str, nn.Module]:
     return {name: c for name, c in components.items() if isinstance(c, nn.Module)}
 
 
-def find_denoisers(model) -> list[DenoiserSite]:
-    """The denoisers held by ``model``, each with the blocks its family patches (possibly none)."""
+def _refuse_class(model) -> None:
     if isinstance(model, type):
         raise TypeError(f"tokenmerge was given the class {model.__module__}.{model.__qualname__}, not a model: "
                         f"pass an instance (a loaded pipeline or model), e.g. {model.__name__}.from_pretrained(...)")
+
+
+def find_denoisers(model) -> list[DenoiserSite]:
+    """The denoisers held by ``model``, each with the blocks its family patches (possibly none)."""
+    _refuse_class(model)
     sites = [site for name, module in held_modules(model).items() for site in _in_module(module, name)]
     if not sites:
         raise TypeError(f"tokenmerge cannot patch a {type(model).__name__}: supported are {SUPPORTED}")

@@ -1,0 +1,328 @@
+"""Refusals of combinations that would otherwise give wrong results, or silently change nothing, and the one
+adapter that makes a combination work (ToDo on fused QKV projections).
+
+- diffusers' cache hooks (``diffusers.hooks``): a hook on a sub-module whose tokens are merged that returns an
+  output stored or predicted at an earlier step (Pyramid Attention Broadcast, FasterCache's attention hook,
+  TaylorSeer) hands back tokens of an earlier step's merge plan, which this step's plan then unmerges: tokens get
+  other tokens' outputs. Refused at apply time (cache, then patch) and at the first denoiser call after such a
+  hook appears (patch, then cache): one dictionary lookup per merged sub-module and call, nothing per block.
+  Hooks at block level (First Block Cache, MagCache, SeaCache, TaylorSeer's lite mode) store whole blocks'
+  outputs, in full token space, and are left alone; so are attention caches on sub-modules that ToDo only pools
+  the keys and values of (their output keeps every token).
+- ``torch.compile``: dynamo does not guard on empty hook lists, so code compiled before the patch keeps running
+  unpatched (the same holds for another instance of the same class compiled earlier in the process). A compiled
+  model (a ``torch.compile`` wrapper, ``Module.compile()``, blocks compiled in place) is refused while compiled code
+  exists (``torch.compiler.reset()`` clears it); before its first compiled call the patch is traced and works.
+  Removal works (compiled code guards on the hooks it saw). A bare denoiser that ran compiled code with an
+  earlier patch (its wrapper not given) gets a warning: its eager calls will be patched, compiled ones may not.
+- ToDo on an ``attn1`` that is a cross-attention (``only_cross_attention``, LDM's ``disable_self_attn``) would
+  change nothing; a merge window larger than the token grid would merge nothing: both are errors.
+- ToDo on fused projections (``fuse_qkv_projections``): diffusers' fused processor sends keys and values given
+  as ``encoder_hidden_states`` through ``attn.to_kv``, which a fused self-attention lacks; the patch gives it
+  one that takes the key and value rows of ``to_qkv`` (not a registered sub-module: nothing enters the state
+  dict), and removes it with the patch.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import torch
+from torch import nn
+
+from ..config import ToDoConfig
+from ..families.spec import CROSS, JOINT, MLP, SELF
+from ..merge import num_windows
+
+__all__ = ["check_apply", "on_call", "attach", "detach", "FusedKV", "REUSING_HOOKS"]
+
+REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
+
+# diffusers hook names (the constants in diffusers/hooks/*.py) whose hook may return an output stored or predicted
+# at an earlier call instead of computing it from this call's input
+REUSING_HOOKS = {
+    "pyramid_attention_broadcast": "Pyramid Attention Broadcast (apply_pyramid_attention_broadcast)",
+    "faster_cache_block": "FasterCache (apply_faster_cache)",
+    "faster_cache_denoiser": "FasterCache (apply_faster_cache)",
+    "taylorseer_cache": "the TaylorSeer cache (apply_taylorseer_cache)",
+    "fbc_leader_block_hook": "First Block Cache (apply_first_block_cache)",
+    "fbc_block_hook": "First Block Cache (apply_first_block_cache)",
+    "mag_cache_leader_block_hook": "MagCache (apply_mag_cache)",
+    "mag_cache_block_hook": "MagCache (apply_mag_cache)",
+    "sea_cache_root": "SeaCache", "sea_cache_leader_block": "SeaCache", "sea_cache_block": "SeaCache",
+    "sea_cache_post_norm": "SeaCache",
+    "text_kv_cache_transformer": "the text K/V cache", "text_kv_cache_block": "the text K/V cache",
+    # not a cache, but it blurs the queries as a square grid of tokens, which merged tokens are not
+    "smoothed_energy_guidance_hook": "Smoothed Energy Guidance",
+}
+# hooks that compute from the call's own input every time: casting, offloading, layer skipping
+HARMLESS_HOOKS = frozenset({"layerwise_casting", "peft_autocast_disable", "group_offloading",
+                            "layer_execution_tracker", "lazy_prefetch_group_offloading", "layer_skip_hook"})
+
+_GUARD_ATTR = "_tokenmerge_guard"  # the per-patch record of what on_call watches (on the DenoiserPatch)
+# denoisers that ran compiled code with a tokenmerge patch: compiled by a wrapper the patch cannot see
+_RAN_COMPILED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+# ---- what a patch merges ------------------------------------------------------------------------------------
+def _merges(config) -> bool:
+    """Whether the config can merge tokens at all (ToMe, or ToDo's query merging)."""
+    return config.ratio > 0 or (config.ratio_end or 0) > 0
+
+
+def _wanted(config, kind: str) -> bool:
+    return {SELF: config.merge_attn, JOINT: config.merge_attn, CROSS: config.merge_crossattn,
+            MLP: config.merge_mlp}[kind]
+
+
+def _targets(config, blocks, kinds=None):
+    """``(path, module, kind)`` of the sub-modules the patch hooks in ``blocks`` (``kinds``: only these)."""
+    for site in blocks:
+        for spec in site.targets:
+            sub = getattr(site.module, spec.attr, None)
+            if isinstance(sub, nn.Module) and _wanted(config, spec.kind) and (kinds is None or spec.kind in kinds):
+                yield f"{site.path}.{spec.attr}", sub, spec.kind
+
+
+def _merged_region(config, blocks) -> list[tuple[str, nn.Module]]:
+    """Every module that sees merged tokens: the merged targets and everything inside them."""
+    if not _merges(config):
+        return []
+    kinds = (SELF,) if isinstance(config, ToDoConfig) else None
+    return [(f"{path}.{name}" if name else path, module)
+            for path, sub, _ in _targets(config, blocks, kinds) for name, module in sub.named_modules()]
+
+
+def _pooled(config, blocks) -> list[tuple[str, nn.Module]]:
+    """The self-attention targets whose keys and values ToDo pools."""
+    if not (isinstance(config, ToDoConfig) and config.pools):
+        return []
+    return [(path, sub) for path, sub, _ in _targets(config, blocks, (SELF,))]
+
+
+# ---- diffusers cache hooks ----------------------------------------------------------------------------------
+def _bad_hook(registry) -> str | None:
+    """What makes a diffusers HookRegistry unsafe on a module that sees merged tokens, or ``None``."""
+    hooks = getattr(registry, "hooks", None)
+    if not isinstance(hooks, dict):
+        return None
+    for name, hook in hooks.items():
+        if name in REUSING_HOOKS:
+            return REUSING_HOOKS[name]
+        if name not in HARMLESS_HOOKS and getattr(hook, "_is_stateful", False):
+            return f"the stateful diffusers hook {name!r} ({type(hook).__name__}), which may return an output " \
+                   "kept from an earlier step"
+    return None
+
+
+def _cache_message(path: str, what: str, config, later: bool) -> str:
+    method = "ToDo with query merging (ratio > 0)" if isinstance(config, ToDoConfig) else "ToMe"
+    when = ("was added after the patch" if later else "is enabled")
+    return (f"tokenmerge: {what} {when} on {path}, whose tokens {method} merges: a cached output holds the "
+            "tokens of an earlier step's merge plan, and unmerging it with this step's plan would give tokens "
+            "other tokens' outputs. Disable one of them (e.g. model.disable_cache()); block-level caches (First "
+            "Block Cache, MagCache) work with the patch, and so do attention caches with ToDo without query "
+            "merging (apply_todo(..., ratio=0))")
+
+
+# ---- torch.compile -------------------------------------------------------------------------------------------
+def _dynamo_holds_code() -> bool:
+    """Whether torch.compile holds compiled code in this process (any; conservative when it cannot tell)."""
+    try:
+        from torch._dynamo import convert_frame, eval_frame
+    except Exception:  # noqa: BLE001 - no dynamo: nothing compiled
+        return False
+    seen = getattr(getattr(convert_frame, "input_codes", None), "seen", None)
+    count = getattr(eval_frame, "_get_total_cache_entry_count", None)
+    entries = getattr(eval_frame, "_debug_get_cache_entry_list", None)
+    if seen is None or (count is None and entries is None):
+        return True
+    for ref in list(seen):
+        code = ref() if isinstance(ref, weakref.ref) else ref
+        if code is None:
+            continue
+        try:
+            if (count(code) if count is not None else len(entries(code))) > 0:
+                return True
+        except Exception:  # noqa: BLE001 - an internal API that changed: assume compiled code exists
+            return True
+    return False
+
+
+def _compiled(model, site) -> str | None:
+    """How the denoiser of ``site`` is compiled, as far as can be seen from ``model``, or ``None``."""
+    name = site.path or type(site.module).__name__
+    obj, walked = model, ""
+    for part in [p for p in site.path.split(".") if p] + [None]:
+        if isinstance(obj, nn.Module):
+            where = walked or "the model"
+            if isinstance(getattr(obj, "_orig_mod", None), nn.Module):
+                return f"{where} is a torch.compile wrapper"
+            if getattr(obj, "_compiled_call_impl", None) is not None:
+                return f"{where} is compiled in place ({type(obj).__name__}.compile())"
+        if part is None:
+            break
+        obj = getattr(obj, part, None)
+        walked = f"{walked}.{part}" if walked else part
+    for sub_name, sub in site.module.named_modules():
+        if sub_name and getattr(sub, "_compiled_call_impl", None) is not None:
+            return f"{name}.{sub_name} is compiled in place ({type(sub).__name__}.compile())"
+    return None
+
+
+def _ran_compiled(site) -> bool:
+    """Whether the denoiser ran compiled code with a tokenmerge patch (compiled by a wrapper not seen here)."""
+    previous = getattr(site.module, "_tokenmerge_patch", None)
+    return site.module in _RAN_COMPILED or bool(getattr(getattr(previous, "_traced", None), "calls", 0))
+
+
+def _compile_message(name: str, how: str) -> str:
+    return (f"tokenmerge: cannot patch {name}: {how}, and torch.compile holds compiled code already. Compiled "
+            "code does not see forward hooks added after it was compiled (dynamo skips its guards on empty hook "
+            "lists), so the patch would silently not apply. Patch first, then compile (tokenmerge.apply_patch("
+            "pipe); pipe.unet = torch.compile(pipe.unet)); if this process compiled the model (or another of its "
+            "class) before, call torch.compiler.reset() first, which drops every compiled graph of the process "
+            "(they recompile on their next call), then patch and compile again")
+
+
+# ---- apply time ---------------------------------------------------------------------------------------------
+def check_apply(model, config, plans) -> None:
+    """Refuse what would be wrong or change nothing, before anything is installed.
+
+    ``plans``: ``(site, blocks)`` per denoiser, as ``apply_config`` selected them.
+    """
+    for site, blocks in plans:
+        if not blocks:
+            continue
+        name = site.path or type(site.module).__name__
+        how = _compiled(model, site)
+        if how is not None and _dynamo_holds_code():
+            raise RuntimeError(_compile_message(name, how))
+        if how is None and _ran_compiled(site) and _dynamo_holds_code():
+            # compiled by a wrapper that is not given here: eager calls will be patched, compiled ones may not
+            warnings.warn(f"tokenmerge: {name} ran under torch.compile with an earlier patch. Compiled code does "
+                          "not see forward hooks added after it was compiled: if you call it compiled again, call "
+                          "torch.compiler.reset() first (or patch the compiled wrapper, which is then refused)",
+                          RuntimeWarning, stacklevel=4)
+        if isinstance(config, ToDoConfig) and config.pools:
+            _check_self_attention(config, blocks)
+        for path, module in _merged_region(config, blocks):
+            registry = module.__dict__.get(REGISTRY_ATTR)
+            what = _bad_hook(registry) if registry is not None else None
+            if what is not None:
+                raise ValueError(_cache_message(path, what, config, later=False))
+
+
+def _check_self_attention(config, blocks) -> None:
+    """ToDo pools the keys and values of self-attention: an ``attn1`` that attends to the text changes nothing."""
+    cross = []
+    for site in blocks:
+        for spec in site.targets:
+            sub = getattr(site.module, spec.attr, None)
+            if spec.kind != SELF or not isinstance(sub, nn.Module):
+                continue
+            if getattr(site.module, "only_cross_attention", False) or getattr(site.module, "disable_self_attn", False) \
+                    or getattr(sub, "is_cross_attention", False):
+                cross.append(f"{site.path}.{spec.attr}")
+    if cross:
+        shown = ", ".join(cross[:4]) + (f" and {len(cross) - 4} more" if len(cross) > 4 else "")
+        raise ValueError(
+            f"tokenmerge: ToDo pools the keys and values of self-attention, but {shown} attend"
+            f"{'s' if len(cross) == 1 else ''} to the text (a UNet built with only_cross_attention, such as the x4 "
+            "upscaler's, or LDM's disable_self_attn): ToDo would change nothing there. Use ToMe (apply_patch), "
+            "or leave these blocks out (max_downsample=..., blocks=...)")
+
+
+# ---- the installed patch ------------------------------------------------------------------------------------
+class FusedKV:
+    """``attn.to_kv`` for a fused self-attention (``fuse_qkv_projections``), which has only ``to_qkv``: the key
+    and value rows of ``to_qkv`` (computed by calling it, so LoRA or quantized layers keep working).
+
+    diffusers' fused processor sends keys and values given as ``encoder_hidden_states`` (ToDo's pooled tokens)
+    through ``attn.to_kv``. A plain attribute, not a sub-module: the state dict and ``modules()`` are unchanged.
+    """
+
+    __slots__ = ("attn",)
+
+    def __init__(self, attn: nn.Module):
+        self.attn = attn
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.attn.to_qkv(x)
+        return qkv[..., qkv.shape[-1] // 3:]  # [q | k | v], three equal parts as the fused processor splits them
+
+
+def attach(patch) -> None:
+    """What an installed patch needs besides its hooks: ``to_kv`` on the self-attentions ToDo pools (so that
+    fusing their projections, before or after the patch, keeps working)."""
+    for _, attn in _pooled(patch.config, patch.blocks):
+        if callable(getattr(attn, "fuse_projections", None)) and not hasattr(attn, "to_kv"):
+            attn.to_kv = FusedKV(attn)
+
+
+def detach(patch) -> None:
+    """Undo ``attach``; remember a denoiser that ran compiled code with this patch."""
+    for _, attn in _pooled(patch.config, patch.blocks):
+        if isinstance(attn.__dict__.get("to_kv"), FusedKV):
+            del attn.__dict__["to_kv"]
+    if getattr(getattr(patch, "_traced", None), "calls", 0):
+        _RAN_COMPILED.add(patch.site.module)
+    patch.__dict__.pop(_GUARD_ATTR, None)
+
+
+class _Watch:
+    """What ``on_call`` checks for one patch: the modules that see merged tokens, and the last grid checked."""
+
+    __slots__ = ("region", "seen", "grid")
+
+    def __init__(self, patch):
+        self.region = _merged_region(patch.config, patch.blocks)
+        self.seen: dict[int, int] = {}  # id of a harmless HookRegistry -> its number of hooks when checked
+        self.grid = None
+
+
+# ---- call time ----------------------------------------------------------------------------------------------
+def on_call(patch, grid: tuple[int, ...]) -> None:
+    """Once per denoiser call, from the denoiser's pre-hook: refuse a cache hook added on a merged sub-module
+    since the patch (one dict lookup per such module) and, once per new grid, a window larger than the grid."""
+    if torch.compiler.is_compiling():
+        return
+    watch = patch.__dict__.get(_GUARD_ATTR)
+    if watch is None:
+        watch = patch.__dict__[_GUARD_ATTR] = _Watch(patch)
+    for path, module in watch.region:
+        registry = module.__dict__.get(REGISTRY_ATTR)
+        if registry is None:
+            continue
+        hooks = getattr(registry, "hooks", None)
+        size = len(hooks) if isinstance(hooks, dict) else 0
+        if watch.seen.get(id(registry)) == size:
+            continue
+        what = _bad_hook(registry)
+        if what is not None:
+            raise RuntimeError(_cache_message(path, what, patch.config, later=True))
+        watch.seen[id(registry)] = size
+    if grid != watch.grid:
+        _check_windows(patch, grid)
+        watch.grid = grid
+
+
+def _check_windows(patch, grid: tuple[int, ...]) -> None:
+    """A merge window that fits nowhere in a patched level's grid would merge nothing there: an error."""
+    if not _merges(patch.config):
+        return
+    for level in sorted({b.level for b in patch.blocks}):
+        level_grid = tuple(grid)
+        for _ in range(level):  # as the UNets downsample: the last two axes halved, rounded up
+            level_grid = level_grid[:-2] + tuple(-(-n // 2) for n in level_grid[-2:])
+        if num_windows(level_grid, patch.windows) == 0:
+            cfg = patch.config
+            sizes = f"sx={cfg.sx}, sy={cfg.sy}" + (f", st={cfg.st}" if cfg.st != 1 else "")
+            at = f" at downsample {2 ** level}" if level else ""
+            shape = "x".join(map(str, level_grid))
+            raise ValueError(
+                f"tokenmerge: the merge window ({sizes}) is larger than the {shape} token grid of "
+                f"{patch.site.path or type(patch.site.module).__name__}'s patched blocks{at} (latent grid "
+                f"{'x'.join(map(str, grid))}), so no window fits and nothing would be merged; use windows no larger "
+                f"than the grid (sx <= {level_grid[-1]}, sy <= {level_grid[-2]}) or a larger image")

@@ -1,0 +1,474 @@
+"""Combinations that used to give wrong results or silently change nothing: each is now correct or refused.
+
+- diffusers' cache hooks: attention-level caches on merged sub-modules are refused in both orders of enabling;
+  with ToDo (keys and values pooled, queries whole) they reuse full outputs, as they should; block-level caches
+  (First Block Cache, MagCache) give exactly what the cache computes from the patched blocks' outputs.
+- torch.compile: patching a model whose compiled code already ran is refused (the compiled code would not see
+  the hooks); patching before the first compiled call, and removing, take effect.
+- ToDo with fused QKV projections, in both orders; ToDo on ``attn1`` that is a cross-attention is refused; a
+  merge window larger than the token grid is an error; a class instead of an instance is named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import tokenmerge
+from tiny_models import dit_inputs, ldm_unet, make_flux, make_pixart, make_unet, unet_inputs
+
+
+def _hooks():
+    """``diffusers.hooks``, or a skip saying this diffusers predates it."""
+    import diffusers
+
+    try:
+        import diffusers.hooks as hooks
+    except ImportError:
+        pytest.skip(f"diffusers {diffusers.__version__} has no diffusers.hooks (its caches came in 0.32+)")
+    return hooks
+
+
+def _need(hooks, *names):
+    import diffusers
+
+    missing = [n for n in names if not hasattr(hooks, n)]
+    if missing:
+        pytest.skip(f"diffusers {diffusers.__version__} has no {', '.join(missing)}")
+    return [getattr(hooks, n) for n in names]
+
+
+@contextlib.contextmanager
+def cache_context(model, name="cond"):
+    """The cache context diffusers' stateful hooks need (``model.cache_context`` where the model has one)."""
+    if hasattr(model, "cache_context"):
+        with model.cache_context(name):
+            yield
+        return
+    try:
+        from diffusers.hooks import HookRegistry
+    except ImportError:  # a diffusers without hooks: nothing to set
+        yield
+        return
+
+    registry = HookRegistry.check_if_exists_or_initialize(model)
+    if hasattr(registry, "_set_context"):  # diffusers before CacheContext
+        registry._set_context(name)
+        try:
+            yield
+        finally:
+            registry._set_context(None)
+        return
+    from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+    _set_cache_context(model, CacheContext(name))
+    try:
+        yield
+    finally:
+        _set_cache_context(model, None)
+
+
+STEP = {"t": 700}
+
+
+def _pab(hooks):
+    (config,) = _need(hooks, "PyramidAttentionBroadcastConfig")
+    return hooks.apply_pyramid_attention_broadcast, config(
+        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(100, 800),
+        current_timestep_callback=lambda: STEP["t"])
+
+
+def _faster(hooks):
+    (config,) = _need(hooks, "FasterCacheConfig")
+    return hooks.apply_faster_cache, config(
+        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 901),
+        current_timestep_callback=lambda: STEP["t"], attention_weight_callback=lambda _: 0.5,
+        is_guidance_distilled=True)
+
+
+def _taylorseer(hooks):
+    (config,) = _need(hooks, "TaylorSeerCacheConfig")
+    return hooks.apply_taylorseer_cache, config(cache_interval=2, disable_cache_before_step=1,
+                                                cache_identifiers=[r"transformer_blocks\.\d+\.attn1"],
+                                                taylor_factors_dtype=torch.float32)
+
+
+def _unet_call(model, step=0):
+    inputs = unet_inputs(seed=step)
+    inputs["timestep"] = torch.tensor(STEP["t"])
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def _pixart_call(model, step=0):
+    inputs = dit_inputs("pixart", seed=step)
+    inputs["timestep"] = torch.full((2,), STEP["t"])
+    with torch.no_grad(), cache_context(model):
+        return model(**inputs).sample
+
+
+# (cache, model factory, call) of the attention-level caches diffusers ships
+ATTENTION_CACHES = {
+    "pab-unet": (_pab, lambda: make_unet("sd"), _unet_call),
+    "pab-pixart": (_pab, make_pixart, _pixart_call),
+    "fastercache-pixart": (_faster, make_pixart, _pixart_call),
+    "taylorseer-pixart": (_taylorseer, make_pixart, _pixart_call),
+}
+ATTENTION_NAMES = {"pab": "Pyramid Attention Broadcast", "fastercache": "FasterCache", "taylorseer": "TaylorSeer"}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CACHES))
+@pytest.mark.parametrize("method", ["tome", "todo-ratio"])
+def test_attention_cache_then_merging_is_refused(case, method):
+    cache, factory, _ = ATTENTION_CACHES[case]
+    apply, config = cache(_hooks())
+    model = factory()
+    apply(model, config)
+    with pytest.raises(ValueError, match=ATTENTION_NAMES[case.split("-")[0]]) as err:
+        if method == "tome":
+            tokenmerge.apply_patch(model, ratio=0.5)
+        else:
+            tokenmerge.apply_todo(model, ratio=0.5)
+    assert "attn1" in str(err.value) and ("ToMe" in str(err.value) or "query merging" in str(err.value))
+    assert tokenmerge.describe_patch(model) is None  # nothing installed
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CACHES))
+def test_merging_then_attention_cache_is_refused_at_the_first_call(case):
+    cache, factory, call = ATTENTION_CACHES[case]
+    apply, config = cache(_hooks())
+    model = factory()
+    tokenmerge.apply_patch(model, ratio=0.5)
+    call(model)  # fine before the cache
+    apply(model, config)
+    with pytest.raises(RuntimeError, match="added after the patch"):
+        call(model)
+
+
+def test_attention_cache_on_a_flux_model_then_tome_is_refused():
+    """TaylorSeer's default config (every ``attn`` of a Flux model, through ``enable_cache``)."""
+    hooks = _hooks()
+    (config,) = _need(hooks, "TaylorSeerCacheConfig")
+    model = make_flux()
+    if not hasattr(model, "enable_cache"):
+        pytest.skip("this diffusers' Flux model has no enable_cache")
+    model.enable_cache(config())
+    with pytest.raises(ValueError, match="TaylorSeer.*transformer_blocks.0.attn"):
+        tokenmerge.apply_patch(model, ratio=0.5)
+
+
+def _attn1_outputs(model):
+    """Forward hooks that record (``record=True``) or replay each ``attn1``'s output."""
+    store, handles = {}, []
+    mode = {"record": True}
+
+    def hook(name):
+        def fn(module, args, output):
+            if mode["record"]:
+                store[name] = output
+                return None
+            return store[name]
+        return fn
+
+    for name, module in model.named_modules():
+        if name.endswith("attn1"):
+            handles.append(module.register_forward_hook(hook(name)))
+    return mode, handles
+
+
+@pytest.mark.parametrize("order", ["cache-then-patch", "patch-then-cache"])
+def test_todo_with_pyramid_attention_broadcast_reuses_full_outputs(order):
+    """ToDo keeps every query, so an attention output reused by PAB is in full token space: the output at a reused
+    step is the ToDo model's with every ``attn1`` output of the previous step (computed by hand here)."""
+    apply, config = _pab(_hooks())
+    model = make_unet("sd")
+    if order == "cache-then-patch":
+        apply(model, config)
+        tokenmerge.apply_todo(model)
+    else:
+        tokenmerge.apply_todo(model)
+        apply(model, config)
+    STEP["t"] = 700
+    _unet_call(model, 0)
+    STEP["t"] = 600
+    cached = _unet_call(model, 1)  # PAB reuses every attn1 output here (iteration 1, timestep in range)
+
+    reference = tokenmerge.apply_todo(make_unet("sd"))
+    mode, handles = _attn1_outputs(reference)
+    STEP["t"] = 700
+    _unet_call(reference, 0)
+    mode["record"] = False
+    STEP["t"] = 600
+    expected = _unet_call(reference, 1)
+    mode["record"] = True
+    for h in handles:
+        h.remove()
+    fresh = _unet_call(reference, 1)
+    assert not torch.allclose(expected, fresh)  # the reuse changes the output: the test would see a mix-up
+    torch.testing.assert_close(cached, expected, rtol=0, atol=0)
+
+
+def _block_hooks(model, replace):
+    """Forward hooks on the two blocks of the tiny PixArt: ``replace[i](input, output)`` gives block i's output."""
+    handles = []
+    for i, block in enumerate(model.transformer_blocks):
+        def fn(module, args, kwargs, output, i=i):
+            x = kwargs.get("hidden_states", args[0] if args else None)
+            return replace[i](x, output)
+        handles.append(block.register_forward_hook(fn, with_kwargs=True))
+    return handles
+
+
+BLOCK_PATCHES = {
+    "tome": lambda m: tokenmerge.apply_patch(m, ratio=0.5),
+    "todo": lambda m: tokenmerge.apply_todo(m, ratio=0.5),
+}
+
+
+@pytest.mark.parametrize("method", list(BLOCK_PATCHES))
+@pytest.mark.parametrize("order", ["cache-then-patch", "patch-then-cache"])
+def test_first_block_cache_with_merging_gives_what_the_cache_computes(method, order):
+    """At a step First Block Cache skips, the blocks' output is the head block's (patched, merged inside) plus the
+    tail residual of the last full step: block outputs are in full token space, so nothing mixes plans."""
+    hooks = _hooks()
+    (config,) = _need(hooks, "FirstBlockCacheConfig")
+    model = make_pixart()
+    patch = BLOCK_PATCHES[method]
+    if order == "cache-then-patch":
+        hooks.apply_first_block_cache(model, config(threshold=1e9))
+        patch(model)
+    else:
+        patch(model)
+        hooks.apply_first_block_cache(model, config(threshold=1e9))
+    STEP["t"] = 700
+    _pixart_call(model, 0)
+    STEP["t"] = 600
+    cached = _pixart_call(model, 1)  # skipped after the head block
+
+    reference = patch(make_pixart())
+    seen = {}
+    handles = _block_hooks(reference, [lambda x, out: seen.__setitem__("head", out),
+                                       lambda x, out: seen.__setitem__("tail", out)])
+    STEP["t"] = 700
+    _pixart_call(reference, 0)
+    for h in handles:
+        h.remove()
+    residual = seen["tail"] - seen["head"]
+    handles = _block_hooks(reference, [lambda x, out: out + residual, lambda x, out: x])
+    STEP["t"] = 600
+    expected = _pixart_call(reference, 1)
+    for h in handles:
+        h.remove()
+    assert not torch.allclose(expected, _pixart_call(reference, 1))
+    torch.testing.assert_close(cached, expected, rtol=1e-6, atol=1e-6)
+    assert tokenmerge.describe_patch(model).num_blocks == 2
+
+
+@pytest.mark.parametrize("method", list(BLOCK_PATCHES))
+def test_mag_cache_with_merging_gives_what_the_cache_computes(method):
+    """At a step MagCache skips, the blocks' output is their input plus the residual of the last full step."""
+    hooks = _hooks()
+    (config,) = _need(hooks, "MagCacheConfig")
+    model = make_pixart()
+    BLOCK_PATCHES[method](model)
+    hooks.apply_mag_cache(model, config(threshold=0.5, max_skip_steps=3, retention_ratio=0.0,
+                                        num_inference_steps=4, mag_ratios=[1.0] * 4))
+    STEP["t"] = 700
+    _pixart_call(model, 0)
+    STEP["t"] = 600
+    cached = _pixart_call(model, 1)
+
+    reference = BLOCK_PATCHES[method](make_pixart())
+    seen = {}
+    handles = _block_hooks(reference, [lambda x, out: seen.__setitem__("in", x),
+                                       lambda x, out: seen.__setitem__("out", out)])
+    STEP["t"] = 700
+    _pixart_call(reference, 0)
+    for h in handles:
+        h.remove()
+    residual = seen["out"] - seen["in"]
+    handles = _block_hooks(reference, [lambda x, out: x + residual, lambda x, out: x])
+    STEP["t"] = 600
+    expected = _pixart_call(reference, 1)
+    for h in handles:
+        h.remove()
+    assert not torch.allclose(expected, _pixart_call(reference, 1))
+    torch.testing.assert_close(cached, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_stateful_hooks_on_merged_modules_are_refused_and_stateless_ones_are_not():
+    """A cache diffusers ships later (or SeaCache / the text K/V cache put on a merged module) is refused by what
+    it is (a stateful hook); a hook that computes from its input every call (here: a scaling) is left alone."""
+    hooks = _hooks()
+
+    class Stateless(hooks.ModelHook):
+        def post_forward(self, module, output):
+            return output * 1.0
+
+    class Kept(hooks.ModelHook):
+        _is_stateful = True
+
+        def reset_state(self, module):
+            return module
+
+    model = make_unet("sd")
+    attn1 = model.down_blocks[0].attentions[0].transformer_blocks[0].attn1
+    hooks.HookRegistry.check_if_exists_or_initialize(attn1.to_q).register_hook(Stateless(), "my_scale")
+    tokenmerge.apply_patch(model, ratio=0.5)
+    _unet_call(model)
+    hooks.HookRegistry.check_if_exists_or_initialize(attn1.to_out[0]).register_hook(Kept(), "my_cache")
+    with pytest.raises(RuntimeError, match="'my_cache'.*to_out.0"):
+        _unet_call(model)
+    tokenmerge.remove_patch(model)
+    with pytest.raises(ValueError, match="'my_cache'"):
+        tokenmerge.apply_patch(model, ratio=0.5)
+    tokenmerge.apply_patch(model, ratio=0.5, merge_attn=False, merge_mlp=True)  # the cache is not in ff: fine
+    _unet_call(model)
+
+
+# ---- torch.compile ------------------------------------------------------------------------------------------
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _eager_reference():
+    """The tiny PixArt's output, plain and patched (its graph traces in seconds, a UNet's in tens)."""
+    ref = make_pixart()
+    plain = _pixart_call(ref)
+    tokenmerge.apply_patch(ref, ratio=0.5)
+    return plain, _pixart_call(ref)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("how", ["wrapper", "in-place", "block-in-place"])
+def test_patching_a_model_whose_compiled_code_ran_is_refused(how, fresh_dynamo):
+    """Dynamo does not guard on empty hook lists: code compiled before the patch keeps running unpatched. The
+    patch refuses, and says how to recover: torch.compiler.reset(), then the patch takes effect."""
+    plain, patched = _eager_reference()
+    model = make_pixart()
+    if how == "wrapper":
+        model = torch.compile(model, backend="eager")
+    elif how == "in-place":
+        model.compile(backend="eager")
+    else:  # regional compilation, as diffusers' compile_repeated_blocks does
+        for block in model.transformer_blocks:
+            block.compile(backend="eager")
+    torch.testing.assert_close(_pixart_call(model), plain)
+    with pytest.raises(RuntimeError, match=r"compile.*torch\.compiler\.reset\(\)"):
+        tokenmerge.apply_patch(model, ratio=0.5)
+    assert tokenmerge.describe_patch(model) is None
+    if how != "wrapper":
+        return  # (blocks compiled alone cannot read the call state the eager denoiser hook sets: not supported)
+    torch.compiler.reset()
+    tokenmerge.apply_patch(model, ratio=0.5)
+    torch.testing.assert_close(_pixart_call(model), patched)
+
+
+@pytest.mark.compile
+def test_patch_before_the_first_compiled_call_and_removal_take_effect(fresh_dynamo):
+    """``pipe.transformer = torch.compile(pipe.transformer); apply_patch(pipe)``: the compiled wrapper is
+    recognised and, as nothing was compiled yet, the first call traces the patch; removing it retraces (the
+    compiled code guards on the hooks it saw)."""
+    import diffusers
+
+    plain, patched = _eager_reference()
+    pipe = diffusers.PixArtAlphaPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=None,
+                                         transformer=torch.compile(make_pixart(), backend="eager"))
+    tokenmerge.apply_patch(pipe, ratio=0.5)
+    assert tokenmerge.describe_patch(pipe).denoisers[0].path == "transformer"
+    torch.testing.assert_close(_pixart_call(pipe.transformer), patched)
+    tokenmerge.remove_patch(pipe)
+    torch.testing.assert_close(_pixart_call(pipe.transformer), plain)
+    # through the wrapper, patching again (which its compiled code would ignore) is refused; the inner module
+    # alone may be called eagerly, so patching it only warns
+    with pytest.raises(RuntimeError, match="torch.compile wrapper"):
+        tokenmerge.apply_patch(pipe, ratio=0.5)
+    with pytest.warns(RuntimeWarning, match="ran under torch.compile with an earlier patch"):
+        tokenmerge.apply_patch(pipe.transformer._orig_mod, ratio=0.5)
+
+
+# ---- ToDo with fused projections, ToDo on cross-attention, windows, classes ------------------------------------
+@pytest.mark.parametrize("order", ["fuse-then-todo", "todo-then-fuse"])
+def test_todo_with_fused_qkv_projections(order):
+    reference = tokenmerge.apply_todo(make_unet("sd"))
+    expected = _unet_call(reference)
+    model = make_unet("sd")
+    if not hasattr(model, "fuse_qkv_projections"):
+        pytest.skip("this diffusers has no fuse_qkv_projections")
+    if order == "fuse-then-todo":
+        model.fuse_qkv_projections()
+        tokenmerge.apply_todo(model)
+    else:
+        tokenmerge.apply_todo(model)
+        model.fuse_qkv_projections()
+    torch.testing.assert_close(_unet_call(model), expected, rtol=1e-5, atol=1e-5)
+    keys = set(model.state_dict())
+    tokenmerge.remove_patch(model)
+    assert set(model.state_dict()) == keys  # the adapter is not a sub-module
+    assert not any("to_kv" in vars(m) for m in model.modules())
+    fused_plain = make_unet("sd")
+    fused_plain.fuse_qkv_projections()
+    torch.testing.assert_close(_unet_call(model), _unet_call(fused_plain), rtol=0, atol=0)
+
+
+def test_todo_where_attn1_is_a_cross_attention_is_refused():
+    model = make_unet("sd", only_cross_attention=True)  # the x4 upscaler's layout
+    with pytest.raises(ValueError, match="only_cross_attention.*ToDo would change nothing"):
+        tokenmerge.apply_todo(model)
+    assert tokenmerge.describe_patch(model) is None
+    tokenmerge.apply_patch(model, ratio=0.5)  # ToMe merges the queries of that attn1: fine
+    ldm = ldm_unet()
+    for module in ldm.modules():
+        if hasattr(module, "disable_self_attn"):
+            module.disable_self_attn = True
+    with pytest.raises(ValueError, match="disable_self_attn"):
+        tokenmerge.apply_todo(ldm)
+
+
+@pytest.mark.parametrize("method", ["tome", "todo-ratio"])
+def test_a_window_larger_than_the_grid_is_an_error_at_the_first_call(method):
+    model = make_unet("sd")
+    if method == "tome":
+        tokenmerge.apply_patch(model, ratio=0.5, sx=8, sy=8)
+    else:
+        tokenmerge.apply_todo(model, ratio=0.5, sx=8, sy=8)
+    small = unet_inputs(h=6, w=6)
+    with torch.no_grad(), pytest.raises(ValueError, match=r"sx=8, sy=8.*6x6 token grid"):
+        model(**small)
+    with torch.no_grad():
+        model(**unet_inputs(h=16, w=16))  # 16x16: two windows a side, fine
+    tokenmerge.apply_patch(model, ratio=0.5, sx=4, sy=2)
+    with torch.no_grad():
+        model(**small)  # a window that fits once is fine
+
+
+def test_a_class_instead_of_an_instance_is_named():
+    from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+
+    for cls in (UNet2DConditionModel, StableDiffusionPipeline):
+        for fn in (tokenmerge.apply_patch, tokenmerge.apply_todo, tokenmerge.remove_patch,
+                   tokenmerge.describe_patch):
+            with pytest.raises(TypeError, match=rf"the class .*\.{cls.__name__}, not a model: pass an instance"):
+                fn(cls)
+
+
+def test_the_call_time_check_is_cheap():
+    """The check a patched denoiser call makes (caches added since the patch): a dictionary lookup per module that
+    sees merged tokens, once per call (about 25 us for the 220 such modules of this whole-UNet patch)."""
+    import time
+
+    from tokenmerge.engine import guards
+
+    model = make_unet("sdxl")
+    tokenmerge.apply_patch(model, ratio=0.5, max_downsample=4, merge_crossattn=True, merge_mlp=True)
+    patch = getattr(model, "_tokenmerge_patch")
+    guards.on_call(patch, (16, 16))
+    start = time.perf_counter()
+    for _ in range(200):
+        guards.on_call(patch, (16, 16))
+    assert (time.perf_counter() - start) / 200 < 1e-3
