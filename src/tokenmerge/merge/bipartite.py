@@ -12,6 +12,7 @@ Everything here is tensor code on the input's device: no host synchronisation, n
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -46,16 +47,24 @@ def best_matches(src: torch.Tensor, dst: torch.Tensor, chunk: int | None = None)
     return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
 
+def _radius_int(r, radius, shape):
+    try:
+        value = operator.index(r)
+    except TypeError:
+        value = -1
+    if isinstance(r, bool) or value < 0:
+        raise ValueError(f"radius {radius}: need None, an int >= 0, or one of them per axis of the grid {shape}")
+    return value
+
+
 def normalize_radius(radius, shape, windows) -> tuple:
     """``radius`` (``None``, an int, or a tuple of ints / ``None`` per axis) as a tuple per axis, with
     ``None`` on every axis the radius covers (at least ``n_i // s_i - 1`` windows: any window along it)."""
     rank = len(shape)
-    if radius is None or isinstance(radius, int):
-        radius = (radius,) * rank
-    radius = tuple(radius)
-    if len(radius) != rank or any(r is not None and (not isinstance(r, int) or isinstance(r, bool) or r < 0)
-                                  for r in radius):
+    radius = (radius,) * rank if radius is None or not isinstance(radius, (tuple, list)) else tuple(radius)
+    if len(radius) != rank:
         raise ValueError(f"radius {radius}: need None, an int >= 0, or one of them per axis of the grid {shape}")
+    radius = tuple(None if r is None else _radius_int(r, radius, shape) for r in radius)
     return tuple(None if r is None or r >= g - 1 else r for r, g in zip(radius, window_grid(shape, windows)))
 
 
@@ -130,7 +139,8 @@ def bipartite_soft_matching(metric: torch.Tensor, shape: tuple[int, ...], window
     if tokens != math.prod(shape):
         raise RuntimeError(f"token merging: {tokens} tokens do not form the expected "
                            f"{' x '.join(map(str, shape))} grid")
-    radius_given, radius = radius, normalize_radius(radius, shape, windows)
+    uniform = radius is not None and not isinstance(radius, (tuple, list))  # one int for every axis
+    given, radius = radius, normalize_radius(radius, shape, windows)
     if r <= 0 or math.prod(window_grid(shape, windows)) == 0:
         return IdentityPlan()
     with torch.no_grad():
@@ -138,8 +148,8 @@ def bipartite_soft_matching(metric: torch.Tensor, shape: tuple[int, ...], window
         fold, shape, windows, radius = math.prod(shape[:axes]), shape[axes:], windows[axes:], radius[axes:]
         if all(rad is None for rad in radius):
             return global_soft_matching(metric, shape, windows, r, offsets, fold=fold)
-        if isinstance(radius_given, int) and len(shape) == 2:  # one radius on a 2-D grid: as given, even on
-            radius = (radius_given,) * 2  # an axis it covers (the tiling, and so the plan, of the 2-D API)
+        if uniform and len(shape) == 2:  # one radius on a 2-D grid: as given, even on an axis it covers (the
+            radius = (operator.index(given),) * 2  # tiling, and so the plan, of the 2-D API)
         return local_soft_matching(metric, shape, windows, r, offsets, radius, fold=fold)
 
 
