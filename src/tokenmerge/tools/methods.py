@@ -12,6 +12,7 @@ import contextlib
 from dataclasses import dataclass
 
 from ..config import ToDoConfig, ToMeConfig
+from .text import cap_message, quote
 
 __all__ = ["METHODS", "BENCH_METHODS", "MethodSpec", "parse_spec"]
 
@@ -90,14 +91,14 @@ class MethodSpec:
         elif self.name == "todo":
             tokenmerge.apply_todo(model, downsample=self.value, **self.kwargs())
         elif self.name == "limit":
-            from ..merge.plan import slice_matcher
+            from ..merge.plan import slice_match  # the engine's N-D matcher signature
 
-            tokenmerge.apply_config(model, ToMeConfig(ratio=self.value, **self.kwargs()), matcher=slice_matcher)
+            tokenmerge.apply_config(model, ToMeConfig(ratio=self.value, **self.kwargs()), matcher=slice_match)
         elif self.name == "todo-limit":
-            from ..merge.downsample import slice_downsampler
+            from ..merge.downsample import slice_downsample  # the engine's N-D downsampler signature
 
             tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()),
-                                    downsampler=slice_downsampler)
+                                    downsampler=slice_downsample)
         elif self.name == "tomesd":
             import tomesd
 
@@ -150,25 +151,23 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec:
     name = name.strip().lower()
     allowed = {**METHODS, **BENCH_METHODS} if bench else METHODS
     if name not in allowed:
-        raise ValueError(f"method spec {text!r}: method must be one of {', '.join(allowed)}; got {name!r}")
+        raise ValueError(f"method spec {quote(text)}: method must be one of {', '.join(allowed)}; got {quote(name, 40)}")
     if name == "vanilla":
         if value or pairs:
-            raise ValueError(f"method spec {text!r}: vanilla takes no value or options")
+            raise ValueError(f"method spec {quote(text)}: vanilla takes no value or options")
         return MethodSpec("vanilla")
     number = _value(value) if value else (2 if name in _FACTOR_METHODS else 0.5)
     if not isinstance(number, (int, float)) or isinstance(number, bool):
-        raise ValueError(f"method spec {text!r}: the value after ':' must be a number, got {value!r}")
+        raise ValueError(f"method spec {quote(text)}: the value after ':' must be a number, got {quote(value, 40)}")
     options = []
     for pair in pairs:
         key, eq, raw = pair.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"method spec {text!r}: options are KEY=VALUE, got {pair!r}")
+            raise ValueError(f"method spec {quote(text)}: options are KEY=VALUE, got {quote(pair, 40)}")
         options.append((key.strip(), _value(raw.strip())))
-    spec = MethodSpec(name, number if name in _FACTOR_METHODS else float(number), tuple(options))
     try:
+        spec = MethodSpec(name, number if name in _FACTOR_METHODS else float(number), tuple(options))
         spec.check()
-    except TypeError as err:  # an unknown keyword
-        raise ValueError(f"method spec {text!r}: {err}") from None
-    except ValueError as err:
-        raise ValueError(f"method spec {text!r}: {err}") from None
+    except (TypeError, ValueError, ArithmeticError) as err:  # an unknown keyword, a value out of range or too big
+        raise ValueError(f"method spec {quote(text)}: {cap_message(str(err))}") from None
     return spec
