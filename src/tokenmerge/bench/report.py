@@ -7,7 +7,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-__all__ = ["markdown", "write_outputs"]
+from ..tools.outputs import Outputs
+
+__all__ = ["markdown", "write_outputs", "output_names"]
 
 
 def _speedup(vanilla, t):
@@ -158,14 +160,23 @@ def markdown(records: list[dict], meta: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def plot(records: list[dict], path: Path) -> bool:
+def _has_matplotlib() -> bool:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         return False
+    return True
+
+
+def plot(records: list[dict], path: Path) -> bool:
+    """Speed-up (and peak memory) against resolution, as a PNG at ``path``; False without matplotlib."""
+    if not _has_matplotlib():
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     has_mem = any(r.get("peak_mem_mb") for r in _steps(records))
     fig, axes = plt.subplots(1, 2 if has_mem else 1, figsize=(11 if has_mem else 6, 4), squeeze=False)
     series = defaultdict(list)
@@ -189,28 +200,36 @@ def plot(records: list[dict], path: Path) -> bool:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
     return True
 
 
-def write_outputs(records: list[dict], meta: dict, out_dir: Path, command: str, stem: str = "bench") -> dict:
+def output_names(stem: str = "bench") -> list[str]:
+    """The files ``write_outputs`` may write for ``stem``: check them (``tools.outputs.Outputs``) before a run."""
+    return [f"{stem}.md", f"{stem}.csv", f"{stem}.jsonl", f"{stem}.png"]
+
+
+def write_outputs(records: list[dict], meta: dict, out_dir: Path | Outputs, command: str, stem: str = "bench") -> dict:
+    """Write ``stem``.md / .csv / .jsonl / .png into ``out_dir`` (a folder, or the ``Outputs`` checked before the
+    run): each file atomically, none over a file this library did not write. Returns the paths written."""
     annotate(records)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": out_dir / f"{stem}.md", "csv": out_dir / f"{stem}.csv", "jsonl": out_dir / f"{stem}.jsonl"}
-    paths["markdown"].write_text(markdown(records, meta, command) + "\n")
+    outputs = out_dir if isinstance(out_dir, Outputs) else Outputs(out_dir, output_names(stem))
+    paths = {"markdown": outputs.write_text(f"{stem}.md", markdown(records, meta, command) + "\n")}
     columns = ["kind", "preset", "attention", "resolution", "batch", "mode", "ratio", "factor", "spec", "label",
-               "compiled", "status", "median_s", "runs", "speedup", "speedup_vs_compiled", "gain_kept", "generate_s", "generate_speedup", "phases_s",
-               "peak_mem_mb", "step_mem_mb", "dtype", "device"]
-    with paths["csv"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns + sorted(meta), extrasaction="ignore")
-        writer.writeheader()
-        for r in records:
-            writer.writerow({**meta, **r})
-    with paths["jsonl"].open("w") as f:
-        for r in records:
-            f.write(json.dumps({**r, "meta": meta, "command": command}) + "\n")
-    png = out_dir / f"{stem}.png"
-    if plot(records, png):
-        paths["plot"] = png
+               "compiled", "status", "median_s", "runs", "speedup", "speedup_vs_compiled", "gain_kept", "generate_s",
+               "generate_speedup", "phases_s", "peak_mem_mb", "step_mem_mb", "dtype", "device"]
+
+    def write_csv(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns + sorted(meta), extrasaction="ignore")
+            writer.writeheader()
+            for r in records:
+                writer.writerow({**meta, **r})
+
+    paths["csv"] = outputs.write(f"{stem}.csv", write_csv)
+    paths["jsonl"] = outputs.write_text(f"{stem}.jsonl", "".join(
+        json.dumps({**r, "meta": meta, "command": command}) + "\n" for r in records))
+    if _has_matplotlib():
+        paths["plot"] = outputs.write(f"{stem}.png", lambda tmp: plot(records, tmp))
     return paths

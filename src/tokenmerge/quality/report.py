@@ -6,7 +6,9 @@ import json
 import textwrap
 from pathlib import Path
 
-__all__ = ["markdown", "write_report", "make_grid"]
+from ..tools.outputs import Outputs
+
+__all__ = ["markdown", "write_report", "make_grid", "output_names"]
 
 
 def _num(x, fmt: str) -> str:
@@ -50,15 +52,20 @@ def make_grid(images: list[list], row_labels: list[str], col_labels: list[str], 
     return grid
 
 
-def write_report(report: dict, out: Path, stem: str = "quality", command: str | None = None,
+def output_names(stem: str = "quality") -> list[str]:
+    """The files ``write_report`` may write for ``stem``: check them (``tools.outputs.Outputs``) before a run."""
+    return [f"{stem}.md", f"{stem}.json", f"{stem}-grid.png", f"{stem}-plot.png"]
+
+
+def write_report(report: dict, out: Path | Outputs, stem: str = "quality", command: str | None = None,
                  grid_rows: int = 8) -> dict[str, Path]:
-    """Write ``stem``.md / .json / -grid.png / -plot.png into ``out``; returns the paths written."""
+    """Write ``stem``.md / .json / -grid.png / -plot.png into ``out`` (a folder, or the ``Outputs`` checked before
+    the run): each file atomically, none over a file this library did not write. Returns the paths written."""
     from PIL import Image
 
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": out / f"{stem}.md", "json": out / f"{stem}.json", "grid": out / f"{stem}-grid.png"}
-    paths["markdown"].write_text(markdown(report, command))
-    paths["json"].write_text(json.dumps(dict(report, command=command), indent=1) + "\n")
+    outputs = out if isinstance(out, Outputs) else Outputs(out, output_names(stem))
+    paths = {"markdown": outputs.write_text(f"{stem}.md", markdown(report, command)),
+             "json": outputs.write_text(f"{stem}.json", json.dumps(dict(report, command=command), indent=1) + "\n")}
     labels = [m["label"] for m in report["methods"]]
     by_item: dict[tuple, dict] = {}
     for row in report["images"]:
@@ -67,7 +74,8 @@ def write_report(report: dict, out: Path, stem: str = "quality", command: str | 
     seeds = sorted({seed for _, seed in by_item})
     items = sorted(by_item, key=lambda item: seeds.index(item[1]))[:grid_rows]
     rows = [[Image.open(by_item[item][label]) for label in labels] for item in items]
-    make_grid(rows, [f"{p} (seed {s})" for p, s in items], labels).save(paths["grid"])
+    grid = make_grid(rows, [f"{p} (seed {s})" for p, s in items], labels)
+    paths["grid"] = outputs.write(f"{stem}-grid.png", lambda tmp: grid.save(tmp, format="PNG"))
     try:
         import matplotlib
 
@@ -84,7 +92,6 @@ def write_report(report: dict, out: Path, stem: str = "quality", command: str | 
     ax.set_ylabel("PSNR to vanilla (dB)")
     ax.set_title(f"{report['model']}: speed vs fidelity")
     fig.tight_layout()
-    paths["plot"] = out / f"{stem}-plot.png"
-    fig.savefig(paths["plot"], dpi=100)
+    paths["plot"] = outputs.write(f"{stem}-plot.png", lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)
     return paths
