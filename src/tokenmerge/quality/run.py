@@ -17,6 +17,7 @@ import torch
 
 from ..tools.methods import MethodSpec
 from ..tools.timing import timed
+from .cache import ImageCache
 from .metrics import mean_ci, psnr, ssim, to_tensor
 
 __all__ = ["QualityJob", "run_job", "VANILLA"]
@@ -64,19 +65,17 @@ def _generate(pipe, job: QualityJob, spec: MethodSpec, prompt: str, seed: int, d
 
 def generate_items(pipe, job: QualityJob, items: list[tuple[str, int]], device, progress=None, rank: int = 0) -> int:
     """Generate what the cache lacks for ``items``; returns the number of images generated."""
+    cache = ImageCache(job.cache)
     job.cache.mkdir(parents=True, exist_ok=True)
-    todo = [(p, s, spec) for p, s in items for spec in job.all_specs
-            if not (job.cache / f"{job.key(spec, p, s)}.png").exists()]
+    todo = [(p, s, spec) for p, s in items for spec in job.all_specs if cache.load(job.key(spec, p, s)) is None]
     if todo:  # warm-up: one short run per method, untimed, so the first timed image pays no start-up cost
         for spec in {t[2] for t in todo}:
             _generate(pipe, job, spec, todo[0][0], todo[0][1], device, min(job.steps, 2))
     for prompt, seed, spec in todo:
         image, seconds = _generate(pipe, job, spec, prompt, seed, device, job.steps)
-        key = job.key(spec, prompt, seed)
-        image.save(job.cache / f"{key}.png")
-        (job.cache / f"{key}.json").write_text(json.dumps(
-            {"prompt": prompt, "seed": seed, "label": spec.label, "seconds": seconds, "steps": job.steps,
-             "device": str(device), "process": rank}))
+        cache.store(job.key(spec, prompt, seed), image,
+                    {"prompt": prompt, "seed": seed, "label": spec.label, "seconds": seconds, "steps": job.steps,
+                     "device": str(device), "process": rank})
         if progress is not None:
             progress.update(1)
     return len(todo)
@@ -88,18 +87,22 @@ def _finite(x: float):
 
 def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -> dict:
     """The report: per-image and per-method PSNR/SSIM against vanilla, and seconds per image."""
-    from PIL import Image
+    cache = ImageCache(job.cache)
+
+    def entry(spec, prompt, seed):
+        key = job.key(spec, prompt, seed)
+        found = cache.load(key)
+        if found is None:  # removed or damaged since it was generated (by another process, or by hand)
+            raise RuntimeError(f"the cache entry {cache.image_path(key)} ({spec.label}, seed {seed}) is missing or "
+                               "damaged after generation; run the command again to regenerate it")
+        return key, found[0], found[1]
 
     rows, per_spec = [], {s.label: {"psnr": [], "ssim": [], "seconds": []} for s in job.all_specs}
     images: dict[str, list] = {s.label: [] for s in job.all_specs}
     for prompt, seed in items:
-        ref_key = job.key(VANILLA, prompt, seed)
-        ref_img = Image.open(job.cache / f"{ref_key}.png")
-        ref = to_tensor(ref_img)
+        ref = to_tensor(entry(VANILLA, prompt, seed)[1])
         for spec in job.all_specs:
-            key = job.key(spec, prompt, seed)
-            img = Image.open(job.cache / f"{key}.png")
-            meta = json.loads((job.cache / f"{key}.json").read_text())
+            key, img, meta = entry(spec, prompt, seed)
             x = to_tensor(img)
             p, s = float(psnr(x, ref)), float(ssim(x, ref))
             images[spec.label].append(img)
@@ -109,7 +112,7 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -
             stats["seconds"].append(meta["seconds"])
             rows.append({"prompt": prompt, "seed": seed, "label": spec.label, "psnr": _finite(p), "ssim": s,
                          "seconds": meta["seconds"], "process": meta.get("process", 0),
-                         "image": str(job.cache / f"{key}.png")})
+                         "image": str(cache.image_path(key))})
     base = statistics.median(per_spec[VANILLA.label]["seconds"])
     summary = []
     for spec in job.all_specs:
