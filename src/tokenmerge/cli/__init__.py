@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from . import bench, demo, quality
+from .common import Parser
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tokenmerge", description="Token merging for diffusion models.")
+    parser = Parser(prog="tokenmerge", description="Token merging for diffusion models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.add_parser(sub)
     bench.add_parser(sub)

@@ -8,7 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from .common import pick_device, positive_int
+from ..tools.text import quote
+from .common import OUT_HELP, STEM_HELP, check_outputs, pick_device, positive_int, stem
 
 HELP = """\
 Time one UNet step (with classifier-free guidance) per cell of a grid of presets x attention backends x
@@ -23,21 +24,21 @@ and need no download. --model loads a real diffusers pipeline folder (or hub id,
 def _resolution(text: str) -> int:
     value = int(text)
     if value < 64 or value % 8:
-        raise argparse.ArgumentTypeError(f"resolution must be a multiple of 8 and >= 64; got {text}")
+        raise argparse.ArgumentTypeError(f"resolution must be a multiple of 8 and >= 64; got {quote(text, 40)}")
     return value
 
 
 def _ratio(text: str) -> float:
     value = float(text)
     if not 0 < value <= 0.75:
-        raise argparse.ArgumentTypeError(f"ratio must be in (0, 0.75]; got {text}")
+        raise argparse.ArgumentTypeError(f"ratio must be in (0, 0.75]; got {quote(text, 40)}")
     return value
 
 
 def _megabytes(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    m = re.fullmatch(r"\s*(\d{1,12}(?:\.\d{1,12})?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
     if not m:
-        raise argparse.ArgumentTypeError(f"memory limit must look like 512MB, 8GB or 8GiB; got {text!r}")
+        raise argparse.ArgumentTypeError(f"memory limit must look like 512MB, 8GB or 8GiB; got {quote(text, 40)}")
     scale = {"": 1 / 2**20, "K": 1 / 1024, "M": 1, "G": 1024, "T": 2**20}[m.group(2).upper()]
     return max(1, int(float(m.group(1)) * scale))
 
@@ -54,14 +55,15 @@ def _spec(text: str):
 def _warmup(text: str) -> int:
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"warmup must be >= 0 (untimed rounds before the timed ones); got {text}")
+        raise argparse.ArgumentTypeError("warmup must be >= 0 (untimed rounds before the timed ones); "
+                                         f"got {quote(text, 40)}")
     return value
 
 
 def _steps(text: str) -> int:
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"steps must be >= 0 (0: no end-to-end timing); got {text}")
+        raise argparse.ArgumentTypeError(f"steps must be >= 0 (0: no end-to-end timing); got {quote(text, 40)}")
     return value
 
 
@@ -128,8 +130,11 @@ def add_parser(sub) -> None:
     p.add_argument("--memory-limit", type=_megabytes, default=None, metavar="SIZE",
                    help="CPU: run each mode of each cell first in its own process under this data-size limit "
                         "(e.g. 8GB); what does not fit is reported as OOM and not timed")
-    p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder (default bench-results)")
-    p.add_argument("--stem", default="bench", help="file name stem of the outputs (default bench)")
+    p.add_argument("--out", type=Path, default=Path("bench-results"),
+                   help="output folder (default bench-results; created if missing), checked before the run. "
+                        + OUT_HELP)
+    p.add_argument("--stem", type=stem, default="bench",
+                   help=f"file name stem of the outputs: STEM.md, .csv, .jsonl, .png ({STEM_HELP}; default bench)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
@@ -151,6 +156,7 @@ def run(args, parser) -> int:
 
     from ..bench import cell, report, runner
     from ..bench.presets import PRESETS
+    from ..tools.outputs import Outputs
 
     device = pick_device(args.device, parser)
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "float16"))
@@ -177,11 +183,14 @@ def run(args, parser) -> int:
         parser.error("--modes/--methods: nothing to run")
     if args.compile and args.warmup < 1:
         parser.error("--warmup 0 with --compile: the warm-up round is where the modes compile; use --warmup 1 or more")
+    outputs = Outputs(args.out, report.output_names(args.stem))
+    check_outputs(parser, outputs)  # before the run: a file in the way must not cost the measurements
     from ..bench.presets import resolve
+    from ..tools.pipelines import PipelineLoadError
 
     try:
         presets = [resolve(model=args.model, dtype=dtype)] if args.model else [resolve(n) for n in args.preset]
-    except (FileNotFoundError, TypeError) as err:
+    except (FileNotFoundError, PipelineLoadError, TypeError) as err:
         parser.error(f"--model: {err}")
     records, meta = runner.run_grid(presets, args.attention, args.resolutions, args.batch_sizes, modes,
                                     args.repeats, device, dtype, memory=args.memory,
@@ -190,7 +199,7 @@ def run(args, parser) -> int:
                                     warmup=args.warmup)
     command = "tokenmerge bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
         else "tokenmerge bench ..."
-    paths = report.write_outputs(records, meta, args.out, command, args.stem)
+    paths = report.write_outputs(records, meta, outputs, command, args.stem)
     print(report.markdown(records, meta, command))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .common import check_outputs
 from .quality import _check_methods, add_common, load
 
 HELP = """\
@@ -12,6 +13,11 @@ Generate the same prompts and seeds with the vanilla model and with a few token-
 timing and fidelity table and write a comparison grid. Offline, no download: by default it runs the small
 Fashion-MNIST diffusion model that ships inside tokenmerge (32x32 images, 1024 tokens at its finest level).
 With --model it does the same on a real diffusers pipeline you have locally (four Parti prompts).
+
+It writes demo.md, demo.json, demo-grid.png and demo-plot.png into --out, and caches its images in OUT/cache.
+Running it again into the same folder replaces those files when they are the ones it wrote (it records them
+with their checksums in OUT/.tokenmerge-outputs.json) and reuses the cache; a file of yours in their place, or
+one of them edited since, is never overwritten: the demo stops before it runs and names it.
 """
 
 
@@ -19,16 +25,21 @@ def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="vanilla vs merged on the embedded model (or --model): table and grid",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, ["tome:0.3", "tome:0.5", "todo:2"], 20)
-    p.add_argument("--out", type=Path, default=Path("tokenmerge-demo"), help="output folder (default tokenmerge-demo)")
+    p.add_argument("--out", type=Path, default=Path("tokenmerge-demo"),
+                   help="output folder (default tokenmerge-demo; created if missing): demo.md, .json, -grid.png, "
+                        "-plot.png and the image cache OUT/cache, replaced or reused on a rerun (see above)")
     p.set_defaults(run=run)
 
 
 def run(args, parser) -> int:
     from ..quality.prompts import load_prompts
-    from ..quality.report import markdown, write_report
+    from ..quality.report import markdown, output_names, write_report
     from ..quality.run import QualityJob, run_job
+    from ..tools.outputs import Outputs
 
     _check_methods(args.methods, parser)
+    outputs = Outputs(args.out, output_names("demo"), stem_option=None)
+    check_outputs(parser, outputs, (args.out / "cache", "--out"))  # before any work
     pipe, key, device = load(args, parser)
     prompts = load_prompts("classes") if args.model is None else load_prompts("parti", count=4)
     seeds = [0]
@@ -36,7 +47,7 @@ def run(args, parser) -> int:
     report = run_job(pipe, job, device, progress=not args.no_progress)
     if report is None:
         return 0
-    paths = write_report(report, args.out, "demo", "tokenmerge demo", grid_rows=len(prompts) * len(seeds))
+    paths = write_report(report, outputs, "demo", "tokenmerge demo", grid_rows=len(prompts) * len(seeds))
     print(markdown(report))
     print(f"grid: {paths['grid']}\nreport: {paths['markdown']}")
     if args.model is None:

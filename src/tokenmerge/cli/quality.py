@@ -7,13 +7,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from .common import pick_device, positive_int
+from ..tools.text import quote
+from .common import OUT_HELP, STEM_HELP, check_outputs, finite_float, pick_device, positive_int, seed, stem
 
 HELP = """\
 Generate every prompt x seed with the vanilla model and with each method (same noise), and report fidelity to
 vanilla (PSNR, SSIM: per image, mean and 95% confidence interval), seconds per image, a grid (rows prompts,
 columns methods), Markdown and JSON, and a speed-vs-fidelity plot. Images are cached (--cache): a rerun with one
-more method generates only that method's images.
+more method generates only that method's images. The cache is this command's own: files named by a hash of their
+settings, each written whole or not at all; a damaged one is generated again, with a warning naming it.
 
 Methods are specs NAME[:VALUE][,KEY=VALUE...]: tome:0.5 (ratio), todo:2 (factor), tomesd:0.5 (reference package),
 with options of apply_patch/apply_todo, e.g. tome:0.5,stop=0.5 or todo:2,mode=avg.
@@ -41,7 +43,7 @@ def add_common(p, default_methods: list[str], default_steps: int) -> None:
                    help=f"methods to compare with vanilla (default: {' '.join(default_methods)})")
     p.add_argument("--steps", type=positive_int, default=default_steps,
                    help=f"denoising steps (default {default_steps})")
-    p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the pipeline's)")
+    p.add_argument("--guidance", type=finite_float, default=None, help="guidance scale (default: the pipeline's)")
     p.add_argument("--size", type=positive_int, default=None, metavar="PX",
                    help="image height and width for --model pipelines (default: the pipeline's)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto (default)")
@@ -62,15 +64,21 @@ def add_parser(sub) -> None:
     p.add_argument("--category", nargs="+", default=None, help="Parti categories to keep (e.g. Animals Vehicles)")
     p.add_argument("--count", type=positive_int, default=None,
                    help="at most this many prompts, spread over the categories (default: all)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds per prompt (default 0)")
+    p.add_argument("--seeds", nargs="+", type=seed, default=[0], help="seeds per prompt (default 0)")
     p.add_argument("--metrics", nargs="+", choices=EXTRA_METRICS, default=[],
                    help="extra metrics, run when their library and weights are here: clip (CLIP score), fid, kid, "
                         "lpips; a missing file is named in the report, the rest still runs")
     p.add_argument("--clip-model", default=None, metavar="PATH_OR_ID",
                    help="CLIP model for --metrics clip (local folder or cached id; default openai/clip-vit-base-patch16)")
-    p.add_argument("--cache", type=Path, default=None, help="image cache folder (default OUT/cache)")
-    p.add_argument("--out", type=Path, default=Path("quality-results"), help="output folder (default quality-results)")
-    p.add_argument("--stem", default="quality", help="file name stem of the outputs (default quality)")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="image cache folder (default OUT/cache): this command's own files (KEY.png, KEY.json), "
+                        "which it adds to and regenerates when damaged; other files there are left alone")
+    p.add_argument("--out", type=Path, default=Path("quality-results"),
+                   help="output folder (default quality-results; created if missing), checked before the run. "
+                        + OUT_HELP)
+    p.add_argument("--stem", type=stem, default="quality",
+                   help=f"file name stem of the outputs: STEM.md, .json, -grid.png, -plot.png ({STEM_HELP}; "
+                        "default quality)")
     p.add_argument("--grid-rows", type=positive_int, default=8, help="prompts shown in the grid (default 8)")
     p.set_defaults(run=run)
 
@@ -91,11 +99,11 @@ def load(args, parser):
         if args.size is not None:
             parser.error("--size applies to --model pipelines; the embedded model makes 32x32 images")
     else:
-        from ..tools.pipelines import load_pipeline
+        from ..tools.pipelines import PipelineLoadError, load_pipeline
 
         try:
             pipe, key = load_pipeline(args.model, dtype), args.model
-        except FileNotFoundError as err:
+        except (FileNotFoundError, PipelineLoadError) as err:
             parser.error(f"--model: {err}")
     pipe = pipe.to(device) if pipe.dtype == dtype else pipe.to(device=device, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
@@ -110,34 +118,46 @@ def _check_methods(methods, parser) -> None:
             parser.error("--methods tomesd:...: needs the tomesd package (pip install tomesd==0.1.3)")
 
 
+def check_class_names(items: list[tuple[str, str]], parser) -> None:
+    """Every prompt names a class the embedded model knows, or an argument error quoting the first that does
+    not (at most 200 characters of it) and where it is."""
+    from ..fashion import CLASS_NAMES, class_ids
+
+    for prompt, where in items:
+        try:
+            class_ids([prompt])
+        except ValueError:
+            parser.error(f"--prompts: the prompt at {where}, {quote(prompt)}, names no class the embedded "
+                         f"Fashion-MNIST model knows; use one of: {', '.join(CLASS_NAMES)} (or pass --model)")
+
+
 def run(args, parser) -> int:
     from ..quality.extra import make_extra_metrics
-    from ..quality.prompts import load_prompts
-    from ..quality.report import markdown, write_report
+    from ..quality.prompts import load_prompt_items
+    from ..quality.report import markdown, output_names, write_report
     from ..quality.run import QualityJob, run_job
+    from ..tools.outputs import Outputs
 
     _check_methods(args.methods, parser)
+    cache = args.cache or args.out / "cache"
+    outputs = Outputs(args.out, output_names(args.stem))
+    check_outputs(parser, outputs, (cache, "--cache" if args.cache else "--out"))  # before any work
     try:
-        prompts = load_prompts(args.prompts or ("classes" if args.model is None else "parti"), args.category,
-                               args.count)
+        items = load_prompt_items(args.prompts or ("classes" if args.model is None else "parti"), args.category,
+                                  args.count)
     except ValueError as err:
         parser.error(f"--prompts/--category/--count: {err}")
     if args.model is None:
-        from ..fashion import class_ids
-
-        try:
-            class_ids(prompts)
-        except ValueError as err:
-            parser.error(f"--prompts: {err}")
+        check_class_names(items, parser)
+    prompts = [prompt for prompt, _ in items]
     pipe, key, device = load(args, parser)
-    job = QualityJob(key, prompts, args.seeds, args.methods, args.steps, args.guidance, args.size,
-                     args.cache or args.out / "cache")
+    job = QualityJob(key, prompts, args.seeds, args.methods, args.steps, args.guidance, args.size, cache)
     extra = make_extra_metrics(args.metrics, args.clip_model) if args.metrics else None
     report = run_job(pipe, job, device, progress=not args.no_progress, extra_metrics=extra)
     if report is None:  # a worker process of a data-parallel run: the main process reports
         return 0
     command = "tokenmerge quality " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["quality"] else sys.argv[1:])
-    paths = write_report(report, args.out, args.stem, command, args.grid_rows)
+    paths = write_report(report, outputs, args.stem, command, args.grid_rows)
     print(markdown(report))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
