@@ -83,9 +83,17 @@ def _cycles() -> list[list[str]]:
 
 
 def test_the_graph_sees_lazy_imports():
-    # a function-level import (``from ..patch import _patches`` inside ``attach``) is an edge like any other
-    assert "tokenmerge.patch" in GRAPH["tokenmerge.bench.breakdown"]
+    # function-level imports (``import tokenmerge`` inside ``attach``, the parsers' imports) are edges like any other
+    assert "tokenmerge" in GRAPH["tokenmerge.bench.breakdown"]
     assert "tokenmerge.tools.methods" in GRAPH["tokenmerge.cli.bench"]
+
+
+def test_the_tools_use_the_core_through_its_public_api():
+    """The package (``apply_patch``, ``observe``...), the configs, and the zero-overhead limits' functions."""
+    public = {"tokenmerge", "tokenmerge.config", "tokenmerge.merge.plan", "tokenmerge.merge.downsample"}
+    wrong = {m: sorted(t for t in GRAPH[m] if not _in(t, *WING, "tokenmerge.fashion") and t not in public)
+             for m in MODULES if _in(m, *WING)}
+    assert {m: t for m, t in wrong.items() if t} == {}
 
 
 def test_no_import_circle_touches_the_tool_wing():
