@@ -9,5 +9,6 @@ Layers, each importing only the ones before it (``tests/test_tools_layout.py`` c
 3. ``bench`` and ``quality``: independent of each other;
 4. ``cli``: the argument parsers, on top of everything.
 
-The tools use the core through its public API only; the one exception is ``bench.breakdown.attach``.
+The tools use the core through its public API only (``apply_patch``, ``apply_config``, ``observe``,
+``describe_patch``, the configs, the limits' ``slice_match`` / ``slice_downsample``).
 """
