@@ -14,9 +14,9 @@ __all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDE
 
 SUPPORTED = (
     "a diffusers pipeline (every denoiser in its components: unet, transformer, controlnet, ...), a bare denoiser "
-    "of a supported family (see tokenmerge.registered_families(): diffusers UNets and ControlNets, DiT, PixArt, SD3, "
-    "Flux and the transformer families listed in the README), a multi-ControlNet, or an LDM-style model (CompVis/"
-    "Stability code: an object with .model.diffusion_model or .diffusion_model, or the UNetModel itself)"
+    "of a registered family (tokenmerge.registered_families(); the README's support table lists them), a "
+    "multi-ControlNet, or an LDM-style model (an object with .model.diffusion_model or .diffusion_model, or the "
+    "UNetModel itself)"
 )
 
 # Where LDM-style wrappers keep their denoiser (CompVis/Stability code and ControlNet's LDM code).

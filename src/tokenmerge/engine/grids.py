@@ -40,21 +40,23 @@ class GridReader:
             return [source.tokens] + [Arg(n) for n in source.names]
         return [source.arg]
 
-    def read(self, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], torch.device]:
+    def read(self, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], torch.device, int]:
+        """``(grid, device, trailing)``: ``trailing`` reference tokens follow the image's (ids beyond its grid)."""
         values = [b.read(args, kwargs) for b in self.bound]
         first = values[0]
         device = first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
         source = self.source
         if isinstance(source, LatentGrid):
-            return self._latent(first, source), device
+            return self._latent(first, source), device, 0
         if isinstance(source, IdsGrid):
-            return self._ids(first, source), device
+            grid, trailing = self._ids(first, source)
+            return grid, device, trailing
         if isinstance(source, ArgsGrid):
             if not all(isinstance(v, int) and v > 0 for v in values[1:]):
                 raise TypeError(f"tokenmerge: {self.owner}.forward needs the integer arguments "
                                 f"{', '.join(source.names)} to know its token grid; got {values[1:]}")
-            return tuple(values[1:]), device
-        return self._shapes(first, source), device
+            return tuple(values[1:]), device, 0
+        return self._shapes(first, source), device, 0
 
     def _latent(self, sample, source: LatentGrid) -> tuple[int, ...]:
         if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1:
@@ -64,7 +66,9 @@ class GridReader:
         dims = source.axes or tuple(range(sample.dim() - source.rank, sample.dim()))
         return tuple(int(sample.shape[d]) // p for d, p in zip(dims, self.patch))
 
-    def _ids(self, ids, source: IdsGrid) -> tuple[int, ...]:
+    def _ids(self, ids, source: IdsGrid) -> tuple[tuple[int, ...], int]:
+        """``(grid, trailing)`` from position ids: the image is the first rows whose ``source.image_axis`` id is the
+        first row's; the rows after them (another id there: reference images) are ``trailing``."""
         width = max(source.axes) + 1
         if not isinstance(ids, torch.Tensor) or ids.dim() not in (2, 3) or ids.shape[-1] < width:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' tensor (tokens, {width}) "
@@ -72,12 +76,19 @@ class GridReader:
         key = (ids.data_ptr(), tuple(ids.shape), ids.device)
         if self._cache[0] != key:
             rows = ids.reshape(-1, ids.shape[-1])[: ids.shape[-2]]
+            total = rows.shape[0]
+            if source.image_axis is not None:
+                same = rows[:, source.image_axis] == rows[0, source.image_axis]
+                count = int(same.sum())
+                if not bool(same[:count].all()):
+                    raise RuntimeError(f"tokenmerge: the image's {source.arg.name} do not come first, before the "
+                                       "reference tokens'; that layout is not supported")
+                rows = rows[:count]
             grid = tuple(int(rows[:, a].max() - rows[:, a].min()) + 1 for a in source.axes)
             if math.prod(grid) != rows.shape[0]:
                 raise RuntimeError(f"tokenmerge: {source.arg.name} of {rows.shape[0]} tokens do not form a "
-                                   f"{'x'.join(map(str, grid))} grid (reference or condition tokens beside the "
-                                   "image's are not supported for this model yet)")
-            self._cache = (key, grid)
+                                   f"{'x'.join(map(str, grid))} grid")
+            self._cache = (key, (grid, total - rows.shape[0]))
         return self._cache[1]
 
     def _shapes(self, shapes, source: ShapesGrid) -> tuple[int, ...]:

@@ -20,13 +20,13 @@ import torch
 from torch import nn
 
 from ..config import ToDoConfig, ToMeConfig
-from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, BlockSite, grid_rank
+from ..families.spec import CROSS, JOINT, MLP, SELF, Arg, BlockSite, grid_rank
 from ..merge import bipartite_soft_matching, downsample, num_windows, random_offsets
 from ..merge.bipartite import _MASK32, _mix32
 from .discover import DenoiserSite
 from .grids import GridReader
 from .guards import on_call
-from .layout import image_part, join_text, split_text, take_mask, take_rotary
+from .layout import image_part, join, sides, take_mask, take_rotary
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
 
 __all__ = ["DenoiserPatch", "PATCH_ATTR"]
@@ -60,7 +60,6 @@ class _Bound:
         self.spec, self.arg, self.context, self.rotary, self.mask = spec, arg, context, rotary, mask
 
 
-_TEXT_INSIDE = (TEXT_BEFORE, TEXT_AFTER)
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 _CONTEXT = Arg("encoder_hidden_states", also=("context",))
 
@@ -172,7 +171,7 @@ class DenoiserPatch:
     def _denoiser_pre(self, _b, _t, module, args, kwargs):
         site, cfg, state = self.site, self.config, self.state
         state.reset(self.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
-        state.grid, device = self._grid_reader.read(args, kwargs)
+        state.grid, device, state.trailing = self._grid_reader.read(args, kwargs)
         on_call(self, state.grid)  # caches added since the patch, windows larger than the grid (guards.py)
         timestep = site.timestep.read(args, kwargs) if site.timestep is not None else None
         state.step_key = step_key(timestep, device)
@@ -213,8 +212,8 @@ class DenoiserPatch:
         grid = coarsen(state.grid, site.level)
         image = math.prod(grid)
         x = self._inputs[index].read(args, kwargs)
-        if x.shape[1] > image and site.text != TEXT_NONE:
-            x = image_part(x, image, site.text)  # a block input that holds the text too
+        if x.shape[1] > image:  # a block input that holds text or reference tokens too
+            x = image_part(x, image, sides(x.shape[1], image, site.text, state.trailing)[0])
         if x.shape[1] != image:
             raise RuntimeError(
                 f"tokenmerge: block {site.path} (level {site.level}) got {x.shape[1]} tokens, but a latent grid of "
@@ -310,7 +309,7 @@ class DenoiserPatch:
                 + ("ToDo cannot pool" if pool else f"the {self.family.name} family does not declare to follow")
                 + "; apply the patch with merge_attn=False for this model")
         x = target.arg.read(args, kwargs)
-        if kind == JOINT or target.spec.text in _TEXT_INSIDE:  # text beside the image in this sequence
+        if kind == JOINT or x.shape[1] != plan.num_tokens:  # text or reference tokens beside the image's
             return self._merge_joint(call, t, target, x, args, kwargs)
         if pool:  # ToDo: keys and values from the pooled grid of the full (unmerged) tokens
             pooled = self.downsampler(x, call.grid, self.factors, self.config.mode)
@@ -324,9 +323,9 @@ class DenoiserPatch:
         """A sequence of image and text tokens (joint attention, or a feed-forward run on both): merge the image
         tokens (the text passes whole) and the rotary rows with them."""
         plan, spec = call.plan, target.spec
-        image, extra = split_text(x, plan.num_tokens, spec.text)
-        call.text[t] = extra
-        args, kwargs = target.arg.replace(args, kwargs, join_text(x, plan.merge(image), extra, spec.text))
+        before, after = call.text[t] = sides(x.shape[1], plan.num_tokens, spec.text, self.state.trailing)
+        image = image_part(x, plan.num_tokens, before)
+        args, kwargs = target.arg.replace(args, kwargs, join(x, plan.merge(image), before, after))
         return self._follow_rotary(plan, target, args, kwargs)
 
     def _follow_rotary(self, plan, target: _Bound, args, kwargs):
@@ -340,7 +339,8 @@ class DenoiserPatch:
                 raise RuntimeError(f"tokenmerge: {target.spec.attr} takes per-token positions or masks, which need "
                                    f"one merge pattern for the batch: family {self.family.name!r} must set "
                                    "shared_plan=True")
-            args, kwargs = bound.replace(args, kwargs, take(spec, value, plan.num_tokens, plan.representatives()))
+            value = take(spec, value, plan.num_tokens, plan.representatives(), self.state.trailing)
+            args, kwargs = bound.replace(args, kwargs, value)
         return args, kwargs
 
     def _unmerge_output(self, index: int, t: int, module, args, output):
@@ -357,19 +357,24 @@ class DenoiserPatch:
         if call is None or call.plan.num_merged == 0:
             return None
         plan, spec = call.plan, self._targets[index][t].spec
-        if spec.kind == JOINT or spec.text in _TEXT_INSIDE:
-            extra = call.text.pop(t, 0)
-            if isinstance(output, (tuple, list)):  # (image, text[, ...]): only the image part is unmerged
+        around = call.text.pop(t, None)
+        if around is not None:
+            if isinstance(output, (tuple, list)):  # (image stream, text[, ...]): only the image part is unmerged
                 parts = list(output)
-                parts[spec.output_image] = plan.unmerge(parts[spec.output_image])
+                parts[spec.output_image] = _unmerge_part(plan, parts[spec.output_image], *around)
                 return type(output)(parts)
-            if extra:
-                merged = output.shape[1] - extra
-                return join_text(output, plan.unmerge(image_part(output, merged, spec.text)), extra, spec.text)
+            return _unmerge_part(plan, output, *around)
         if not isinstance(output, torch.Tensor):
             raise RuntimeError(f"tokenmerge: {spec.attr} returned a {type(output).__name__}, expected a tensor "
                                "to unmerge")
         return plan.unmerge(output)
+
+
+def _unmerge_part(plan, x: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """Unmerge the image tokens of a sequence that also holds ``before`` / ``after`` other tokens."""
+    if not (before or after):
+        return plan.unmerge(x)
+    return join(x, plan.unmerge(image_part(x, x.shape[1] - before - after, before)), before, after)
 
 
 def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ class BlockCall:
 
     plan: object
     grid: tuple[int, ...]
-    text: dict[int, int] = field(default_factory=dict)  # target index -> text tokens beside the image's
+    text: dict[int, tuple[int, int]] = field(default_factory=dict)  # target index -> tokens before/after the image
 
 
 @dataclass
@@ -51,6 +51,7 @@ class CallState:
             if blocks is not None:
                 blocks[index].module._chunk_size = chunk_size
         self.grid: tuple[int, ...] | None = None
+        self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
         self.step_key = None
         self.active = True  # the schedule's verdict for this call
         self.ratio = 0.0

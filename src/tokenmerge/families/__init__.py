@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import dit, unet, video
+from . import dit, image, unet, video
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, Blocks, BlockSite,
                    Family, IdsGrid, LatentGrid, Mask, Predicate, Refused, Rotary, Target, block_has, config_has, has, has_list,
                    takes)
@@ -24,7 +24,8 @@ __all__ = [
     "REFUSED", "Refused",
 ]
 
-BUILTIN: tuple[Family, ...] = (unet.DIFFUSERS_UNET, unet.LDM_UNET, dit.DIT, dit.MMDIT, dit.FLUX, video.WAN,
+BUILTIN: tuple[Family, ...] = (unet.DIFFUSERS_UNET, unet.LDM_UNET, dit.DIT, dit.MMDIT, dit.FLUX, image.FLUX2,
+                               image.QWEN_IMAGE, image.SANA, video.WAN,
                                video.HUNYUAN_VIDEO, video.COGVIDEOX, video.LTX_VIDEO, video.MOCHI)
 # Models recognised and refused with their own reason (checked before the families).
 REFUSED: tuple[Refused, ...] = video.REFUSED

@@ -29,6 +29,7 @@ DIT = Family(
     grid=LatentGrid(patch=_PATCH),
     blocks=(Blocks("transformer_blocks", BASIC_TARGETS, requires=("attn1", "ff", "norm1")),),
     description="DiT, PixArt-alpha/Sigma (and Latte's spatial blocks)",
+    examples=("dit", "pixart", "latte"),
 )
 
 MMDIT = Family(
@@ -40,6 +41,7 @@ MMDIT = Family(
                    requires=("attn", "ff")),),
     todo=JOINT_REFUSES_TODO,
     description="Stable Diffusion 3 / 3.5 (MMDiT)",
+    examples=("sd3", "sd3.5", "sd3-controlnet"),
 )
 
 _FLUX_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
@@ -58,5 +60,9 @@ FLUX = Family(
     timestep=Arg("timestep", scale=1000.0),
     shared_plan=True,
     todo=JOINT_REFUSES_TODO,
-    description="Flux.1 (dev, schnell) and kin: Chroma, Bria, LongCat-Image, Ovis-Image",
+    description="Flux.1 (dev, schnell, Fill, Kontext: reference tokens pass whole) and kin: Chroma, Bria, Bria-Fibo, "
+                "LongCat-Image, Ovis-Image",
+    examples=("flux", "flux-schnell", "flux-fill", "flux-kontext", "bria", "longcat-image", "ovis-image", "chroma",
+              "bria-fibo",
+              "flux-controlnet", "flux-controlnet-union"),
 )

@@ -211,13 +211,16 @@ class LatentGrid:
 
 @dataclass(frozen=True)
 class IdsGrid:
-    """The grid from position ids ``(tokens, k)`` (Flux's ``img_ids``): the span of columns ``axes``.
+    """The grid from position ids ``(tokens, k)`` (Flux's ``img_ids``): the span of columns ``axes`` over the
+    image's rows. Rows after them with another ``image_axis`` id are reference-image tokens (Flux Kontext, Flux.2
+    edits): they, and their rotary rows, pass whole.
 
     Read on the host once per new ids tensor (once per generation), never per step.
     """
 
     arg: Arg = Arg("img_ids")
     axes: tuple[int, ...] = (1, 2)
+    image_axis: int | None = 0  # the image's rows share this id (reference images after them have others)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,8 @@ DIFFUSERS_UNET = Family(
     levels=_diffusers_levels,
     timestep=Arg("timestep", also=("timesteps",)),
     description="diffusers UNets and ControlNets: SD 1.x/2.x, SDXL, ControlNet, the video UNets' spatial blocks",
+    examples=("unet-sd", "unet-sdxl", "controlnet", "unet-3d", "unet-svd", "unet-motion", "i2vgen-xl",
+              "controlnet-union", "sparsectrl"),
 )
 
 LDM_UNET = Family(
@@ -91,4 +93,5 @@ LDM_UNET = Family(
     levels=_ldm_levels,
     timestep=Arg("timesteps", also=("timestep", "t")),
     description="LDM-style UNetModel (CompVis ldm, Stability sgm, the webuis built on them)",
+    examples=("ldm",),
 )

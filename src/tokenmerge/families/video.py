@@ -39,6 +39,7 @@ WAN = Family(
     shared_plan=True,
     todo=ROTARY_SELF_REFUSES_TODO,
     description="Wan 2.1/2.2 (T2V, I2V, TI2V), VACE, Animate, SkyReels-V2, ChronoEdit",
+    examples=("wan", "wan-i2v", "wan-ti2v", "wan-vace", "wan-animate", "skyreels-v2", "skyreels-v2-df", "chronoedit"),
 )
 
 _VIDEO_PATCH = ("patch_size_t", "patch_size", "patch_size")
@@ -60,6 +61,7 @@ HUNYUAN_VIDEO = Family(
     shared_plan=True,
     todo=JOINT_REFUSES_TODO,
     description="HunyuanVideo 1.0 (T2V, I2V, token-replace I2V)",
+    examples=("hunyuan-video", "hunyuan-video-i2v", "hunyuan-video-i2v-token-replace"),
 )
 
 COGVIDEOX = Family(
@@ -73,6 +75,7 @@ COGVIDEOX = Family(
     shared_plan=True,
     todo=JOINT_REFUSES_TODO,
     description="CogVideoX 1.0 / 1.5 (T2V, I2V), ConsisID-like layouts",
+    examples=("cogvideox", "cogvideox-5b", "cogvideox-i2v", "cogvideox-1.5", "consisid"),
 )
 
 LTX_VIDEO = Family(
@@ -86,6 +89,7 @@ LTX_VIDEO = Family(
     shared_plan=True,
     todo=ROTARY_SELF_REFUSES_TODO,
     description="LTX-Video (T2V, I2V, condition)",
+    examples=("ltx", "ltx-i2v"),
 )
 
 MOCHI = Family(
@@ -101,6 +105,7 @@ MOCHI = Family(
     shared_plan=True,
     todo=JOINT_REFUSES_TODO,
     description="Mochi 1",
+    examples=("mochi",),
 )
 
 REFUSED = (
