@@ -18,3 +18,12 @@ from tiny_models import (  # noqa: F401  (re-exported fixtures' factories)
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def fast_cpu():
+    """One intra-op thread and oneDNN off, for the tiny catalogue models (see tiny_denoisers.cpu_fast)."""
+    from tiny_denoisers import cpu_fast
+
+    with cpu_fast():
+        yield

@@ -18,6 +18,8 @@ from tiny_denoisers import TinyDenoiser, available as _available, output_tensor
 from tiny_models import ToyVideoDiT, ldm_unet, toy_video_family, toy_video_inputs
 from tokenmerge.families import BUILTIN, match_family, registered_families
 
+pytestmark = pytest.mark.usefixtures("fast_cpu")
+
 
 def _ldm_inputs(batch=2, grid=None, seed=0):
     g = torch.Generator().manual_seed(seed)

@@ -12,6 +12,8 @@ import tokenmerge
 from tiny_denoisers import CATALOGUE, available
 from tokenmerge.families.spec import Arg
 
+pytestmark = pytest.mark.usefixtures("fast_cpu")
+
 # (entry, block list, attention, rotary keyword, text before the image in hidden_states, token axis of the rotary)
 CASES = [
     ("flux-kontext", "transformer_blocks", "attn", "image_rotary_emb", False, -2),

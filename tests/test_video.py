@@ -10,6 +10,8 @@ import tokenmerge
 from tiny_denoisers import CATALOGUE, available
 from tokenmerge.families.spec import Arg
 
+pytestmark = pytest.mark.usefixtures("fast_cpu")
+
 # (catalogue entry, block list, attention attribute, rotary keyword, token axis of the rotary tensors)
 ROTARY = [
     ("wan", "blocks", "attn1", "rotary_emb", 1),
