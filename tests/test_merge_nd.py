@@ -205,7 +205,8 @@ def test_identity_and_errors():
     metric = torch.randn(2, 3 * 4 * 6, 5)
     for r in (0, -3):
         plan = bipartite_soft_matching(metric, (3, 4, 6), (1, 2, 2), r)
-        assert isinstance(plan, IdentityPlan) and plan.merge(metric) is metric
+        assert isinstance(plan, IdentityPlan) and plan.merge(metric) is metric and plan.unmerge(metric) is metric
+        assert plan.num_merged == 0 and plan.num_tokens == plan.num_slots == 3 * 4 * 6
     assert isinstance(bipartite_soft_matching(metric, (3, 4, 6), (4, 2, 2), 10), IdentityPlan)  # no whole window
     assert isinstance(slice_match(metric, (3, 4, 6), (1, 2, 2), 0), IdentityPlan)
     limit = slice_match(metric, (3, 4, 6), (1, 2, 2), 1000)

@@ -142,7 +142,7 @@ def bipartite_soft_matching(metric: torch.Tensor, shape: tuple[int, ...], window
     uniform = radius is not None and not isinstance(radius, (tuple, list))  # one int for every axis
     given, radius = radius, normalize_radius(radius, shape, windows)
     if r <= 0 or math.prod(window_grid(shape, windows)) == 0:
-        return IdentityPlan()
+        return IdentityPlan(tokens)
     with torch.no_grad():
         axes = _folded_axes(shape, windows, radius)
         fold, shape, windows, radius = math.prod(shape[:axes]), shape[axes:], windows[axes:], radius[axes:]

@@ -10,9 +10,15 @@ __all__ = ["MergePlan", "IdentityPlan", "SlicePlan", "slice_match", "slice_match
 
 
 class IdentityPlan:
-    """The exact fast path: nothing is merged, inputs pass through untouched (bit for bit)."""
+    """The exact fast path: nothing is merged, inputs pass through untouched (bit for bit).
+
+    ``num_tokens`` (and ``num_slots``, the same): the grid's token count when the matcher knows it, else None.
+    """
 
     num_merged = 0
+
+    def __init__(self, num_tokens: int | None = None):
+        self.num_tokens = self.num_slots = num_tokens
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -120,7 +126,7 @@ def slice_match(metric, shape, windows, r, offsets=None, radius=None):
     tokens = metric.shape[1]
     num = math.prod(n // s for n, s in zip(shape, windows))
     r = min(r, tokens - num)
-    return IdentityPlan() if r <= 0 or num == 0 else SlicePlan(tokens, tokens - r)
+    return IdentityPlan(tokens) if r <= 0 or num == 0 else SlicePlan(tokens, tokens - r)
 
 
 def slice_matcher(metric, h, w, sx, sy, r, offsets=None):
