@@ -35,7 +35,7 @@ def tile_sizes(grid, radii, tile=None) -> tuple[int, ...]:
     candidates: 2^3 is about 2x faster at R = 1 on a video grid, 1 at R = 0); else ``max(LOCAL_TILE, 2 R_i)``.
     """
     if tile is None:
-        whole = math.prod(g for g, rad in zip(grid, radii) if rad is None)
+        whole = math.prod([g for g, rad in zip(grid, radii) if rad is None])  # lists: torch.compile traces this
         if whole >= 16 or len(grid) > 2:
             return tuple(g if rad is None else 1 if whole >= 16 else rad + 1 for g, rad in zip(grid, radii))
         tile = LOCAL_TILE
@@ -103,7 +103,7 @@ def _tiling(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, tile
         own = own.permute(*range(0, 2 * rank, 2), *range(1, 2 * rank, 2)).reshape(num_tiles, size)
         block = offset if not any(slab) else _raster(
             [n - g * s if a else s for a, n, g, s in zip(slab, shape, grid, windows)], step)  # tokens of a block
-        shift = sum(s * t for a, s, t in zip(slab, windows, step) if a)  # a slab's block: past its window
+        shift = sum([s * t for a, s, t in zip(slab, windows, step) if a])  # a slab's block: past its window
         tokens = (origin[own].unsqueeze(2) + shift + block).reshape(num_tiles, size * block.shape[0])
         near = torch.ones([1] * (2 * rank), dtype=torch.bool)
         for axis, (t, span, p, rad) in enumerate(zip(sizes, spans, pads, radii)):

@@ -124,7 +124,7 @@ def slice_match(metric, shape, windows, r, offsets=None, radius=None):
     """A matcher with ToMe's token count after merging (``r`` capped at the number of sources), on a grid of
     any rank (``bipartite_soft_matching``'s arguments; ``offsets`` and ``radius`` change nothing)."""
     tokens = metric.shape[1]
-    num = math.prod(n // s for n, s in zip(shape, windows))
+    num = math.prod([n // s for n, s in zip(shape, windows)])
     r = min(r, tokens - num)
     return IdentityPlan(tokens) if r <= 0 or num == 0 else SlicePlan(tokens, tokens - r)
 
