@@ -309,7 +309,7 @@ class DenoiserPatch:
                 + ("ToDo cannot pool" if pool else f"the {self.family.name} family does not declare to follow")
                 + "; apply the patch with merge_attn=False for this model")
         x = target.arg.read(args, kwargs)
-        if kind == JOINT or x.shape[1] != plan.num_tokens:  # text or reference tokens beside the image's
+        if kind == JOINT or (plan.num_merged and x.shape[1] != plan.num_tokens):  # text or references beside it
             return self._merge_joint(call, t, target, x, args, kwargs)
         if pool:  # ToDo: keys and values from the pooled grid of the full (unmerged) tokens
             pooled = self.downsampler(x, call.grid, self.factors, self.config.mode)

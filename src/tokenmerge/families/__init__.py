@@ -13,19 +13,19 @@ from torch import nn
 
 from . import dit, image, unet, video
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, Blocks, BlockSite,
-                   Family, IdsGrid, LatentGrid, Mask, Predicate, Refused, Rotary, Target, block_has, config_has, has, has_list,
+                   Family, IdsGrid, LatentGrid, Mask, Predicate, Refused, Rotary, Target, block_has, config_has, config_is, has, has_list,
                    takes)
 
 __all__ = [
     "Arg", "Blocks", "BlockSite", "Family", "IdsGrid", "LatentGrid", "Mask", "Predicate", "Rotary", "Target",
     "SELF", "CROSS", "MLP", "JOINT", "TEXT_NONE", "TEXT_BEFORE", "TEXT_AFTER", "TEXT_STREAM",
-    "has", "has_list", "takes", "config_has", "block_has",
+    "has", "has_list", "takes", "config_has", "config_is", "block_has",
     "register_family", "unregister_family", "registered_families", "match_family", "refusal_for", "BUILTIN",
     "REFUSED", "Refused",
 ]
 
 BUILTIN: tuple[Family, ...] = (unet.DIFFUSERS_UNET, unet.LDM_UNET, dit.DIT, dit.MMDIT, dit.FLUX, image.FLUX2,
-                               image.QWEN_IMAGE, image.SANA, video.WAN,
+                               image.QWEN_IMAGE, image.SANA, image.SANA_SPRINT, video.WAN,
                                video.HUNYUAN_VIDEO, video.COGVIDEOX, video.LTX_VIDEO, video.MOCHI)
 # Models recognised and refused with their own reason (checked before the families).
 REFUSED: tuple[Refused, ...] = video.REFUSED

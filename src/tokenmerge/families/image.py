@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from .dit import JOINT_REFUSES_TODO
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask,
-                   Rotary, ShapesGrid, Target, block_has, has, has_list, takes)
+                   Rotary, ShapesGrid, Target, block_has, config_is, has, has_list, takes)
 
-__all__ = ["FLUX2", "QWEN_IMAGE", "SANA"]
+__all__ = ["FLUX2", "QWEN_IMAGE", "SANA", "SANA_SPRINT"]
 
 _FLUX2_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
 FLUX2 = Family(
@@ -56,15 +56,28 @@ QWEN_IMAGE = Family(
     examples=("qwen-image", "qwen-image-edit", "qwen-image-edit-2511", "qwen-image-layered", "qwen-image-controlnet"),
 )
 
+_SANA_MATCH = has("patch_embed", "caption_projection", "caption_norm") & has_list("transformer_blocks") \
+    & block_has("transformer_blocks", "attn1", "attn2", "ff")
+_SANA_BLOCKS = (Blocks("transformer_blocks", (
+    Target("attn1", SELF), Target("attn2", CROSS),
+    Target("ff", MLP, refuse="SANA's GLUMBConv feed-forward is a convolution over the token grid; use "
+                             "merge_mlp=False")), requires=("attn1", "ff")),)
+
 SANA = Family(
     "sana",
-    match=has("patch_embed", "caption_projection", "caption_norm") & has_list("transformer_blocks")
-    & block_has("transformer_blocks", "attn1", "attn2", "ff"),
+    match=_SANA_MATCH & ~config_is("guidance_embeds", True),
     grid=LatentGrid(patch=("patch_size", "patch_size")),
-    blocks=(Blocks("transformer_blocks", (
-        Target("attn1", SELF), Target("attn2", CROSS),
-        Target("ff", MLP, refuse="SANA's GLUMBConv feed-forward is a convolution over the token grid; use "
-                                 "merge_mlp=False")), requires=("attn1", "ff")),),
-    description="SANA 1.x, SANA-Sprint (linear attention; the feed-forward is not merged)",
-    examples=("sana", "sana-sprint", "sana-controlnet"),
+    blocks=_SANA_BLOCKS,
+    description="SANA 1.x (linear attention; the feed-forward is not merged)",
+    examples=("sana", "sana-controlnet"),
+)
+
+SANA_SPRINT = Family(  # the same blocks, called with the SCM timestep in 0..1 (1 = noise)
+    "sana-sprint",
+    match=_SANA_MATCH & config_is("guidance_embeds", True),
+    grid=LatentGrid(patch=("patch_size", "patch_size")),
+    blocks=_SANA_BLOCKS,
+    timestep=Arg("timestep", scale=1000.0),
+    description="SANA-Sprint (one- to four-step SANA; 0..1 timesteps)",
+    examples=("sana-sprint",),
 )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-__all__ = ["Predicate", "has", "has_list", "takes", "config_has", "block_has", "config", "params"]
+__all__ = ["Predicate", "has", "has_list", "takes", "config_has", "config_is", "block_has", "config", "params"]
 
 
 def params(module: nn.Module) -> list[inspect.Parameter]:
@@ -136,6 +136,21 @@ class config_has(Predicate):
 
     def __str__(self):
         return f"config_has({self.key})"
+
+
+@dataclass(frozen=True)
+class config_is(Predicate):
+    """The module's config has ``key`` equal to ``value``."""
+
+    key: str
+    value: object
+
+    def __call__(self, module):
+        cfg = config(module)
+        return self.key in cfg and cfg[self.key] == self.value
+
+    def __str__(self):
+        return f"config_is({self.key}={self.value!r})"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Callable
 
 from torch import nn
 
-from .predicates import Predicate, block_has, config, config_has, has, has_list, takes
+from .predicates import Predicate, block_has, config, config_has, config_is, has, has_list, takes  # noqa: F401
 from .predicates import params as _params
 
 __all__ = [

@@ -83,7 +83,7 @@ DIFFUSERS_UNET = Family(
     timestep=Arg("timestep", also=("timesteps",)),
     description="diffusers UNets and ControlNets: SD 1.x/2.x, SDXL, ControlNet, the video UNets' spatial blocks",
     examples=("unet-sd", "unet-sdxl", "controlnet", "unet-3d", "unet-svd", "unet-motion", "i2vgen-xl",
-              "controlnet-union", "sparsectrl"),
+              "controlnet-union", "sparsectrl", "dreamlite-unet"),
 )
 
 LDM_UNET = Family(

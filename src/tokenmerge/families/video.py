@@ -28,10 +28,12 @@ ROTARY_SELF_REFUSES_TODO = (
     "gets the position of its token: pooled keys would need pooled positions, which that call cannot take. Use "
     "ToMe (apply_patch) on this model")
 
+_WAN_LAYOUT = has("patch_embedding", "rope", "condition_embedder") & has_list("blocks") & ~has("patch_short") \
+    & ~has("far_patch_embedding") & block_has("blocks", "attn1", "attn2", "ffn")
+
 WAN = Family(
     "wan",
-    match=has("patch_embedding", "rope", "condition_embedder") & has_list("blocks") & ~has("patch_short")
-    & block_has("blocks", "attn1", "attn2", "ffn"),
+    match=_WAN_LAYOUT & ~takes("r_timestep"),
     grid=LatentGrid(rank=3, patch=("patch_size", "patch_size", "patch_size")),
     blocks=(Blocks("blocks", (Target("attn1", SELF, rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE),
                                      mask=Mask("attention_mask")),
@@ -60,8 +62,8 @@ HUNYUAN_VIDEO = Family(
             Blocks("single_transformer_blocks", (_HUNYUAN_ATTN,), requires=("attn", "proj_mlp"))),
     shared_plan=True,
     todo=JOINT_REFUSES_TODO,
-    description="HunyuanVideo 1.0 (T2V, I2V, token-replace I2V)",
-    examples=("hunyuan-video", "hunyuan-video-i2v", "hunyuan-video-i2v-token-replace"),
+    description="HunyuanVideo 1.0 (T2V, I2V, token-replace I2V), Motif-Video",
+    examples=("hunyuan-video", "hunyuan-video-i2v", "hunyuan-video-i2v-token-replace", "motif-video"),
 )
 
 COGVIDEOX = Family(
@@ -119,6 +121,12 @@ REFUSED = (
     Refused("helios", has("patch_embedding", "patch_short", "patch_long") & has_list("blocks"),
             "Helios prepends short/mid/long history tokens, embedded at other patch sizes, to the video's in every "
             "block; that layout is not supported yet"),
+    Refused("anyflow", _WAN_LAYOUT & takes("r_timestep"),
+            "AnyFlow passes its rotary tables to attention as a dict (and a frames-first latent); that layout is "
+            "not supported yet"),
+    Refused("anyflow-far", has("far_patch_embedding", "patch_embedding") & has_list("blocks"),
+            "AnyFlow-FAR generates in autoregressive chunks with a block mask and a key/value cache over earlier "
+            "chunks; not supported yet"),
     Refused("ltx2", has("audio_proj_in", "proj_in") & has_list("transformer_blocks"),
             "LTX-2 carries an audio stream with audio-video cross-attention in every block; not supported yet"),
 )
