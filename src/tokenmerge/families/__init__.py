@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import dit, image, unet, video
+from . import dit, image, image2, refused, unet, video, video2
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, Blocks, BlockSite,
                    Family, IdsGrid, LatentGrid, Mask, Predicate, Refused, Rotary, Target, block_has, config_has, config_is, has, has_list,
                    takes)
@@ -24,11 +24,11 @@ __all__ = [
     "REFUSED", "Refused",
 ]
 
-BUILTIN: tuple[Family, ...] = (unet.DIFFUSERS_UNET, unet.LDM_UNET, dit.DIT, dit.MMDIT, dit.FLUX, image.FLUX2,
-                               image.QWEN_IMAGE, image.SANA, image.SANA_SPRINT, video.WAN,
-                               video.HUNYUAN_VIDEO, video.COGVIDEOX, video.LTX_VIDEO, video.MOCHI)
+# Each group module lists its families (FAMILIES) and the models it recognises and refuses (REFUSED, optional).
+_GROUPS = (unet, dit, image, video, image2, video2, refused)
+BUILTIN: tuple[Family, ...] = tuple(f for group in _GROUPS for f in group.FAMILIES)
 # Models recognised and refused with their own reason (checked before the families).
-REFUSED: tuple[Refused, ...] = video.REFUSED
+REFUSED: tuple[Refused, ...] = tuple(r for group in _GROUPS for r in getattr(group, "REFUSED", ()))
 _USER: list[Family] = []
 
 

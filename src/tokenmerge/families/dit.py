@@ -15,7 +15,7 @@ from .spec import (JOINT, MLP, SELF, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, 
                    Target, block_has, config_has, has, takes)
 from .unet import BASIC_TARGETS
 
-__all__ = ["DIT", "MMDIT", "FLUX"]
+__all__ = ["DIT", "MMDIT", "FLUX", "FAMILIES"]
 
 _PATCH = ("patch_size", "patch_size")
 JOINT_REFUSES_TODO = (
@@ -66,3 +66,5 @@ FLUX = Family(
               "bria-fibo",
               "flux-controlnet", "flux-controlnet-union"),
 )
+
+FAMILIES = (DIT, MMDIT, FLUX,)

@@ -17,7 +17,7 @@ from .dit import JOINT_REFUSES_TODO
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask,
                    Rotary, ShapesGrid, Target, block_has, config_is, has, has_list, takes)
 
-__all__ = ["FLUX2", "QWEN_IMAGE", "SANA", "SANA_SPRINT"]
+__all__ = ["FLUX2", "QWEN_IMAGE", "SANA", "SANA_SPRINT", "FAMILIES"]
 
 _FLUX2_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
 FLUX2 = Family(
@@ -81,3 +81,5 @@ SANA_SPRINT = Family(  # the same blocks, called with the SCM timestep in 0..1 (
     description="SANA-Sprint (one- to four-step SANA; 0..1 timesteps)",
     examples=("sana-sprint",),
 )
+
+FAMILIES = (FLUX2, QWEN_IMAGE, SANA, SANA_SPRINT,)

@@ -13,7 +13,7 @@ from torch import nn
 
 from .spec import CROSS, MLP, SELF, Arg, BlockSite, Family, LatentGrid, Target, has, has_list
 
-__all__ = ["DIFFUSERS_UNET", "LDM_UNET", "BASIC_TARGETS", "transformer_blocks_in", "is_transformer_block"]
+__all__ = ["DIFFUSERS_UNET", "LDM_UNET", "BASIC_TARGETS", "transformer_blocks_in", "is_transformer_block", "FAMILIES"]
 
 BASIC_TARGETS = (Target("attn1", SELF), Target("attn2", CROSS), Target("ff", MLP))
 _TEMPORAL = ("time_stack", "temp_attentions", "motion_modules", "temporal_transformer")
@@ -95,3 +95,5 @@ LDM_UNET = Family(
     description="LDM-style UNetModel (CompVis ldm, Stability sgm, the webuis built on them)",
     examples=("ldm",),
 )
+
+FAMILIES = (DIFFUSERS_UNET, LDM_UNET,)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, ArgsGrid, Blocks, Family, LatentGrid,
                    Mask, Refused, Rotary, Target, block_has, config_has, has, has_list, takes)
 
-__all__ = ["WAN", "HUNYUAN_VIDEO", "COGVIDEOX", "LTX_VIDEO", "MOCHI", "REFUSED"]
+__all__ = ["WAN", "HUNYUAN_VIDEO", "COGVIDEOX", "LTX_VIDEO", "MOCHI", "REFUSED", "FAMILIES"]
 
 ROTARY_SELF_REFUSES_TODO = (
     "ToDo cannot pool keys that carry rotary positions inside the attention call (Wan and kin), where every key "
@@ -130,3 +130,5 @@ REFUSED = (
     Refused("ltx2", has("audio_proj_in", "proj_in") & has_list("transformer_blocks"),
             "LTX-2 carries an audio stream with audio-video cross-attention in every block; not supported yet"),
 )
+
+FAMILIES = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX_VIDEO, MOCHI,)
