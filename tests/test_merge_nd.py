@@ -273,6 +273,13 @@ def test_3d_downsample_without_time_is_each_frame_pooled(mode):
     assert downsample(x, shape, (1, 1, 1), mode) is x
 
 
+def test_4d_avg_is_the_mean_of_each_block():
+    shape, factors = (4, 6, 6, 8), (2, 3, 2, 2)
+    x = torch.randn(2, math.prod(shape), 3, dtype=torch.float64)
+    blocks = x.view(2, 2, 2, 2, 3, 3, 2, 4, 2, 3).mean(dim=(2, 4, 6, 8))  # (B, 2, 2, 3, 4, C)
+    torch.testing.assert_close(downsample(x, shape, factors, "avg"), blocks.reshape(2, -1, 3))
+
+
 def test_downsample_errors():
     x = torch.randn(2, 4 * 6 * 6, 5)
     with pytest.raises(ValueError, match="trilinear"):

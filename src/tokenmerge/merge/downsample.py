@@ -55,11 +55,36 @@ def downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int, ...]
         hint = " (or factor 1 on the leading axes); use 'trilinear' for 3-D pooling" if mode == "bilinear" else ""
         raise ValueError(f"token downsampling: mode {mode!r} needs a {_RANKS[mode]}-D grid{hint}, "
                          f"got factors {factors} on a grid {shape} after folding")
+    if mode == "avg" and len(shape) > 2:  # separable: each slice's last two axes, then the others by a product
+        lead = list(shape[:-2])
+        y = x if factors[-2:] == (1, 1) else _interpolate(
+            x.reshape(-1, math.prod(shape[-2:]), channels), shape[-2:], factors[-2:], mode)
+        y = y.reshape(batch * outer, *lead, -1)
+        for axis, factor in enumerate(factors[:-2]):
+            if factor > 1:
+                size = math.ceil(lead[axis] / factor)
+                flat = y.reshape(math.prod(y.shape[: axis + 1]), lead[axis], -1)
+                lead[axis] = size
+                y = (_area_weights(flat.shape[1], size, y.dtype, y.device) @ flat).reshape(batch * outer, *lead, -1)
+        return y.reshape(batch, -1, channels)
     if len(shape) > 3:
         raise ValueError(f"token downsampling: at most 3 axes with factors above 1, got factors {factors}")
-    grid = x.reshape(batch * outer, -1, channels).transpose(1, 2).reshape(batch * outer, channels, *shape)
+    return _interpolate(x.reshape(batch * outer, -1, channels), shape, factors, mode).reshape(batch, -1, channels)
+
+
+def _area_weights(size: int, pooled: int, dtype, device) -> torch.Tensor:
+    """``(pooled, size)``: the adaptive average pooling of an axis (``F.interpolate``'s "area") as a matrix."""
+    i, j = torch.arange(pooled, device=device).unsqueeze(1), torch.arange(size, device=device)
+    start, end = i * size // pooled, ((i + 1) * size + pooled - 1) // pooled
+    return ((j >= start) & (j < end)).to(dtype) / (end - start).to(dtype)
+
+
+def _interpolate(x: torch.Tensor, shape, factors, mode: str) -> torch.Tensor:
+    """``F.interpolate`` of the ``(B, prod(shape), C)`` tokens' grid: ``(B, prod(pooled), C)`` (a view)."""
+    batch, _, channels = x.shape
+    grid = x.transpose(1, 2).reshape(batch, channels, *shape)
     pooled = F.interpolate(grid, size=pooled_shape(shape, factors), **_MODES[mode])
-    return pooled.flatten(2).transpose(1, 2).reshape(batch, -1, channels)
+    return pooled.flatten(2).transpose(1, 2)
 
 
 def slice_downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int, ...],
