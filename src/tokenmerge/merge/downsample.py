@@ -1,7 +1,9 @@
 """ToDo's token downsampling: the token grid pooled by a factor per axis (keys/values of self-attention).
 
-Grids of any rank up to 3 pooled whole (``F.interpolate``), leading axes with factor 1 folded into the batch
-first (a video pooled ``(1, 2, 2)`` is each frame pooled on its own, bit for bit the 2-D pooling).
+Leading axes with factor 1 are folded into the batch first (a video pooled ``(1, 2, 2)`` is each frame pooled on
+its own, bit for bit the 2-D pooling); what is left is pooled whole by ``F.interpolate`` (up to 3 axes), except
+"avg" on 3 axes or more: each slice's last two axes by ``F.interpolate``, then the others by a product with the
+area weights (separable; the strided 3-D area pooling is 6x slower).
 """
 
 from __future__ import annotations
