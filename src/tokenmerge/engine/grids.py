@@ -56,7 +56,8 @@ class GridReader:
                 raise TypeError(f"tokenmerge: {self.owner}.forward needs the integer arguments "
                                 f"{', '.join(source.names)} to know its token grid; got {values[1:]}")
             return tuple(values[1:]), device, 0
-        return self._shapes(first, source), device, 0
+        grid, trailing = self._shapes(first, source)
+        return grid, device, trailing
 
     def _latent(self, sample, source: LatentGrid) -> tuple[int, ...]:
         if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1:
@@ -91,12 +92,13 @@ class GridReader:
             self._cache = (key, (grid, total - rows.shape[0]))
         return self._cache[1]
 
-    def _shapes(self, shapes, source: ShapesGrid) -> tuple[int, ...]:
+    def _shapes(self, shapes, source: ShapesGrid) -> tuple[tuple[int, ...], int]:
+        """``(grid, trailing)``: the first image's grid, and the tokens of the images after it (references)."""
         try:
-            first = shapes[0][0] if isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple)) \
-                else shapes[0]
-            grid = tuple(int(n) for n in first[-source.rank:])
+            sample = shapes[0] if isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple)) \
+                else shapes
+            grids = [tuple(int(n) for n in s[-source.rank:]) for s in sample]
         except (TypeError, IndexError, ValueError):
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' list of per-sample shapes "
                             f"to read the image grid from; got {type(shapes).__name__}") from None
-        return grid
+        return grids[0], sum(math.prod(g) for g in grids[1:])

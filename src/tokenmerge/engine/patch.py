@@ -25,6 +25,7 @@ from ..merge import bipartite_soft_matching, downsample, num_windows, random_off
 from ..merge.bipartite import _MASK32, _mix32
 from .discover import DenoiserSite
 from .grids import GridReader
+from .inside import PoolKeys
 from .guards import on_call
 from .layout import image_part, join, sides, take_mask, take_rotary
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
@@ -54,10 +55,11 @@ class _Hook:
 class _Bound:
     """A target of one block, bound to its sub-module's signature."""
 
-    __slots__ = ("spec", "arg", "context", "rotary", "mask")
+    __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside")
 
-    def __init__(self, spec, arg, context, rotary, mask):
+    def __init__(self, spec, arg, context, rotary, mask, inside=False):
         self.spec, self.arg, self.context, self.rotary, self.mask = spec, arg, context, rotary, mask
+        self.inside = inside  # ToDo pools the keys inside the attention call (engine/inside.py)
 
 
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
@@ -141,13 +143,22 @@ class DenoiserPatch:
                 continue
             if spec.refuse is not None:
                 raise ValueError(f"tokenmerge: {site.path}.{spec.attr} cannot take merged tokens: {spec.refuse}")
-            context = _CONTEXT.bind(sub) if spec.kind == SELF else None
-            if self.todo and spec.kind == SELF and context is None:
-                raise TypeError(f"tokenmerge: {site.path}.{spec.attr} takes no encoder_hidden_states/context "
-                                "argument to pass downsampled keys and values through (ToDo)")
+            inside = self.todo and spec.keys is not None and spec.kind in (SELF, JOINT)
+            context = _CONTEXT.bind(sub) if spec.kind == SELF and not inside else None
+            if self.todo and not inside:
+                if spec.kind == JOINT:
+                    raise ValueError(f"tokenmerge: ToDo cannot pool the keys of {site.path}.{spec.attr}: joint "
+                                     f"attention whose key layout the {self.family.name} family does not declare")
+                if spec.kind == SELF and context is None:
+                    raise TypeError(f"tokenmerge: {site.path}.{spec.attr} takes no encoder_hidden_states/context "
+                                    "argument to pass downsampled keys and values through (ToDo)")
+            if inside and (self.config.ratio > 0 or (self.config.ratio_end or 0) > 0):
+                raise ValueError(f"tokenmerge: ToDo with ratio={self.config.ratio:g} on {self.family.name}: its keys "
+                                 "are pooled inside the attention call from the tokens that call gets, so the queries "
+                                 "cannot be merged as well; use ratio=0 (or ToMe alone)")
             rotary = Arg(spec.rotary.kwarg).bind(sub) if spec.rotary is not None else None
             mask = Arg(spec.mask.kwarg if spec.mask is not None else "attention_mask").bind(sub)
-            targets.append(_Bound(spec, _HIDDEN.bind(sub), context, rotary, mask))
+            targets.append(_Bound(spec, _HIDDEN.bind(sub), context, rotary, mask, inside))
         self._targets.append(targets)
         self._inputs.append(_HIDDEN.bind(block))
         self._handles.append(block.register_forward_pre_hook(_Hook(self, "_block_pre", index), with_kwargs=True))
@@ -277,7 +288,9 @@ class DenoiserPatch:
         if self.observer is not None:
             self.observer.end("block")
         state = self.state
-        state.blocks.pop(index, None)
+        call = state.blocks.pop(index, None)
+        if call is not None:
+            call.close()  # a target's call that raised leaves its ToDo mode active
         if index in state.unchunked:
             block._chunk_size = state.unchunked.pop(index)
         return None
@@ -298,6 +311,12 @@ class DenoiserPatch:
             return None
         plan, target = call.plan, self._targets[index][t]
         kind = target.spec.kind
+        if target.inside:  # ToDo after the rotary embedding: pool inside the attention call (ratio is 0 here)
+            call.inside[t] = mode = PoolKeys(plan.num_tokens if plan.num_merged else math.prod(call.grid), call.grid,
+                                             self.factors, self.config.mode, target.spec.keys, self.state.trailing,
+                                             self.downsampler)
+            mode.__enter__()
+            return None
         context = target.context.read(args, kwargs) if target.context is not None else None
         pool = self.todo and kind == SELF and context is None
         if plan.num_merged == 0 and not pool:
@@ -354,6 +373,14 @@ class DenoiserPatch:
 
     def _unmerge_now(self, index: int, t: int, output):
         call = self.state.blocks.get(index)
+        if call is not None and t in call.inside:
+            mode = call.inside.pop(t)
+            mode.__exit__(None, None, None)
+            if mode.calls == 0:
+                raise RuntimeError(
+                    f"tokenmerge: ToDo found no scaled_dot_product_attention call in {self._targets[index][t].spec.attr}"
+                    " to pool the keys of: its attention backend computes attention another way (ToDo pools keys "
+                    "inside the call only with PyTorch's SDPA, diffusers' default 'native' backend)")
         if call is None or call.plan.num_merged == 0:
             return None
         plan, spec = call.plan, self._targets[index][t].spec

@@ -18,6 +18,12 @@ class BlockCall:
     plan: object
     grid: tuple[int, ...]
     text: dict[int, tuple[int, int]] = field(default_factory=dict)  # target index -> tokens before/after the image
+    inside: dict[int, object] = field(default_factory=dict)  # target index -> its active ToDo mode (inside.py)
+
+    def close(self) -> None:
+        """Leave any ToDo mode still active (its target's call raised before its forward hook ran)."""
+        while self.inside:
+            self.inside.popitem()[1].__exit__(None, None, None)
 
 
 @dataclass
@@ -50,6 +56,8 @@ class CallState:
         for index, chunk_size in getattr(self, "unchunked", {}).items():
             if blocks is not None:
                 blocks[index].module._chunk_size = chunk_size
+        for call in getattr(self, "blocks", {}).values():
+            call.close()
         self.grid: tuple[int, ...] | None = None
         self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
         self.step_key = None

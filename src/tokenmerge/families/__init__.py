@@ -102,8 +102,10 @@ def support_table() -> str:
     """The README's support table, made from the registry (a test checks that the README holds this text)."""
     rows = ["| family | models | ToMe | ToDo |", "|---|---|---|---|"]
     for family in BUILTIN:
-        todo = "yes" if family.todo is None else "no: " + family.todo.split(",")[0].removeprefix("ToDo ")
+        inside = any(t.keys is not None for b in family.blocks for t in b.targets)
+        todo = ("yes" + (", in the attention call (PyTorch SDPA)" if inside else "")) if family.todo is None \
+            else "no: " + family.todo.split(",")[0].removeprefix("ToDo ")
         rows.append(f"| `{family.name}` | {family.description} | yes | {todo} |")
-    for refused in REFUSED:
-        rows.append(f"| `{refused.name}` | recognised and refused: {refused.reason} | no | no |")
+    for record in REFUSED:
+        rows.append(f"| `{record.name}` | recognised and refused: {record.reason} | no | no |")
     return "\n".join(rows)

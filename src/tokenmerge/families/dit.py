@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from .spec import (JOINT, MLP, SELF, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask, Rotary,
+from .spec import (JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask, Rotary,
                    Target, block_has, config_has, has, takes)
 from .unet import BASIC_TARGETS
 
@@ -37,9 +37,9 @@ MMDIT = Family(
     match=config_has("patch_size", int) & has("pos_embed") & block_has("transformer_blocks", "attn", "ff")
     & ~has("single_transformer_blocks"),
     grid=LatentGrid(patch=_PATCH),
-    blocks=(Blocks("transformer_blocks", (Target("attn", JOINT), Target("attn2", SELF), Target("ff", MLP)),
+    blocks=(Blocks("transformer_blocks", (Target("attn", JOINT, keys=TEXT_AFTER),
+                                          Target("attn2", SELF, keys=TEXT_NONE), Target("ff", MLP)),
                    requires=("attn", "ff")),),
-    todo=JOINT_REFUSES_TODO,
     description="Stable Diffusion 3 / 3.5 (MMDiT)",
     examples=("sd3", "sd3.5", "sd3-controlnet"),
 )
@@ -52,14 +52,15 @@ FLUX = Family(
     & block_has("single_transformer_blocks", "attn", "proj_mlp"),
     grid=IdsGrid(Arg("img_ids"), axes=(1, 2)),
     blocks=(
-        Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX_ROTARY, mask=_FLUX_MASK), Target("ff", MLP)),
+        Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX_ROTARY, mask=_FLUX_MASK, keys=TEXT_BEFORE),
+                                      Target("ff", MLP)),
                requires=("attn", "ff")),
-        Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX_ROTARY, mask=_FLUX_MASK),),
+        Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX_ROTARY, mask=_FLUX_MASK,
+                                                    keys=TEXT_BEFORE),),
                text=TEXT_BEFORE, requires=("attn", "proj_mlp")),
     ),
     timestep=Arg("timestep", scale=1000.0),
     shared_plan=True,
-    todo=JOINT_REFUSES_TODO,
     description="Flux.1 (dev, schnell, Fill, Kontext: reference tokens pass whole) and kin: Chroma, Bria, Bria-Fibo, "
                 "LongCat-Image, Ovis-Image",
     examples=("flux", "flux-schnell", "flux-fill", "flux-kontext", "bria", "longcat-image", "ovis-image", "chroma",

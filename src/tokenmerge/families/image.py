@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from .dit import JOINT_REFUSES_TODO
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask,
                    Rotary, ShapesGrid, Target, block_has, config_is, has, has_list, takes)
 
@@ -27,15 +26,15 @@ FLUX2 = Family(
                                                                                        "proj_mlp"),
     grid=IdsGrid(Arg("img_ids"), axes=(1, 2)),
     blocks=(
-        Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX2_ROTARY, mask=Mask(text=TEXT_BEFORE)),
+        Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX2_ROTARY, mask=Mask(text=TEXT_BEFORE),
+                                             keys=TEXT_BEFORE),
                                       Target("ff", MLP)), requires=("attn", "ff")),
         Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX2_ROTARY,
-                                                    mask=Mask(text=TEXT_BEFORE)),),
+                                                    mask=Mask(text=TEXT_BEFORE), keys=TEXT_BEFORE),),
                text=TEXT_BEFORE, requires=("attn",)),
     ),
     timestep=Arg("timestep", scale=1000.0),
     shared_plan=True,
-    todo=JOINT_REFUSES_TODO,
     description="Flux.2 (dev, Klein): double-stream and fused parallel single-stream blocks",
     examples=("flux2", "flux2-klein", "flux2-klein-ref"),
 )
@@ -47,11 +46,10 @@ QWEN_IMAGE = Family(
     grid=ShapesGrid(Arg("img_shapes"), rank=2),
     blocks=(Blocks("transformer_blocks", (
         Target("attn", JOINT, text=TEXT_AFTER, rotary=Rotary("image_rotary_emb", layout="image_text_pair",
-                                                             text=TEXT_AFTER)),
+                                                             text=TEXT_AFTER), keys=TEXT_BEFORE),
         Target("img_mlp", MLP, text=TEXT_AFTER)), text=TEXT_AFTER, requires=("attn", "img_mlp")),),
     timestep=Arg("timestep", scale=1000.0),
     shared_plan=True,
-    todo=JOINT_REFUSES_TODO,
     description="Qwen-Image (+ Edit, Edit-2511, Layered: reference tokens pass whole)",
     examples=("qwen-image", "qwen-image-edit", "qwen-image-edit-2511", "qwen-image-layered", "qwen-image-controlnet"),
 )

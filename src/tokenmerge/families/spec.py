@@ -135,6 +135,10 @@ class Target:
         rotary: the rotary embeddings the sub-module takes, whose image rows follow the merged tokens.
         mask: the attention mask the sub-module may take, which then follows the merged tokens (a target
             without one refuses a mask over merged tokens).
+        keys: for ToDo, where the text sits in the key sequence of the attention call (``TEXT_BEFORE``,
+            ``TEXT_AFTER``, ``TEXT_NONE``): ToDo then pools the image keys/values inside that call, after the
+            rotary embedding (``engine/inside.py``). ``None``: a ``SELF`` target takes pooled tokens as its
+            ``encoder_hidden_states``; a ``JOINT`` one refuses ToDo.
         output_image: for ``JOINT`` returning a tuple: the index of the image output (the rest passes whole).
         refuse: a reason this sub-module cannot take merged tokens (e.g. a feed-forward that reshapes tokens
             to the grid); asking to merge it is an error that gives the reason.
@@ -145,6 +149,7 @@ class Target:
     text: str = TEXT_STREAM
     rotary: Rotary | None = None
     mask: Mask | None = None
+    keys: str | None = None
     output_image: int = 0
     refuse: str | None = None
 

@@ -23,11 +23,6 @@ from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, 
 
 __all__ = ["WAN", "HUNYUAN_VIDEO", "COGVIDEOX", "LTX_VIDEO", "MOCHI", "REFUSED", "FAMILIES"]
 
-ROTARY_SELF_REFUSES_TODO = (
-    "ToDo cannot pool keys that carry rotary positions inside the attention call (Wan and kin), where every key "
-    "gets the position of its token: pooled keys would need pooled positions, which that call cannot take. Use "
-    "ToMe (apply_patch) on this model")
-
 _WAN_LAYOUT = has("patch_embedding", "rope", "condition_embedder") & has_list("blocks") & ~has("patch_short") \
     & ~has("far_patch_embedding") & block_has("blocks", "attn1", "attn2", "ffn")
 
@@ -36,21 +31,17 @@ WAN = Family(
     match=_WAN_LAYOUT & ~takes("r_timestep"),
     grid=LatentGrid(rank=3, patch=("patch_size", "patch_size", "patch_size")),
     blocks=(Blocks("blocks", (Target("attn1", SELF, rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE),
-                                     mask=Mask("attention_mask")),
+                                     mask=Mask("attention_mask"), keys=TEXT_NONE),
                               Target("attn2", CROSS), Target("ffn", MLP)), requires=("attn1", "ffn")),),
     shared_plan=True,
-    todo=ROTARY_SELF_REFUSES_TODO,
     description="Wan 2.1/2.2 (T2V, I2V, TI2V), VACE, Animate, SkyReels-V2, ChronoEdit",
     examples=("wan", "wan-i2v", "wan-ti2v", "wan-vace", "wan-animate", "skyreels-v2", "skyreels-v2-df", "chronoedit"),
 )
 
 _VIDEO_PATCH = ("patch_size_t", "patch_size", "patch_size")
-JOINT_REFUSES_TODO = (
-    "ToDo cannot patch joint attention over video and text tokens, whose keys and values are made inside one "
-    "attention call: pooling the video tokens there would pool their queries too. Use ToMe (apply_patch) on this "
-    "model")
+# attention over the two streams, joined [video, text] inside; its key mask (B, 1, 1, N + L) follows the tokens
 _HUNYUAN_ATTN = Target("attn", JOINT, rotary=Rotary("image_rotary_emb", text=TEXT_NONE),
-                       mask=Mask("attention_mask", text=TEXT_AFTER))
+                       mask=Mask("attention_mask", text=TEXT_AFTER), keys=TEXT_AFTER)
 
 HUNYUAN_VIDEO = Family(
     "hunyuan-video",
@@ -61,7 +52,6 @@ HUNYUAN_VIDEO = Family(
     blocks=(Blocks("transformer_blocks", (_HUNYUAN_ATTN, Target("ff", MLP)), requires=("attn", "ff")),
             Blocks("single_transformer_blocks", (_HUNYUAN_ATTN,), requires=("attn", "proj_mlp"))),
     shared_plan=True,
-    todo=JOINT_REFUSES_TODO,
     description="HunyuanVideo 1.0 (T2V, I2V, token-replace I2V), Motif-Video",
     examples=("hunyuan-video", "hunyuan-video-i2v", "hunyuan-video-i2v-token-replace", "motif-video"),
 )
@@ -72,10 +62,9 @@ COGVIDEOX = Family(
     & block_has("transformer_blocks", "attn1", "ff", "norm1") & takes("image_rotary_emb", "timestep_cond"),
     grid=LatentGrid(rank=3, patch=_VIDEO_PATCH, axes=(1, 3, 4)),
     blocks=(Blocks("transformer_blocks", (
-        Target("attn1", JOINT, rotary=Rotary("image_rotary_emb", text=TEXT_NONE)),
+        Target("attn1", JOINT, rotary=Rotary("image_rotary_emb", text=TEXT_NONE), keys=TEXT_BEFORE),
         Target("ff", MLP, text=TEXT_BEFORE)), requires=("attn1", "ff")),),
     shared_plan=True,
-    todo=JOINT_REFUSES_TODO,
     description="CogVideoX 1.0 / 1.5 (T2V, I2V), ConsisID-like layouts",
     examples=("cogvideox", "cogvideox-5b", "cogvideox-i2v", "cogvideox-1.5", "consisid"),
 )
@@ -86,10 +75,9 @@ LTX_VIDEO = Family(
     & block_has("transformer_blocks", "attn1", "attn2", "ff") & takes("num_frames", "height", "width"),
     grid=ArgsGrid(("num_frames", "height", "width")),
     blocks=(Blocks("transformer_blocks", (
-        Target("attn1", SELF, rotary=Rotary("image_rotary_emb", token_axis=-2, text=TEXT_NONE)),
+        Target("attn1", SELF, rotary=Rotary("image_rotary_emb", token_axis=-2, text=TEXT_NONE), keys=TEXT_NONE),
         Target("attn2", CROSS), Target("ff", MLP)), requires=("attn1", "ff")),),
     shared_plan=True,
-    todo=ROTARY_SELF_REFUSES_TODO,
     description="LTX-Video (T2V, I2V, condition)",
     examples=("ltx", "ltx-i2v"),
 )
@@ -101,11 +89,10 @@ MOCHI = Family(
     grid=LatentGrid(rank=3, patch=(1, "patch_size", "patch_size")),
     blocks=(Blocks("transformer_blocks", (
         Target("attn1", JOINT, rotary=Rotary("image_rotary_emb", token_axis=0, text=TEXT_NONE),
-               mask=Mask("attention_mask", image=False)),
+               mask=Mask("attention_mask", image=False), keys=TEXT_AFTER),
         Target("ff", MLP)), requires=("attn1", "ff")),),
     timestep=Arg("timestep", reverse=True),
     shared_plan=True,
-    todo=JOINT_REFUSES_TODO,
     description="Mochi 1",
     examples=("mochi",),
 )
