@@ -20,6 +20,12 @@ ROTARY = [
     ("cogvideox-5b", "transformer_blocks", "attn1", "image_rotary_emb", -2),
     ("ltx", "transformer_blocks", "attn1", "image_rotary_emb", -2),
     ("mochi", "transformer_blocks", "attn1", "image_rotary_emb", 0),
+    ("hunyuan-video-1.5", "transformer_blocks", "attn", "image_rotary_emb", -2),
+    ("easyanimate", "transformer_blocks", "attn1", "image_rotary_emb", -2),
+    ("cosmos", "transformer_blocks", "attn1", "image_rotary_emb", -2),
+    ("cosmos-predict2", "transformer_blocks", "attn1", "image_rotary_emb", -2),
+    ("sana-video", "transformer_blocks", "attn1", "rotary_emb", 1),
+    ("kandinsky5", "visual_transformer_blocks", "self_attention", "rotary_emb", 1),
 ]
 
 

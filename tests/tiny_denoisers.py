@@ -1486,10 +1486,12 @@ def _k5_inputs(default, visual_cond=False):
 _add("kandinsky5", "Kandinsky5Transformer3DModel", "video", (2, 4, 4),
      _make("Kandinsky5Transformer3DModel", in_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=16,
            out_visual_dim=4,
-           patch_size=(1, 2, 2), model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=2, axes_dims=(4, 6, 6)),
+           patch_size=(1, 2, 2), model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=2, axes_dims=(4, 6, 6),
+           post=_randomize_zeros()),
      _k5_inputs((2, 4, 4)),
      notes="Kandinsky 5: latent (B, F, H, W, C) channels LAST; text blocks first, then visual blocks with "
-           "cross-attention; NABLA sparse attention reorders tokens 'fractally' when enabled", since="0.36.0")
+           "cross-attention; NABLA sparse attention reorders tokens 'fractally' when enabled; the zero-initialised "
+           "modulations are made random (else every block is the identity)", since="0.36.0")
 
 
 def _helios_extra(batch, g, f, h, w):

@@ -155,18 +155,21 @@ class config_is(Predicate):
 
 @dataclass(frozen=True)
 class block_has(Predicate):
-    """The first block of the ``blocks`` list has these sub-modules."""
+    """The first block of the ``blocks`` list (``index``: that block, ``-1`` the last) has these sub-modules."""
 
     blocks: str
     attrs: tuple
+    index: int = 0
 
-    def __init__(self, blocks: str, *attrs: str):
+    def __init__(self, blocks: str, *attrs: str, index: int = 0):
         object.__setattr__(self, "blocks", blocks)
         object.__setattr__(self, "attrs", attrs)
+        object.__setattr__(self, "index", index)
 
     def __call__(self, module):
         seq = getattr(module, self.blocks, None)
-        return isinstance(seq, nn.ModuleList) and len(seq) > 0 and has(*self.attrs)(seq[0])
+        return isinstance(seq, nn.ModuleList) and -len(seq) <= self.index < len(seq) \
+            and has(*self.attrs)(seq[self.index])
 
     def __str__(self):
-        return f"{self.blocks}[0].has({', '.join(self.attrs)})"
+        return f"{self.blocks}[{self.index}].has({', '.join(self.attrs)})"

@@ -7,6 +7,7 @@ A family is matched by structure (attributes, forward argument names, config key
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,7 +40,9 @@ class Arg:
     """A ``forward`` argument: by keyword ``name``, else at its position in the signature.
 
     ``scale``: for a timestep, the factor that brings it to the 0..``num_train_timesteps`` scale (1000 for
-    models called with timesteps in 0..1).
+    models called with timesteps in 0..1). ``log_sigma``: for a timestep that is ``log_sigma * log(sigma)`` (EDM's
+    preconditioned noise ``c_noise``, 0.25: Cosmos 1.0), whose fraction of the way to noise is then
+    ``sigma / (1 + sigma)`` (the 0..1 timestep of the flow models); ``scale`` is not used then.
     """
 
     name: str
@@ -47,20 +50,24 @@ class Arg:
     fallback_index: int | None = None  # position to use when no parameter has these names (e.g. LDM's ``x``)
     also: tuple[str, ...] = ()  # other names it goes by, tried in order after ``name``
     reverse: bool = False  # a timestep that rises as denoising goes on (Mochi is called with 1000 - t)
+    log_sigma: float = 0.0  # nonzero: the timestep is log_sigma * log(sigma) (EDM's c_noise: 0.25)
 
     def bind(self, module: nn.Module) -> "BoundArg | None":
         params = _params(module)
         positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         for name in (self.name, *self.also):
             if name in positional:
-                return BoundArg(name, positional.index(name), self.scale, self.reverse)
+                return self._bound(name, positional.index(name))
             if any(p.name == name for p in params):
-                return BoundArg(name, None, self.scale, self.reverse)
+                return self._bound(name, None)
         if self.fallback_index is not None and len(positional) > self.fallback_index:
-            return BoundArg(positional[self.fallback_index], self.fallback_index, self.scale, self.reverse)
+            return self._bound(positional[self.fallback_index], self.fallback_index)
         if any(p.kind == p.VAR_KEYWORD for p in params):  # e.g. diffusers' Attention(**cross_attention_kwargs)
-            return BoundArg(self.name, None, self.scale, self.reverse)
+            return self._bound(self.name, None)
         return None
+
+    def _bound(self, name: str, index: int | None) -> "BoundArg":
+        return BoundArg(name, index, self.scale, self.reverse, self.log_sigma)
 
 
 @dataclass(frozen=True)
@@ -71,10 +78,15 @@ class BoundArg:
     index: int | None
     scale: float = 1.0
     reverse: bool = False
+    log_sigma: float = 0.0
 
     def progress(self, t: float, num_train_timesteps: int) -> float:
         """The denoising progress of timestep ``t``: 0 at the first (noisiest) step, 1 at the end."""
-        fraction = t * self.scale / num_train_timesteps
+        if self.log_sigma:  # sigma / (1 + sigma) with sigma = exp(t / log_sigma): a logistic, computed stably
+            z = t / self.log_sigma
+            fraction = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+        else:
+            fraction = t * self.scale / num_train_timesteps
         return fraction if self.reverse else 1.0 - fraction
 
     def read(self, args: tuple, kwargs: dict):

@@ -1,0 +1,132 @@
+"""The families of ``tokenmerge.families.video2`` lay out their tokens right.
+
+A "merge" that only permutes the video tokens (every other token, rotary row and mask entry where the family says it
+is) leaves the model's output unchanged up to rounding, since attention and feed-forwards are equivariant to a
+permutation of their tokens when the positions and masks follow them. A wrong text side, rotary axis or mask layout
+moves text rows or positions and changes the output by far more than rounding. Also: the refusals name their
+reasons, and the timestep conversions (Cosmos 1.0's EDM log-sigma) give the right denoising progress.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tokenmerge
+from tiny_denoisers import CATALOGUE, available, output_tensor
+from tokenmerge.families import match_family, refusal_for, video2
+from tokenmerge.families.spec import Arg
+from tokenmerge.merge.plan import MergePlan
+
+pytestmark = pytest.mark.usefixtures("fast_cpu")
+
+EXAMPLES = [name for family in video2.FAMILIES for name in family.examples]
+
+
+class _Permutation(MergePlan):
+    """A plan that moves every token to another slot and merges none (it claims one merged token so that the
+    engine applies it)."""
+
+    def __init__(self, dest: torch.Tensor, slots: int):
+        super().__init__(dest, slots)
+        self.num_merged = 1
+
+    def expand(self, batch: int) -> "_Permutation":
+        return self if batch == 1 else _Permutation(self.dest.expand(batch, -1), self.num_slots)
+
+
+def permuting(metric, shape, windows, r, offsets=None, radius=None):
+    batch, tokens = metric.shape[:2]
+    dest = torch.randperm(tokens, generator=torch.Generator().manual_seed(tokens)).to(metric.device)
+    return _Permutation(dest.expand(batch, -1), tokens)
+
+
+def _build(name):
+    reason = available(name)
+    if reason is not None:
+        pytest.skip(reason)
+    return CATALOGUE[name], CATALOGUE[name].build()
+
+
+def _out(model, inputs, entry):
+    with torch.no_grad():
+        out = model(**inputs)
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        return torch.cat([o.reshape(-1) for o in out])  # every output (LTX-2's audio too)
+    return output_tensor(out, entry).clone().reshape(-1)
+
+
+def _permuted(name, **config):
+    entry, model = _build(name)
+    family = match_family(model)
+    refused = {t.kind for b in family.blocks for t in b.targets if t.refuse is not None}
+    inputs = entry.inputs(batch=2, grid=entry.second_grid(), seed=3)
+    plain = _out(model, inputs, entry)
+    config = dict(dict(ratio=0.5, merge_crossattn=True, merge_mlp="mlp" not in refused), **config)
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(**config), matcher=permuting)
+    try:
+        permuted = _out(model, inputs, entry)
+    finally:
+        tokenmerge.remove_patch(model)
+    return plain, permuted
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_permutation_of_the_video_tokens_changes_nothing(name):
+    plain, permuted = _permuted(name)
+    scale = plain.abs().max()
+    torch.testing.assert_close(permuted / scale, plain / scale, rtol=0, atol=2e-5)
+
+
+def test_cosmos_edm_timesteps_give_the_denoising_progress():
+    """Cosmos 1.0 is called with c_noise = log(sigma) / 4: sigma 80 (the first step) is near the start, sigma 0.002
+    near the end, and sigma 1 half-way, as Cosmos-Predict 2's sigma / (1 + sigma) = 0.5 is."""
+    entry, model = _build("cosmos")
+    bound = match_family(model).timestep.bind(model)
+    first, last, middle = (bound.progress(0.25 * math.log(s), 1000) for s in (80.0, 0.002, 1.0))
+    assert first == pytest.approx(1 / 81) and last == pytest.approx(1 - 0.002 / 1.002) and middle == 0.5
+    assert bound.progress(1e6, 1000) == 0.0 and bound.progress(-1e6, 1000) == 1.0  # no overflow
+    plain = Arg("timestep", scale=1000.0).bind(model)
+    assert plain.progress(0.5, 1000) == 0.5
+
+
+def test_cosmos_schedules_follow_the_edm_timestep():
+    """A schedule over the first half of denoising merges at sigma 80 and leaves sigma 0.01 alone, bit for bit."""
+    entry, model = _build("cosmos")
+    inputs = entry.inputs(batch=2)
+    late = dict(inputs, timestep=torch.full((2,), 0.25 * math.log(0.01)))
+    early = dict(inputs, timestep=torch.full((2,), 0.25 * math.log(80.0)))
+    plain_late, plain_early = _out(model, late, entry), _out(model, early, entry)
+    tokenmerge.apply_patch(model, ratio=0.5, start=0.0, stop=0.5)
+    try:
+        assert torch.equal(_out(model, late, entry), plain_late)
+        assert not torch.equal(_out(model, early, entry), plain_early)
+    finally:
+        tokenmerge.remove_patch(model)
+
+
+@pytest.mark.parametrize("name,record", [
+    ("kandinsky6", "kandinsky6"), ("kandinsky6-sr", "kandinsky6-sr"), ("wan-animate-2", "wan-animate-2"),
+    ("sana-wm", "sana-wm"),
+])
+def test_refused_video_models_name_their_own_reason(name, record):
+    entry, model = _build(name)
+    assert refusal_for(model).name == record
+    with pytest.raises(TypeError, match=f"tokenmerge cannot patch .*{type(model).__name__}"):
+        tokenmerge.apply_patch(model, ratio=0.5)
+    assert tokenmerge.describe_patch(model) is None
+
+
+def test_kandinsky5_nabla_and_easyanimate_shared_feed_forward_are_refused():
+    entry, model = _build("kandinsky5")
+    model.register_to_config(attention_type="nabla")
+    assert match_family(model) is None and refusal_for(model).name == "kandinsky5-nabla"
+    entry, model = _build("easyanimate")
+    model.transformer_blocks[-1].txt_ff = None  # a block past mmdit_layers runs ``ff`` on the text too
+    assert match_family(model) is None and refusal_for(model).name == "easyanimate-shared-ff"
+    with pytest.raises(TypeError, match="one feed-forward"):
+        tokenmerge.apply_patch(model, ratio=0.5)
