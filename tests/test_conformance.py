@@ -245,3 +245,27 @@ def test_compile_fullgraph_matches_eager(name):
         tokenmerge.remove_patch(model)
         torch._dynamo.reset()
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", _entries())
+def test_whole_block_merging_or_its_refusal(name):
+    entry, model, inputs = _setup(name)
+    inner = getattr(model, "_orig_mod", model)
+    if not all(site.whole is not None for site in match_family(inner).find_blocks(inner, "")):
+        with pytest.raises(ValueError, match="scope='block' is not declared"):
+            tokenmerge.apply_patch(model, ratio=0.5, scope="block")
+        assert tokenmerge.describe_patch(model) is None
+        return
+    plain = _run(model, inputs)
+    tokenmerge.apply_patch(model, ratio=0.0, scope="block")
+    assert torch.equal(_run(model, inputs), plain), "ratio 0 must be bit-identical"
+    tokenmerge.apply_patch(model, ratio=0.5, scope="block")
+    try:
+        merged = _run(model, inputs)
+    except RuntimeError as err:  # a call whose per-token arguments the merge does not follow: a clear refusal
+        assert "per-token" in str(err)
+        merged = None
+    tokenmerge.remove_patch(model)
+    if merged is not None:
+        assert merged.shape == plain.shape and torch.isfinite(merged).all() and not torch.equal(merged, plain)
+    assert torch.equal(_run(model, inputs), plain), "removal must be bit-identical"

@@ -8,6 +8,9 @@ from dataclasses import KW_ONLY, asdict, dataclass
 __all__ = ["ToMeConfig", "ToDoConfig", "DEFAULT_SEED", "POOL_MODES"]
 
 POOL_MODES = ("nearest-exact", "avg", "bilinear", "trilinear")
+# "attention": merge around the attention (and, if asked, cross-attention / feed-forward) of each block;
+# "block": merge once at the block's entry, run the whole block on the merged tokens, unmerge its update.
+SCOPES = ("attention", "block")
 
 # Used when ``seed=None``: the merge pattern is reproducible by default (tomesd drew it from the global RNG,
 # so it changed from run to run and consumed the user's random numbers).
@@ -134,6 +137,10 @@ class ToMeConfig(_WhenAndReuse):
         merge_attn: merge before self-attention (``attn1``) and unmerge after it.
         merge_crossattn: merge the queries of cross-attention (``attn2``).
         merge_mlp: merge before the feed-forward (``ff``).
+        scope: ``"attention"`` (default, tomesd's): merge around the sub-modules above. ``"block"``: merge once
+            at each patched block's entry, run the whole block (norms, attention, feed-forward, modulation) on
+            the merged tokens and add the unmerged update to the full-resolution residual stream
+            (``y = x + unmerge(block(merge(x)) - merge(x))``), so projections and feed-forward shrink too.
         seed: seed of the random destination choice. The pattern is a pure function of
             (seed, block, timestep), so runs are reproducible and no global RNG is touched.
             ``None`` means ``DEFAULT_SEED``.
@@ -159,8 +166,11 @@ class ToMeConfig(_WhenAndReuse):
     merge_crossattn: bool = False
     merge_mlp: bool = False
     seed: int | None = None
+    scope: str = "attention"
 
     def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}; got {self.scope!r}")
         sx = _check_int("sx", self.sx, 1, "an integer >= 1")
         sy = _check_int("sy", self.sy, 1, "an integer >= 1")
         st = _check_int("st", self.st, 1, "an integer >= 1 (the window along the frame axis of video models)")

@@ -35,6 +35,7 @@ def apply_patch(
     match_radius: int | None = None,
     blocks=None,
     st: int = 1,
+    scope: str = "attention",
 ):
     """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
 
@@ -57,6 +58,10 @@ def apply_patch(
         merge_attn: merge for self-attention (recommended).
         merge_crossattn: merge the queries of cross-attention (not recommended).
         merge_mlp: merge for the feed-forward (very not recommended).
+        scope: ``"attention"`` (default): merge around the sub-modules the ``merge_*`` flags select.
+            ``"block"``: merge once at each block's entry, run the whole block on the merged tokens and add its
+            unmerged update to the residual stream (faster on transformers, whose feed-forward and projections
+            then shrink too; changes results more). Families that declare it: see the README.
         seed: seed of the random destinations; the pattern depends only on (seed, block, timestep), so it is
             reproducible and the global RNG is untouched. ``None``: a fixed default seed.
         start, stop: merge only in this part of the denoising process, as fractions of it read from the
@@ -81,7 +86,7 @@ def apply_patch(
     config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
                         start=start, stop=stop, ratio_end=ratio_end, num_train_timesteps=num_train_timesteps,
                         share_plans=share_plans, reuse_steps=reuse_steps, match_radius=match_radius,
-                        blocks=blocks, st=st)
+                        blocks=blocks, st=st, scope=scope)
     return apply_config(model, config)
 
 

@@ -38,6 +38,8 @@ class GridReader:
             from ..families.spec import Arg
 
             return [source.tokens] + [Arg(n) for n in source.names]
+        if isinstance(source, IdsGrid):
+            return [source.arg] + [a for a in (source.leading, source.refs) if a is not None]
         return [source.arg]
 
     def read(self, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], torch.device, int]:
@@ -49,8 +51,11 @@ class GridReader:
         if isinstance(source, LatentGrid):
             return self._latent(first, source), device, 0
         if isinstance(source, IdsGrid):
-            grid, trailing = self._ids(first, source)
-            return grid, device, trailing
+            counts = iter(values[1:])
+            lead = self._count(next(counts), source.leading) if source.leading is not None else 0
+            refs = self._count(next(counts), source.refs) if source.refs is not None else 0
+            grid, trailing = self._ids(first, source, lead)
+            return grid, device, trailing + refs
         if isinstance(source, ArgsGrid):
             if not all(isinstance(v, int) and v > 0 for v in values[1:]):
                 raise TypeError(f"tokenmerge: {self.owner}.forward needs the integer arguments "
@@ -67,16 +72,29 @@ class GridReader:
         dims = source.axes or tuple(range(sample.dim() - source.rank, sample.dim()))
         return tuple(int(sample.shape[d]) // p for d, p in zip(dims, self.patch))
 
-    def _ids(self, ids, source: IdsGrid) -> tuple[tuple[int, ...], int]:
-        """``(grid, trailing)`` from position ids: the image is the first rows whose ``source.image_axis`` id is the
-        first row's; the rows after them (another id there: reference images) are ``trailing``."""
+    def _count(self, value, arg) -> int:
+        """The token count of an argument named by ``IdsGrid.leading`` / ``refs`` (``None``: 0)."""
+        if value is None:
+            return 0
+        if not isinstance(value, torch.Tensor) or value.dim() < 2:
+            raise TypeError(f"tokenmerge: {self.owner}.forward got no tensor '{arg.name}' to count tokens of; got "
+                            f"{_describe(value)}")
+        return int(value.shape[0 if value.dim() == 2 else 1])
+
+    def _ids(self, ids, source: IdsGrid, lead: int = 0) -> tuple[tuple[int, ...], int]:
+        """``(grid, trailing)`` from position ids: the image is the first rows (after ``lead`` rows of other
+        tokens) whose ``source.image_axis`` id is the first one's; the rows after them (another id there: reference
+        images) are ``trailing``."""
         width = max(source.axes) + 1
         if not isinstance(ids, torch.Tensor) or ids.dim() not in (2, 3) or ids.shape[-1] < width:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' tensor (tokens, {width}) "
                             f"to read the image grid from; got {_describe(ids)}")
-        key = (ids.data_ptr(), tuple(ids.shape), ids.device)
+        key = (ids.data_ptr(), tuple(ids.shape), ids.device, lead)
         if self._cache[0] != key:
-            rows = ids.reshape(-1, ids.shape[-1])[: ids.shape[-2]]
+            rows = ids.reshape(-1, ids.shape[-1])[lead: ids.shape[-2]]
+            if rows.shape[0] == 0:
+                raise RuntimeError(f"tokenmerge: {source.arg.name} of {ids.shape[-2]} rows hold no image rows after "
+                                   f"the {lead} leading ones")
             total = rows.shape[0]
             if source.image_axis is not None:
                 same = rows[:, source.image_axis] == rows[0, source.image_axis]
@@ -93,10 +111,14 @@ class GridReader:
         return self._cache[1]
 
     def _shapes(self, shapes, source: ShapesGrid) -> tuple[tuple[int, ...], int]:
-        """``(grid, trailing)``: the first image's grid, and the tokens of the images after it (references)."""
+        """``(grid, trailing)``: the first image's grid, and the tokens of the images after it (references).
+
+        The list holds one entry per sample: a list of shapes (the generated image's, then references'), or one
+        shape (NucleusMoE's ``[(F, H, W)] * batch``); a bare shape is the generated image's."""
         try:
-            sample = shapes[0] if isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple)) \
-                else shapes
+            first = shapes[0]
+            sample = [shapes] if not isinstance(first, (list, tuple)) else \
+                first if isinstance(first[0], (list, tuple)) else [first]
             grids = [tuple(int(n) for n in s[-source.rank:]) for s in sample]
         except (TypeError, IndexError, ValueError):
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' list of per-sample shapes "

@@ -20,6 +20,8 @@ def sides(total: int, image: int, text: str, trailing: int = 0) -> tuple[int, in
     extra = total - image
     if extra < 0:
         raise RuntimeError(f"token merging: a sequence of {total} tokens cannot hold the {image} image tokens")
+    if extra == 0:  # the image's tokens alone (an image-only stream of a call that has references elsewhere)
+        return 0, 0
     if text == TEXT_BEFORE:
         after = min(trailing, extra)
         return extra - after, after

@@ -88,6 +88,7 @@ class DenoiserPatch:
         self.downsampler = downsampler or downsample
         self.observer = observer
         self.todo = isinstance(config, ToDoConfig) and config.pools
+        self.whole = getattr(config, "scope", "attention") == "block"
         self.shared_plan = site.family.shared_plan
         self.rank = grid_rank(site.family.grid)
         self.windows = config.windows(self.rank)
@@ -96,6 +97,7 @@ class DenoiserPatch:
         self._local, self._traced = threading.local(), CallState()
         self._handles: list = []
         self._targets: list[list[_Bound]] = []
+        self._wholes: list = []  # scope="block": per block, its bound (rotary, mask, per-token) arguments
         self._inputs: list = []  # where each block's forward takes its tokens
         self._grid_reader = GridReader(site.family.grid, site.module)
         self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
@@ -137,7 +139,17 @@ class DenoiserPatch:
     def _install_block(self, index: int, site: BlockSite) -> None:
         block = site.module
         targets = []
-        for spec in site.targets:
+        if self.whole:
+            whole = site.whole
+            if whole is None:
+                raise ValueError(f"tokenmerge: scope='block' is not declared for {site.path} (family "
+                                 f"{self.family.name}): how its output and per-token arguments are laid out is not "
+                                 "known; use scope='attention'")
+            self._wholes.append((
+                Arg(whole.rotary.kwarg).bind(block) if whole.rotary is not None else None,
+                Arg(whole.mask.kwarg).bind(block) if whole.mask is not None else None,
+                tuple(b for b in (Arg(n).bind(block) for n in whole.per_token) if b is not None)))
+        for spec in () if self.whole else site.targets:
             sub = getattr(block, spec.attr, None)
             if not (self._wanted(spec.kind) and isinstance(sub, nn.Module)):
                 continue
@@ -173,6 +185,7 @@ class DenoiserPatch:
             handle.remove()
         self._handles.clear()
         self._targets.clear()
+        self._wholes.clear()
         self._inputs.clear()
         self.state.reset(self.blocks)
         if getattr(self.site.module, PATCH_ATTR, None) is self:
@@ -235,7 +248,9 @@ class DenoiserPatch:
         plan = self._reused_plan(index, site, batch, image)
         if plan is None:
             plan = self._new_plan(index, x, grid, batch, image)
-        state.blocks[index] = BlockCall(plan, grid)
+        state.blocks[index] = call = BlockCall(plan, grid)
+        if self.whole and plan.num_merged:
+            return self._merge_block(index, site, call, args, kwargs)
         if cfg.merge_mlp and plan.num_merged and getattr(block, "_chunk_size", None) is not None:
             # diffusers' chunked feed-forward would hand ``ff`` slices of the tokens, which cannot be merged on
             # their own: run ``ff`` whole on the (smaller) merged tokens for this call instead.
@@ -293,7 +308,50 @@ class DenoiserPatch:
             call.close()  # a target's call that raised leaves its ToDo mode active
         if index in state.unchunked:
             block._chunk_size = state.unchunked.pop(index)
+        if call is not None and call.entry is not None and output is not None:
+            return self._unmerge_block(call, self.blocks[index], output)
         return None
+
+    # ---- whole blocks (scope="block") ---------------------------------------------------------------------
+    def _merge_block(self, index: int, site: BlockSite, call: BlockCall, args, kwargs):
+        """Merge the block's input (its image part) and the per-token arguments that follow it."""
+        plan, image = call.plan, call.plan.num_tokens
+        rotary, mask, per_token = self._wholes[index]
+        full = self._inputs[index].read(args, kwargs)
+        for bound in per_token:
+            value = bound.read(args, kwargs)
+            # per-token modulation: (B, N, 6, D) (Wan 2.2 TI2V) or (B, 6, N, D) (SkyReels-V2 diffusion forcing)
+            if isinstance(value, torch.Tensor) and value.dim() >= 4 and {image, full.shape[1]} & set(value.shape[1:3]):
+                raise RuntimeError(f"tokenmerge: {site.path} got a per-token {bound.name!r} (one entry per token), "
+                                   "which a whole-block merge does not follow; use scope='attention' for this model")
+        before, after = sides(full.shape[1], image, site.text, self.state.trailing)
+        part = image_part(full, image, before)
+        merged = plan.merge(part)
+        call.entry = (part, merged, before, after)
+        args, kwargs = self._inputs[index].replace(args, kwargs, join(full, merged, before, after))
+        for bound, spec, take in ((rotary, site.whole.rotary, take_rotary), (mask, site.whole.mask, take_mask)):
+            value = bound.read(args, kwargs) if bound is not None else None
+            if value is not None:
+                if not isinstance(plan, SharedPlan):
+                    raise RuntimeError(f"tokenmerge: {site.path} takes per-token positions or masks, which need one "
+                                       f"merge pattern for the batch: family {self.family.name!r} must set "
+                                       "shared_plan=True")
+                args, kwargs = bound.replace(args, kwargs, take(spec, value, image, plan.representatives(),
+                                                                self.state.trailing))
+        return args, kwargs
+
+    def _unmerge_block(self, call: BlockCall, site: BlockSite, output):
+        """``x + unmerge(block(merge(x)) - merge(x))`` on the image tokens; the rest of the output as computed."""
+        part, merged, before, after = call.entry
+        index = None if isinstance(output, torch.Tensor) else site.whole.output  # a tuple: the image stream's
+        seq = output if index is None else output[index]
+        update = image_part(seq, merged.shape[1], before) - merged
+        seq = join(seq, part + call.plan.unmerge(update), before, after)
+        if index is None:
+            return seq
+        parts = list(output)
+        parts[index] = seq
+        return type(output)(parts)
 
     # ---- targets ------------------------------------------------------------------------------------------
     def _merge_input(self, index: int, t: int, module, args, kwargs):

@@ -19,6 +19,7 @@ class BlockCall:
     grid: tuple[int, ...]
     text: dict[int, tuple[int, int]] = field(default_factory=dict)  # target index -> tokens before/after the image
     inside: dict[int, object] = field(default_factory=dict)  # target index -> its active ToDo mode (inside.py)
+    entry: tuple | None = None  # scope="block": (image input, merged input, tokens before, tokens after)
 
     def close(self) -> None:
         """Leave any ToDo mode still active (its target's call raised before its forward hook ran)."""

@@ -98,14 +98,23 @@ def refusal_for(module: nn.Module) -> Refused | None:
     return next((r for r in REFUSED if r.match(module)), None)
 
 
+def _declares_whole(family: Family) -> bool:
+    """Whether every block of the family declares its layout for ``scope="block"``."""
+    blocks = family.blocks or getattr(family.levels, "lists", ())
+    if blocks:
+        return all(b.whole is not None for b in blocks)
+    return family.levels in (unet.DIFFUSERS_UNET.levels, unet.LDM_UNET.levels)  # basic blocks: unet.WHOLE
+
+
 def support_table() -> str:
     """The README's support table, made from the registry (a test checks that the README holds this text)."""
-    rows = ["| family | models | ToMe | ToDo |", "|---|---|---|---|"]
+    rows = ["| family | models | ToMe | ToDo | `scope=\"block\"` | tested configurations |", "|---|---|---|---|---|---|"]
     for family in BUILTIN:
+        whole = "yes" if _declares_whole(family) else "no"
         inside = any(t.keys is not None for b in family.blocks for t in b.targets)
         todo = ("yes" + (", in the attention call (PyTorch SDPA)" if inside else "")) if family.todo is None \
             else "no: " + family.todo.split(",")[0].removeprefix("ToDo ")
-        rows.append(f"| `{family.name}` | {family.description} | yes | {todo} |")
+        rows.append(f"| `{family.name}` | {family.description} | yes | {todo} | {whole} | {len(family.examples)} |")
     for record in REFUSED:
-        rows.append(f"| `{record.name}` | recognised and refused: {record.reason} | no | no |")
+        rows.append(f"| `{record.name}` | recognised and refused: {record.reason} | no | no | no | |")
     return "\n".join(rows)

@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 from .spec import (JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask, Rotary,
-                   Target, block_has, config_has, has, takes)
-from .unet import BASIC_TARGETS
+                   Target, Whole, block_has, config_has, has, takes)
+from .unet import BASIC_TARGETS, WHOLE
 
 __all__ = ["DIT", "MMDIT", "FLUX", "FAMILIES"]
 
@@ -27,7 +27,7 @@ DIT = Family(
     "diffusers-dit",
     match=config_has("patch_size", int) & has("pos_embed") & block_has("transformer_blocks", "attn1", "ff", "norm1"),
     grid=LatentGrid(patch=_PATCH),
-    blocks=(Blocks("transformer_blocks", BASIC_TARGETS, requires=("attn1", "ff", "norm1")),),
+    blocks=(Blocks("transformer_blocks", BASIC_TARGETS, requires=("attn1", "ff", "norm1"), whole=WHOLE),),
     description="DiT, PixArt-alpha/Sigma (and Latte's spatial blocks)",
     examples=("dit", "pixart", "latte"),
 )
@@ -46,6 +46,7 @@ MMDIT = Family(
 
 _FLUX_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
 _FLUX_MASK = Mask("attention_mask", text=TEXT_BEFORE)  # Chroma, Bria-Fibo: (B, 1, S, S) over [text, image]
+_FLUX_WHOLE = Whole(output=1, rotary=_FLUX_ROTARY, mask=_FLUX_MASK)  # blocks return (text, image)
 FLUX = Family(
     "diffusers-flux",
     match=has("x_embedder", "single_transformer_blocks", "transformer_blocks") & takes("img_ids")
@@ -54,10 +55,10 @@ FLUX = Family(
     blocks=(
         Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX_ROTARY, mask=_FLUX_MASK, keys=TEXT_BEFORE),
                                       Target("ff", MLP)),
-               requires=("attn", "ff")),
+               requires=("attn", "ff"), whole=_FLUX_WHOLE),
         Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX_ROTARY, mask=_FLUX_MASK,
                                                     keys=TEXT_BEFORE),),
-               text=TEXT_BEFORE, requires=("attn", "proj_mlp")),
+               text=TEXT_BEFORE, requires=("attn", "proj_mlp"), whole=_FLUX_WHOLE),
     ),
     timestep=Arg("timestep", scale=1000.0),
     shared_plan=True,

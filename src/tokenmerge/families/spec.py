@@ -17,7 +17,7 @@ from .predicates import Predicate, block_has, config, config_has, config_is, has
 from .predicates import params as _params
 
 __all__ = [
-    "Arg", "ArgsGrid", "ShapesGrid", "GridSource", "grid_rank", "Family", "Refused", "Blocks", "Target", "Rotary", "Mask", "LatentGrid", "IdsGrid", "BlockSite",
+    "Arg", "Whole", "ArgsGrid", "ShapesGrid", "GridSource", "grid_rank", "Family", "Refused", "Blocks", "Target", "Rotary", "Mask", "LatentGrid", "IdsGrid", "BlockSite",
     "SELF", "CROSS", "MLP", "JOINT", "has", "has_list", "takes", "config_has", "block_has", "Predicate",
     "TEXT_NONE", "TEXT_BEFORE", "TEXT_AFTER", "TEXT_STREAM",
 ]
@@ -176,12 +176,35 @@ class Blocks:
         text: where text sits in the block's input ``hidden_states`` when it is longer than the image grid
             (older diffusers gave Flux's single-stream blocks [text, image]).
         requires: sub-modules every block must have for this family (a block without them: not this family).
+        whole: how the block's call is laid out, for ``scope="block"`` (merging the whole block); ``None``: that
+            scope is refused for these blocks.
     """
 
     attr: str
     targets: tuple[Target, ...]
     text: str = TEXT_NONE
     requires: tuple[str, ...] = ()
+    whole: "Whole | None" = None
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A block's call, for whole-block merging (``scope="block"``): where its output holds the image tokens and
+    which of its arguments are per-token and must follow the merge.
+
+    Args:
+        output: the index of the image stream when the block returns a tuple (a block that returns a tensor
+            returns the sequence itself).
+        rotary: the block's rotary argument, whose image rows follow the merged tokens.
+        mask: the block's attention mask argument, likewise.
+        per_token: other arguments that may carry one entry per token (Wan 2.2 TI2V's ``temb``): a call where
+            they do is refused (their merge is not declared).
+    """
+
+    output: int | None = None
+    rotary: "Rotary | None" = None
+    mask: "Mask | None" = None
+    per_token: tuple[str, ...] = ()
 
 
 @dataclass
@@ -193,6 +216,7 @@ class BlockSite:
     level: int
     targets: tuple[Target, ...]
     text: str = TEXT_NONE
+    whole: Whole | None = None
 
     @property
     def downsample(self) -> int:
@@ -233,11 +257,18 @@ class IdsGrid:
     edits): they, and their rotary rows, pass whole.
 
     Read on the host once per new ids tensor (once per generation), never per step.
+
+    ``leading``: the ids start with rows of other tokens (Krea 2's text rows, all zero), as many as this argument
+    has tokens; ``refs``: reference-image tokens follow the image's in the blocks but their ids are another
+    argument (Flux 3's ``image_cond_ids``), as many as it has tokens. The token count of a tensor argument is its
+    axis 0 if it has 2 dimensions (ids), else its axis 1 (batch first); a missing (``None``) one counts 0.
     """
 
     arg: Arg = Arg("img_ids")
     axes: tuple[int, ...] = (1, 2)
     image_axis: int | None = 0  # the image's rows share this id (reference images after them have others)
+    leading: Arg | None = None
+    refs: Arg | None = None
 
 
 @dataclass(frozen=True)
@@ -316,7 +347,7 @@ class Family:
                     return None
                 targets = tuple(t for t in spec.targets if isinstance(getattr(block, t.attr, None), nn.Module))
                 sites.append(BlockSite(f"{path}.{spec.attr}.{i}" if path else f"{spec.attr}.{i}", block, 0,
-                                       targets, spec.text))
+                                       targets, spec.text, spec.whole))
         return sites
 
 

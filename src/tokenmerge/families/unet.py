@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from .spec import CROSS, MLP, SELF, Arg, BlockSite, Family, LatentGrid, Target, has, has_list
+from .spec import CROSS, MLP, SELF, Arg, BlockSite, Family, LatentGrid, Target, Whole, has, has_list
 
-__all__ = ["DIFFUSERS_UNET", "LDM_UNET", "BASIC_TARGETS", "transformer_blocks_in", "is_transformer_block", "FAMILIES"]
+__all__ = ["DIFFUSERS_UNET", "LDM_UNET", "BASIC_TARGETS", "WHOLE", "transformer_blocks_in", "is_transformer_block", "FAMILIES"]
 
 BASIC_TARGETS = (Target("attn1", SELF), Target("attn2", CROSS), Target("ff", MLP))
+WHOLE = Whole()  # a basic block returns its hidden states; its other arguments are per image, not per token
 _TEMPORAL = ("time_stack", "temp_attentions", "motion_modules", "temporal_transformer")
 
 
@@ -33,7 +34,7 @@ def transformer_blocks_in(container: nn.Module, prefix: str, level: int) -> list
             if any(p in _TEMPORAL for p in parts):
                 continue
             targets = tuple(t for t in BASIC_TARGETS if isinstance(getattr(module, t.attr, None), nn.Module))
-            found.append(BlockSite(f"{prefix}.{name}" if prefix else name, module, level, targets))
+            found.append(BlockSite(f"{prefix}.{name}" if prefix else name, module, level, targets, whole=WHOLE))
     return found
 
 

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, ArgsGrid, Blocks, Family, LatentGrid,
-                   Mask, Refused, Rotary, Target, block_has, config_has, has, has_list, takes)
+                   Mask, Refused, Rotary, Target, Whole, block_has, config_has, has, has_list, takes)
 
 __all__ = ["WAN", "HUNYUAN_VIDEO", "COGVIDEOX", "LTX_VIDEO", "MOCHI", "REFUSED", "FAMILIES"]
 
@@ -32,7 +32,8 @@ WAN = Family(
     grid=LatentGrid(rank=3, patch=("patch_size", "patch_size", "patch_size")),
     blocks=(Blocks("blocks", (Target("attn1", SELF, rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE),
                                      mask=Mask("attention_mask"), keys=TEXT_NONE),
-                              Target("attn2", CROSS), Target("ffn", MLP)), requires=("attn1", "ffn")),),
+                              Target("attn2", CROSS), Target("ffn", MLP)), requires=("attn1", "ffn"),
+                    whole=Whole(rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE), per_token=("temb",))),),
     shared_plan=True,
     description="Wan 2.1/2.2 (T2V, I2V, TI2V), VACE, Animate, SkyReels-V2, ChronoEdit",
     examples=("wan", "wan-i2v", "wan-ti2v", "wan-vace", "wan-animate", "skyreels-v2", "skyreels-v2-df", "chronoedit"),
@@ -114,8 +115,6 @@ REFUSED = (
     Refused("anyflow-far", has("far_patch_embedding", "patch_embedding") & has_list("blocks"),
             "AnyFlow-FAR generates in autoregressive chunks with a block mask and a key/value cache over earlier "
             "chunks; not supported yet"),
-    Refused("ltx2", has("audio_proj_in", "proj_in") & has_list("transformer_blocks"),
-            "LTX-2 carries an audio stream with audio-video cross-attention in every block; not supported yet"),
 )
 
 FAMILIES = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX_VIDEO, MOCHI,)
