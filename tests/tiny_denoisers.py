@@ -1456,10 +1456,11 @@ _add("hunyuan-image-2.1", "HunyuanImageTransformer2DModel", "image", (4, 4),
            "patch 1; byT5 glyph tokens as a second text", since="0.36.0")
 _add("prx", "PRXTransformer2DModel", "image", (4, 4),
      _make("PRXTransformer2DModel", in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32, mlp_ratio=2.0,
-           num_heads=2, depth=2, axes_dim=[8, 8]),
+           num_heads=2, depth=2, axes_dim=[8, 8], post=_randomize_zeros()),
      _latent_inputs((4, 4), 4, 2, 16, t=0.5,
                     extra=lambda b, g, h, w: {"attention_mask": torch.ones(b, TXT, dtype=torch.bool)}),
-     notes="PRX (Photoroom): timestep t/1000", since="0.36.0")
+     notes="PRX (Photoroom; zero-initialised modulation made random, else every block is the identity): timestep "
+           "t/1000", since="0.36.0")
 _add("nucleus-moe-image", "NucleusMoEImageTransformer2DModel", "image", (4, 4),
      _make("NucleusMoEImageTransformer2DModel", patch_size=2, in_channels=16, out_channels=4, num_layers=2,
            attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6),
@@ -1635,7 +1636,7 @@ def _joy_inputs(default, plus=False, items=2):
             x = _randn(g, batch, items * h * w, 16, 1, 2, 2)
         else:  # (B, items, C, T, H, W): [reference(s).., target]
             x = _randn(g, batch, items, 16, 1, 2 * h, 2 * w)
-        kw = dict(hidden_states=x, encoder_hidden_states=_randn(g, batch, TXT, 16), timestep=_t(batch, 0.6))
+        kw = dict(hidden_states=x, encoder_hidden_states=_randn(g, batch, TXT, 16), timestep=_t(batch, 600.0))
         if plus:
             kw["shape_list"] = [[(1, h, w)] * items] * batch
         return kw

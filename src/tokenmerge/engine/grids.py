@@ -65,7 +65,8 @@ class GridReader:
         return grid, device, trailing
 
     def _latent(self, sample, source: LatentGrid) -> tuple[int, ...]:
-        if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1:
+        if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1 \
+                or (source.axes is not None and sample.dim() <= max(source.axes)):
             axes = ("frames, " if source.rank == 3 else "") + "height, width"
             raise TypeError(f"tokenmerge: {self.owner}.forward got no latent tensor '{source.arg.name}' "
                             f"(batch, channels, {axes}); got {_describe(sample)}")
