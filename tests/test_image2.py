@@ -1,0 +1,148 @@
+"""The families of ``tokenmerge.families.image2`` lay out their tokens right: a "merge" that only permutes the image
+tokens (every other token, rotary row and mask entry where the family says it is) leaves the model's output
+unchanged up to rounding, since attention and feed-forwards are equivariant to a permutation of their tokens when
+the positions and masks follow them. A wrong text side, rotary axis or mask layout moves text rows or positions
+and changes the output by far more than rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokenmerge
+from tiny_denoisers import CATALOGUE, available, output_tensor
+from tokenmerge.families import image2, match_family
+from tokenmerge.merge.plan import MergePlan
+
+pytestmark = pytest.mark.usefixtures("fast_cpu")
+
+EXAMPLES = [name for family in image2.FAMILIES for name in family.examples]
+
+
+class _Permutation(MergePlan):
+    """A plan that moves every token to another slot and merges none (it claims one merged token so that the
+    engine applies it)."""
+
+    def __init__(self, dest: torch.Tensor, slots: int):
+        super().__init__(dest, slots)
+        self.num_merged = 1
+
+    def expand(self, batch: int) -> "_Permutation":
+        return self if batch == 1 else _Permutation(self.dest.expand(batch, -1), self.num_slots)
+
+
+def permuting(metric, shape, windows, r, offsets=None, radius=None):
+    batch, tokens = metric.shape[:2]
+    dest = torch.randperm(tokens, generator=torch.Generator().manual_seed(tokens)).to(metric.device)
+    return _Permutation(dest.expand(batch, -1), tokens)
+
+
+def _out(model, inputs, entry):
+    with torch.no_grad():
+        return output_tensor(model(**inputs), entry).clone()
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_permutation_of_the_image_tokens_changes_nothing(name):
+    reason = available(name)
+    if reason is not None:
+        pytest.skip(reason)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    family = match_family(model)
+    refused = {t.kind for b in family.blocks for t in b.targets if t.refuse is not None}
+    inputs = entry.inputs(batch=2, grid=entry.second_grid(), seed=3)
+    plain = _out(model, inputs, entry)
+    config = tokenmerge.ToMeConfig(ratio=0.5, merge_crossattn=True, merge_mlp="mlp" not in refused)
+    tokenmerge.apply_config(model, config, matcher=permuting)
+    try:
+        permuted = _out(model, inputs, entry)
+    finally:
+        tokenmerge.remove_patch(model)
+    scale = plain.abs().max()
+    torch.testing.assert_close(permuted / scale, plain / scale, rtol=0, atol=2e-5)
+
+
+class _IdsModel(torch.nn.Module):
+    def forward(self, hidden_states, position_ids, encoder_hidden_states=None, image_cond_ids=None):
+        return hidden_states
+
+
+def _ids(h, w, first=0):
+    rows = torch.zeros(h * w, 3)
+    rows[:, 0] = first
+    rows[:, 1] = torch.arange(h).repeat_interleave(w)
+    rows[:, 2] = torch.arange(w).repeat(h)
+    return rows
+
+
+def test_ids_grid_skips_leading_rows_and_counts_references_given_apart():
+    from tokenmerge.engine.grids import GridReader
+    from tokenmerge.families.spec import Arg, IdsGrid
+
+    source = IdsGrid(Arg("position_ids"), axes=(1, 2), leading=Arg("encoder_hidden_states"),
+                     refs=Arg("image_cond_ids"))
+    reader = GridReader(source, _IdsModel())
+    text = torch.zeros(2, 5, 3, 8)  # (B, L, layers, D): 5 text rows before the image's ids, all zero
+    ids = torch.cat([torch.zeros(5, 3), _ids(3, 4), _ids(2, 2, first=1)])  # a reference after the image too
+    grid, _, trailing = reader.read((), dict(position_ids=ids, encoder_hidden_states=text))
+    assert grid == (3, 4) and trailing == 4
+    refs = torch.zeros(6, 4)  # (Nr, 4) ids of 6 reference tokens given in another argument
+    grid, _, trailing = reader.read((), dict(position_ids=ids, encoder_hidden_states=text, image_cond_ids=refs))
+    assert grid == (3, 4) and trailing == 4 + 6
+    with pytest.raises(RuntimeError, match="do not form"):  # without skipping the text rows: no grid
+        GridReader(IdsGrid(Arg("position_ids"), axes=(1, 2)), _IdsModel()).read((), dict(position_ids=ids))
+
+
+def test_shapes_grid_reads_one_shape_per_sample_or_a_list_per_sample():
+    from tokenmerge.engine.grids import GridReader
+    from tokenmerge.families.spec import Arg, ShapesGrid
+
+    class Model(torch.nn.Module):
+        def forward(self, hidden_states, img_shapes):
+            return hidden_states
+
+    reader = GridReader(ShapesGrid(Arg("img_shapes"), rank=2), Model())
+    assert reader.read((), dict(img_shapes=[(1, 4, 6)] * 3))[::2] == ((4, 6), 0)  # NucleusMoE: one shape a sample
+    assert reader.read((), dict(img_shapes=[[(1, 4, 6), (1, 2, 2)]] * 3))[::2] == ((4, 6), 4)  # Qwen edit
+    assert reader.read((), dict(img_shapes=(1, 4, 6)))[::2] == ((4, 6), 0)
+
+
+def test_a_sequence_of_the_image_tokens_alone_has_nothing_beside_them():
+    from tokenmerge.engine.layout import sides
+    from tokenmerge.families.spec import TEXT_BEFORE, TEXT_NONE
+
+    assert sides(16, 16, TEXT_NONE, trailing=8) == (0, 0)  # Flux 3's image-only blocks of a call with references
+    assert sides(24, 16, TEXT_NONE, trailing=8) == (0, 8)
+    assert sides(30, 16, TEXT_BEFORE, trailing=8) == (6, 8)
+
+
+
+@pytest.mark.parametrize("name,reason", [("lumina2", "same tokens"), ("lumina-next", "same tokens"),
+                                         ("omnigen", "same tokens"), ("z-image", "multiple of 32"),
+                                         ("z-image-controlnet", "multiple of 32"), ("qwen-image-2.1", "raster"),
+                                         ("ideogram4", "tagged per token"), ("ernie-image", "sequence-first"),
+                                         ("bria-fibo2", "gist"), ("kandinsky3-unet", "feature map"),
+                                         ("stable-cascade-prior", "feature map"), ("unet-2d", "feature map"),
+                                         ("uvit2d", "without a timestep")])
+def test_refused_image_models_say_why(name, reason):
+    if available(name) is not None:
+        pytest.skip(available(name))
+    model = CATALOGUE[name].build()
+    with pytest.raises(TypeError, match=reason) as err:
+        tokenmerge.apply_patch(model, ratio=0.5)
+    assert type(model).__name__ in str(err.value) and tokenmerge.describe_patch(model) is None
+
+
+def test_hidream_called_with_patchified_tokens_is_refused_not_misread():
+    if available("hidream") is not None:
+        pytest.skip(available("hidream"))
+    entry = CATALOGUE["hidream"]
+    model, inputs = entry.build(), entry.inputs(batch=2)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    tokens = inputs["hidden_states"].flatten(2).transpose(1, 2)  # (B, N, C): not the (B, C, H, W) latent
+    try:
+        with pytest.raises(TypeError, match="latent tensor"), torch.no_grad():
+            model(**{**inputs, "hidden_states": tokens})
+    finally:
+        tokenmerge.remove_patch(model)
