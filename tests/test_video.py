@@ -26,6 +26,7 @@ ROTARY = [
     ("cosmos-predict2", "transformer_blocks", "attn1", "image_rotary_emb", -2),
     ("sana-video", "transformer_blocks", "attn1", "rotary_emb", 1),
     ("kandinsky5", "visual_transformer_blocks", "self_attention", "rotary_emb", 1),
+    ("ltx2", "transformer_blocks", "attn1", "query_rotary_emb", -2),
 ]
 
 

@@ -110,8 +110,8 @@ def test_cosmos_schedules_follow_the_edm_timestep():
 
 
 @pytest.mark.parametrize("name,record", [
-    ("kandinsky6", "kandinsky6"), ("kandinsky6-sr", "kandinsky6-sr"), ("wan-animate-2", "wan-animate-2"),
-    ("sana-wm", "sana-wm"),
+    ("kandinsky6", "kandinsky6"), ("kandinsky6-sr", "kandinsky6-sr"), ("minimax-h3", "minimax-h3"),
+    ("wan-animate-2", "wan-animate-2"), ("sana-wm", "sana-wm"), ("sana-wm-refiner", "sana-wm-refiner"),
 ])
 def test_refused_video_models_name_their_own_reason(name, record):
     entry, model = _build(name)
@@ -130,3 +130,97 @@ def test_kandinsky5_nabla_and_easyanimate_shared_feed_forward_are_refused():
     assert match_family(model) is None and refusal_for(model).name == "easyanimate-shared-ff"
     with pytest.raises(TypeError, match="one feed-forward"):
         tokenmerge.apply_patch(model, ratio=0.5)
+
+
+def _ltx2_with_keyframes(entry, model, batch=2, keyframes=5, seed=4):
+    """LTX-2 inputs whose video sequence carries ``keyframes`` conditioning tokens after the grid's (as the condition
+    pipelines append them), with their own positions and a per-token timestep (0 on the keyframe tokens)."""
+    inputs = entry.inputs(batch=batch, grid=entry.second_grid(), seed=seed)
+    f, h, w = inputs["num_frames"], inputs["height"], inputs["width"]
+    g = torch.Generator().manual_seed(seed)
+    coords = model.rope.prepare_video_coords(batch, f, h, w, torch.device("cpu"), fps=inputs["fps"])
+    extra = coords[:, :, :keyframes] + 3.0  # their own positions
+    n = f * h * w
+    return dict(inputs, hidden_states=torch.cat([inputs["hidden_states"],
+                                                 torch.randn(batch, keyframes, inputs["hidden_states"].shape[-1],
+                                                             generator=g)], 1),
+                video_coords=torch.cat([coords, extra], 2),
+                timestep=torch.cat([torch.full((batch, n), 500.0), torch.zeros(batch, keyframes)], 1),
+                audio_timestep=torch.full((batch,), 500.0), sigma=torch.full((batch,), 500.0))
+
+
+def test_ltx2_keyframe_tokens_after_the_grid_pass_whole():
+    """The condition pipelines append keyframe tokens after the video grid's: a permutation of the grid's tokens
+    (merging every sub-module, the audio-to-video cross-attention too) changes nothing, the keyframes and the audio
+    included; real merging changes the output and keeps it finite."""
+    entry, model = _build("ltx2")
+    inputs = _ltx2_with_keyframes(entry, model)
+    plain = _out(model, inputs, entry)
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(ratio=0.5, merge_crossattn=True, merge_mlp=True),
+                            matcher=permuting)
+    try:
+        permuted = _out(model, inputs, entry)
+    finally:
+        tokenmerge.remove_patch(model)
+    scale = plain.abs().max()
+    torch.testing.assert_close(permuted / scale, plain / scale, rtol=0, atol=2e-5)
+    tokenmerge.apply_patch(model, ratio=0.5, merge_crossattn=True, merge_mlp=True)
+    try:
+        merged = _out(model, inputs, entry)
+    finally:
+        tokenmerge.remove_patch(model)
+    assert merged.shape == plain.shape and torch.isfinite(merged).all() and not torch.equal(merged, plain)
+
+
+def test_ltx2_video_self_attention_mask_is_refused_clearly():
+    """IC-LoRA's video self-attention mask (B, S, S) is not followed: merging the self-attention stops with an error
+    that says so (merge_attn=False still merges the rest)."""
+    entry, model = _build("ltx2")
+    inputs = entry.inputs(batch=2)
+    n = inputs["hidden_states"].shape[1]
+    inputs["video_self_attention_mask"] = torch.ones(2, n, n)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    try:
+        with pytest.raises(RuntimeError, match="attention mask"), torch.no_grad():
+            model(**inputs)
+    finally:
+        tokenmerge.remove_patch(model)
+    tokenmerge.apply_patch(model, ratio=0.5, merge_attn=False, merge_mlp=True)
+    try:
+        assert torch.isfinite(_out(model, inputs, entry)).all()
+    finally:
+        tokenmerge.remove_patch(model)
+
+
+def test_tables_positions_rotary_keeps_the_tables_and_takes_the_positions_of_the_merged_tokens():
+    from tokenmerge.engine.layout import take_rotary
+    from tokenmerge.families.spec import Rotary
+
+    tables = ((torch.randn(3, 4), torch.randn(3, 4)), (torch.randn(5, 4), torch.randn(5, 4)))
+    positions = (torch.arange(6).view(1, 6), torch.arange(6).view(1, 6) * 10)
+    reps = torch.tensor([0, 2, 5])
+    out = take_rotary(Rotary("r", layout="tables_positions", token_axis=-1, text="none"), (tables, positions), 6, reps)
+    assert out[0] is tables
+    assert [p.tolist() for p in out[1]] == [[[0, 2, 5]], [[0, 20, 50]]]
+
+
+def test_allegro_positions_are_those_of_each_merged_tokens_first_token():
+    entry, model = _build("allegro")
+    inputs = entry.inputs(batch=2, grid=(3, 4, 6))
+    attn = model.transformer_blocks[0].attn1
+    tokenmerge.apply_patch(model, ratio=0.5)
+    patch, seen = model._tokenmerge_patch, []
+    grab = attn.register_forward_pre_hook(  # after tokenmerge's own pre-hook: what the attention receives
+        lambda m, a, k: seen.append((k["image_rotary_emb"], patch.state.blocks[0].plan)), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        grab.remove()
+        tokenmerge.remove_patch(model)
+    ((tables, positions), plan), plain = seen[0], inputs["image_rotary_emb"]
+    assert tables is plain[0]
+    first = plan.representatives()
+    assert 0 < first.numel() < 3 * 4 * 6
+    for merged, whole in zip(positions, plain[1]):
+        assert torch.equal(merged, whole[:, first])

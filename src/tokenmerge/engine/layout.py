@@ -61,6 +61,10 @@ def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: i
 
     ``reps`` ``(M,)``: for each merged image token, the image token whose position it keeps.
     """
+    if spec.layout == "tables_positions":  # (per-axis tables, per-token positions): only the positions follow
+        tables, positions = value
+        return type(value)((tables, take_rotary(Rotary(spec.kwarg, "tensor", spec.token_axis, spec.text), positions,
+                                                image, reps, trailing)))
     if spec.layout == "image_text_pair":  # (image table, text table): only the first has image rows
         img, txt = value
         return type(value)((take_rotary(Rotary(spec.kwarg, "tensor", spec.token_axis, spec.text), img, image, reps,

@@ -110,7 +110,10 @@ class Rotary:
     Args:
         kwarg: the keyword (``image_rotary_emb``, ``rotary_emb``, ``freqs_cis``...).
         layout: ``"tensor"`` (one tensor, or a tuple/list of tensors such as (cos, sin), every one indexed the
-            same way) or ``"image_text_pair"`` (``(image_freqs, text_freqs)``: only the first is the image's).
+            same way), ``"image_text_pair"`` (``(image_freqs, text_freqs)``: only the first is the image's) or
+            ``"tables_positions"`` (``(tables, positions)``: per-axis frequency tables, which pass whole, and
+            per-token position ids, indexed along ``token_axis``: Allegro's ``((t, h, w) (cos, sin) tables,
+            (t, h, w) positions (1, N))``, ``token_axis=-1``).
         token_axis: the axis of the token rows in each tensor (``-2`` for diffusers' (S, D) and (B, H, S, D)).
         text: where the text rows are in the tensor(s): ``TEXT_BEFORE``, ``TEXT_AFTER`` or ``TEXT_NONE`` (the
             rotary covers the image tokens only). The text rows are whatever rows are not the image's.

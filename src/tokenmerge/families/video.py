@@ -99,10 +99,6 @@ MOCHI = Family(
 )
 
 REFUSED = (
-    Refused("allegro", has("pos_embed") & has_list("transformer_blocks") & config_has("sample_frames")
-            & config_has("patch_size_t"),
-            "Allegro flattens its frames into one token sequence with 3-D rotary positions given as per-axis tables "
-            "and per-token position grids; that layout is not supported yet"),
     Refused("hunyuan-video-framepack", has("clean_x_embedder", "x_embedder") & has_list("single_transformer_blocks"),
             "HunyuanVideo Framepack prepends history and clean-frame tokens to the video's in one stream, with their "
             "own rotary rows; that layout is not supported yet"),

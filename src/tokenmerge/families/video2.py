@@ -18,20 +18,16 @@
 
 from __future__ import annotations
 
-from .spec import (CROSS, JOINT, MLP, SELF, TEXT_NONE, Arg, Blocks, Family, LatentGrid, Mask, Refused, Rotary,
-                   Target, block_has, config_has, config_is, has, has_list, takes)
+from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, ArgsGrid, Blocks, Family, LatentGrid,
+                   Mask, Refused, Rotary, Target, block_has, config_has, config_is, has, has_list, takes)
 
-__all__ = ["HUNYUAN_VIDEO_15", "EASYANIMATE", "COSMOS", "COSMOS_PREDICT2", "SANA_VIDEO", "KANDINSKY5", "FAMILIES",
-           "REFUSED"]
+__all__ = ["HUNYUAN_VIDEO_15", "EASYANIMATE", "COSMOS", "COSMOS_PREDICT2", "SANA_VIDEO", "KANDINSKY5", "LTX2", "ALLEGRO",
+           "FAMILIES", "REFUSED"]
 
-ROTARY_TODO = (
-    "ToDo cannot pool keys that carry rotary positions inside the attention call, where every key gets the position "
-    "of its token: pooled keys would need pooled positions, which that call cannot take. Use ToMe (apply_patch) on "
-    "this model")
-JOINT_TODO = (
-    "ToDo cannot patch joint attention over video and text tokens, whose keys and values are made inside one "
-    "attention call: pooling the video tokens there would pool their queries too. Use ToMe (apply_patch) on this "
-    "model")
+LINEAR_ROTARY_TODO = (
+    "ToDo cannot pool the keys of this linear attention: rotary positions are applied to every key inside the "
+    "attention call (pooled keys would need pooled positions), and the call makes no softmax attention call in which "
+    "they could be pooled after that. Use ToMe (apply_patch) on this model")
 
 _VIDEO_ROTARY = Rotary("image_rotary_emb", text=TEXT_NONE)  # (cos, sin) each (N, d): the video's rows only
 
@@ -42,10 +38,9 @@ HUNYUAN_VIDEO_15 = Family(
     & block_has("transformer_blocks", "attn", "ff", "ff_context", "norm1_context"),
     grid=LatentGrid(rank=3, patch=("patch_size_t", "patch_size", "patch_size")),
     blocks=(Blocks("transformer_blocks", (
-        Target("attn", JOINT, rotary=_VIDEO_ROTARY, mask=Mask("attention_mask", image=False)),
+        Target("attn", JOINT, rotary=_VIDEO_ROTARY, mask=Mask("attention_mask", image=False), keys=TEXT_AFTER),
         Target("ff", MLP)), requires=("attn", "ff")),),
     shared_plan=True,
-    todo=JOINT_TODO,
     description="HunyuanVideo 1.5 (T2V, I2V): double-stream blocks, the context's mask passes whole",
     examples=("hunyuan-video-1.5", "hunyuan-video-1.5-i2v"),
 )
@@ -57,10 +52,10 @@ EASYANIMATE = Family(
     "easyanimate",
     match=_EASYANIMATE & block_has("transformer_blocks", "txt_ff", index=-1),
     grid=LatentGrid(rank=3, patch=(1, "patch_size", "patch_size")),
-    blocks=(Blocks("transformer_blocks", (Target("attn1", JOINT, rotary=_VIDEO_ROTARY), Target("ff", MLP)),
+    blocks=(Blocks("transformer_blocks", (Target("attn1", JOINT, rotary=_VIDEO_ROTARY, keys=TEXT_BEFORE),
+                                          Target("ff", MLP)),
                    requires=("attn1", "ff", "txt_ff")),),
     shared_plan=True,
-    todo=JOINT_TODO,
     description="EasyAnimate V5.1 (joint [text | video] attention, rotary on the video rows)",
     examples=("easyanimate",),
 )
@@ -68,7 +63,7 @@ EASYANIMATE = Family(
 _COSMOS = has("patch_embed", "rope", "time_embed") & has_list("transformer_blocks") & config_has("max_size") \
     & config_has("adaln_lora_dim") & block_has("transformer_blocks", "attn1", "attn2", "ff", "norm3")
 _COSMOS_BLOCKS = (Blocks("transformer_blocks", (
-    Target("attn1", SELF, rotary=Rotary("image_rotary_emb", text=TEXT_NONE)), Target("attn2", CROSS),
+    Target("attn1", SELF, rotary=Rotary("image_rotary_emb", text=TEXT_NONE), keys=TEXT_NONE), Target("attn2", CROSS),
     Target("ff", MLP)), requires=("attn1", "ff")),)
 _COSMOS_GRID = LatentGrid(rank=3, patch=("patch_size", "patch_size", "patch_size"))
 
@@ -79,7 +74,6 @@ COSMOS = Family(  # Cosmos 1.0: EDM's preconditioned noise c_noise = log(sigma) 
     blocks=_COSMOS_BLOCKS,
     timestep=Arg("timestep", log_sigma=0.25),
     shared_plan=True,
-    todo=ROTARY_TODO,
     description="Cosmos 1.0 (text- and video-to-world; EDM log-sigma timesteps)",
     examples=("cosmos", "cosmos-v2w"),
 )
@@ -91,7 +85,6 @@ COSMOS_PREDICT2 = Family(  # no learnable extra position embedding; timesteps si
     blocks=_COSMOS_BLOCKS,
     timestep=Arg("timestep", scale=1000.0),
     shared_plan=True,
-    todo=ROTARY_TODO,
     description="Cosmos-Predict 2 / 2.5 and Cosmos-Transfer 2.5 (0..1 timesteps)",
     examples=("cosmos-predict2",),
 )
@@ -107,7 +100,7 @@ SANA_VIDEO = Family(
         Target("ff", MLP, refuse="SANA-Video's GLUMBTempConv feed-forward convolves over the (frames, height, width) "
                                  "grid of the tokens; use merge_mlp=False")), requires=("attn1", "ff")),),
     shared_plan=True,
-    todo=ROTARY_TODO,
+    todo=LINEAR_ROTARY_TODO,
     description="SANA-Video (linear attention with 3-D rotary; the feed-forward is not merged)",
     examples=("sana-video",),
 )
@@ -121,12 +114,48 @@ KANDINSKY5 = Family(
     match=_KANDINSKY5 & ~config_is("attention_type", "nabla"),
     grid=LatentGrid(rank=3, patch=("patch_size", "patch_size", "patch_size"), axes=(1, 2, 3)),
     blocks=(Blocks("visual_transformer_blocks", (
-        Target("self_attention", SELF, rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE)),
+        Target("self_attention", SELF, rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE), keys=TEXT_NONE),
         Target("cross_attention", CROSS), Target("feed_forward", MLP)), requires=("self_attention", "feed_forward")),),
     shared_plan=True,
-    todo=ROTARY_TODO,
     description="Kandinsky 5 (T2V, I2V, T2I; regular attention)",
     examples=("kandinsky5",),
+)
+
+ALLEGRO = Family(  # frames flattened into the sequence; 3-D rotary as per-axis tables + per-token positions (1, N)
+    "allegro",
+    match=has("pos_embed", "adaln_single", "caption_projection") & has_list("transformer_blocks")
+    & config_has("sample_frames") & config_has("patch_size_t")
+    & block_has("transformer_blocks", "attn1", "attn2", "ff") & takes("image_rotary_emb"),
+    grid=LatentGrid(rank=3, patch=("patch_size_t", "patch_size", "patch_size")),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn1", SELF, rotary=Rotary("image_rotary_emb", layout="tables_positions", token_axis=-1,
+                                            text=TEXT_NONE), keys=TEXT_NONE),
+        Target("attn2", CROSS), Target("ff", MLP)), requires=("attn1", "ff")),),
+    shared_plan=True,
+    description="Allegro (3-D rotary from per-axis tables and per-token positions)",
+    examples=("allegro",),
+)
+
+# LTX-2: every block carries the video and the audio stream. The video is merged in its self-attention ``attn1``, its
+# text cross-attention ``attn2``, the audio-to-video cross-attention (its queries are video tokens, with their own
+# rotary rows) and ``ff``; the audio stream and its sub-modules pass whole, and ``video_to_audio_attn`` takes the
+# block's unmerged video tokens as keys. Tokens a call appends after the grid's (the condition pipelines' keyframe
+# tokens) pass whole, with their rotary rows.
+_LTX2_VIDEO_ROTARY = Rotary("query_rotary_emb", text=TEXT_AFTER)  # (cos, sin): (B, N, D) or (B, heads, N, d / 2)
+LTX2 = Family(
+    "ltx2",
+    match=has("proj_in", "audio_proj_in", "rope", "audio_rope") & has_list("transformer_blocks")
+    & block_has("transformer_blocks", "attn1", "audio_attn1", "audio_to_video_attn", "video_to_audio_attn")
+    & takes("audio_hidden_states", "num_frames", "height", "width"),
+    grid=ArgsGrid(("num_frames", "height", "width")),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn1", SELF, text=TEXT_AFTER, rotary=_LTX2_VIDEO_ROTARY, keys=TEXT_AFTER),
+        Target("attn2", CROSS, text=TEXT_AFTER),
+        Target("audio_to_video_attn", CROSS, text=TEXT_AFTER, rotary=_LTX2_VIDEO_ROTARY),
+        Target("ff", MLP, text=TEXT_AFTER)), text=TEXT_AFTER, requires=("attn1", "ff", "audio_to_video_attn")),),
+    shared_plan=True,
+    description="LTX-2 (audio + video): the video merged, the audio stream whole; appended keyframe tokens pass whole",
+    examples=("ltx2",),
 )
 
 REFUSED = (
@@ -165,4 +194,4 @@ REFUSED = (
             "a key/value cache of earlier chunks with attention sinks"),
 )
 
-FAMILIES = (HUNYUAN_VIDEO_15, EASYANIMATE, COSMOS, COSMOS_PREDICT2, SANA_VIDEO, KANDINSKY5,)
+FAMILIES = (HUNYUAN_VIDEO_15, EASYANIMATE, COSMOS, COSMOS_PREDICT2, SANA_VIDEO, KANDINSKY5, LTX2, ALLEGRO,)
