@@ -224,3 +224,33 @@ def test_allegro_positions_are_those_of_each_merged_tokens_first_token():
     assert 0 < first.numel() < 3 * 4 * 6
     for merged, whole in zip(positions, plain[1]):
         assert torch.equal(merged, whole[:, first])
+
+
+@pytest.mark.parametrize("name,blocks,attr,heads_first", [
+    ("easyanimate", "transformer_blocks", "attn1", True),  # keys [text | video]
+    ("hunyuan-video-1.5", "transformer_blocks", "attn", False),  # keys [video | context]
+    ("cosmos", "transformer_blocks", "attn1", True),  # keys: the video's only
+])
+def test_todo_pools_the_video_keys_inside_the_attention_call(name, blocks, attr, heads_first):
+    """The rows ToDo pools inside the attention call are the video's keys: after the key norm they are only rotated,
+    so each row keeps the norm it has at the output of ``norm_k`` (the text's keys come from another norm)."""
+    from tokenmerge.merge import downsample
+
+    entry, model = _build(name)
+    attn = getattr(getattr(model, blocks)[0], attr)
+    normed, pooled = [], []
+    hook = attn.norm_k.register_forward_hook(lambda m, a, out: normed.append(out))
+
+    def recording(x, grid, factors, mode):
+        pooled.append(x)
+        return downsample(x, grid, factors, mode)
+
+    tokenmerge.apply_config(model, tokenmerge.ToDoConfig(downsample=2), downsampler=recording)
+    try:
+        with torch.no_grad():
+            model(**entry.inputs(batch=2))
+    finally:
+        hook.remove()
+        tokenmerge.remove_patch(model)
+    keys = normed[0] if heads_first else normed[0].transpose(1, 2)  # (B, heads, N, d)
+    torch.testing.assert_close(pooled[0].norm(dim=-1), keys.flatten(0, 1).norm(dim=-1), rtol=1e-4, atol=1e-5)
