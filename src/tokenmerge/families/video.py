@@ -100,8 +100,9 @@ MOCHI = Family(
 
 REFUSED = (
     Refused("hunyuan-video-framepack", has("clean_x_embedder", "x_embedder") & has_list("single_transformer_blocks"),
-            "HunyuanVideo Framepack prepends history and clean-frame tokens to the video's in one stream, with their "
-            "own rotary rows; that layout is not supported yet"),
+            "HunyuanVideo Framepack prepends history and clean-frame tokens (with their own rotary rows) to the "
+            "video's in its image stream, and its attention key mask (B, 1, 1, S) spans [history | video | text]: "
+            "tokens on both sides of the video's, which a mask cannot follow yet"),
     Refused("helios", has("patch_embedding", "patch_short", "patch_long") & has_list("blocks"),
             "Helios prepends short/mid/long history tokens, embedded at other patch sizes, to the video's in every "
             "block; that layout is not supported yet"),
