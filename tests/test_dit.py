@@ -71,10 +71,16 @@ def test_todo_on_dit_and_pixart(kind):
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
-def test_todo_on_joint_attention_is_refused(kind):
+def test_todo_on_joint_attention_pools_inside_the_call_and_refuses_query_merging(kind):
     model = _model(kind)
-    with pytest.raises(ValueError, match="joint attention"):
-        tokenmerge.apply_todo(model, downsample=2)
+    inputs = dit_inputs(kind)
+    plain = _run(model, inputs)
+    tokenmerge.apply_todo(model, downsample=2)  # keys/values pooled inside the attention call (test_todo_inside)
+    pooled = _run(model, inputs)
+    tokenmerge.remove_patch(model)
+    assert not torch.allclose(pooled, plain, atol=1e-4) and torch.equal(_run(model, inputs), plain)
+    with pytest.raises(ValueError, match="cannot be merged as well"):
+        tokenmerge.apply_todo(model, downsample=2, ratio=0.3)
     assert tokenmerge.describe_patch(model) is None  # nothing left behind
 
 

@@ -146,9 +146,10 @@ class DenoiserPatch:
                                  f"{self.family.name}): how its output and per-token arguments are laid out is not "
                                  "known; use scope='attention'")
             self._wholes.append((
-                Arg(whole.rotary.kwarg).bind(block) if whole.rotary is not None else None,
+                Arg(whole.rotary.kwarg, also=whole.rotary.also).bind(block) if whole.rotary is not None else None,
                 Arg(whole.mask.kwarg).bind(block) if whole.mask is not None else None,
-                tuple(b for b in (Arg(n).bind(block) for n in whole.per_token) if b is not None)))
+                tuple(b for b in (Arg(n).bind(block) for n in whole.per_token) if b is not None),
+                tuple(b for b in (Arg(n).bind(block) for n in whole.refuse_if) if b is not None)))
         for spec in () if self.whole else site.targets:
             sub = getattr(block, spec.attr, None)
             if not (self._wanted(spec.kind) and isinstance(sub, nn.Module)):
@@ -168,7 +169,7 @@ class DenoiserPatch:
                 raise ValueError(f"tokenmerge: ToDo with ratio={self.config.ratio:g} on {self.family.name}: its keys "
                                  "are pooled inside the attention call from the tokens that call gets, so the queries "
                                  "cannot be merged as well; use ratio=0 (or ToMe alone)")
-            rotary = Arg(spec.rotary.kwarg).bind(sub) if spec.rotary is not None else None
+            rotary = Arg(spec.rotary.kwarg, also=spec.rotary.also).bind(sub) if spec.rotary is not None else None
             mask = Arg(spec.mask.kwarg if spec.mask is not None else "attention_mask").bind(sub)
             targets.append(_Bound(spec, _HIDDEN.bind(sub), context, rotary, mask, inside))
         self._targets.append(targets)
@@ -316,12 +317,17 @@ class DenoiserPatch:
     def _merge_block(self, index: int, site: BlockSite, call: BlockCall, args, kwargs):
         """Merge the block's input (its image part) and the per-token arguments that follow it."""
         plan, image = call.plan, call.plan.num_tokens
-        rotary, mask, per_token = self._wholes[index]
+        rotary, mask, per_token, refuse_if = self._wholes[index]
         full = self._inputs[index].read(args, kwargs)
+        for bound in refuse_if:
+            if bound.read(args, kwargs) is not None:
+                raise RuntimeError(f"tokenmerge: {site.path} got {bound.name!r}, which a whole-block merge would make "
+                                   "wrong; use scope='attention' for this model")
         for bound in per_token:
             value = bound.read(args, kwargs)
             # per-token modulation: (B, N, 6, D) (Wan 2.2 TI2V) or (B, 6, N, D) (SkyReels-V2 diffusion forcing)
-            if isinstance(value, torch.Tensor) and value.dim() >= 4 and {image, full.shape[1]} & set(value.shape[1:3]):
+            if isinstance(value, torch.Tensor) and value.dim() >= 2 and (value.shape[1] in (image, full.shape[1]) or (
+                    value.dim() >= 4 and value.shape[2] in (image, full.shape[1]))):
                 raise RuntimeError(f"tokenmerge: {site.path} got a per-token {bound.name!r} (one entry per token), "
                                    "which a whole-block merge does not follow; use scope='attention' for this model")
         before, after = sides(full.shape[1], image, site.text, self.state.trailing)

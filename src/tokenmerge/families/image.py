@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask,
-                   Rotary, ShapesGrid, Target, block_has, config_is, has, has_list, takes)
+                   Rotary, ShapesGrid, Target, Whole, block_has, config_is, has, has_list, takes)
 
 __all__ = ["FLUX2", "QWEN_IMAGE", "SANA", "SANA_SPRINT", "FAMILIES"]
 
@@ -28,10 +28,11 @@ FLUX2 = Family(
     blocks=(
         Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX2_ROTARY, mask=Mask(text=TEXT_BEFORE),
                                              keys=TEXT_BEFORE),
-                                      Target("ff", MLP)), requires=("attn", "ff")),
+                                      Target("ff", MLP)), requires=("attn", "ff"),
+               whole=Whole(output=1, rotary=_FLUX2_ROTARY)),
         Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX2_ROTARY,
                                                     mask=Mask(text=TEXT_BEFORE), keys=TEXT_BEFORE),),
-               text=TEXT_BEFORE, requires=("attn",)),
+               text=TEXT_BEFORE, requires=("attn",), whole=Whole(rotary=_FLUX2_ROTARY)),
     ),
     timestep=Arg("timestep", scale=1000.0),
     shared_plan=True,
@@ -47,7 +48,9 @@ QWEN_IMAGE = Family(
     blocks=(Blocks("transformer_blocks", (
         Target("attn", JOINT, text=TEXT_AFTER, rotary=Rotary("image_rotary_emb", layout="image_text_pair",
                                                              text=TEXT_AFTER), keys=TEXT_BEFORE),
-        Target("img_mlp", MLP, text=TEXT_AFTER)), text=TEXT_AFTER, requires=("attn", "img_mlp")),),
+        Target("img_mlp", MLP, text=TEXT_AFTER)), text=TEXT_AFTER, requires=("attn", "img_mlp"),
+        whole=Whole(output=1, rotary=Rotary("image_rotary_emb", layout="image_text_pair", text=TEXT_AFTER),
+                    per_token=("modulate_index",))),),
     timestep=Arg("timestep", scale=1000.0),
     shared_plan=True,
     description="Qwen-Image (+ Edit, Edit-2511, Layered: reference tokens pass whole)",

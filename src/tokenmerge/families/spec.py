@@ -123,6 +123,7 @@ class Rotary:
     layout: str = "tensor"
     token_axis: int = -2
     text: str = TEXT_BEFORE
+    also: tuple[str, ...] = ()  # other names the argument goes by (tried after ``kwarg``)
 
 
 @dataclass(frozen=True)
@@ -202,12 +203,15 @@ class Whole:
         mask: the block's attention mask argument, likewise.
         per_token: other arguments that may carry one entry per token (Wan 2.2 TI2V's ``temb``): a call where
             they do is refused (their merge is not declared).
+        refuse_if: arguments that, when given, make the call refuse it (HunyuanVideo's token-replace
+            ``first_frame_num_tokens``: a count of tokens the merge would change).
     """
 
     output: int | None = None
     rotary: "Rotary | None" = None
     mask: "Mask | None" = None
     per_token: tuple[str, ...] = ()
+    refuse_if: tuple[str, ...] = ()  # arguments whose presence (not None) refuses it (counts of tokens, ...)
 
 
 @dataclass

@@ -44,14 +44,22 @@ _VIDEO_PATCH = ("patch_size_t", "patch_size", "patch_size")
 _HUNYUAN_ATTN = Target("attn", JOINT, rotary=Rotary("image_rotary_emb", text=TEXT_NONE),
                        mask=Mask("attention_mask", text=TEXT_AFTER), keys=TEXT_AFTER)
 
+def _hunyuan_whole(rotary: str) -> Whole:  # blocks return (video, text); token-replace counts frame-0 tokens
+    return Whole(output=0, rotary=Rotary(rotary, text=TEXT_NONE, also=("image_rotary_emb",)),
+                 mask=Mask("attention_mask", text=TEXT_AFTER),
+                 refuse_if=("first_frame_num_tokens",))
+
+
 HUNYUAN_VIDEO = Family(
     "hunyuan-video",
     match=has("x_embedder", "context_embedder", "time_text_embed", "rope") & ~has("clean_x_embedder")
     & has_list("transformer_blocks", "single_transformer_blocks")
     & block_has("single_transformer_blocks", "attn", "proj_mlp", "act_mlp"),
     grid=LatentGrid(rank=3, patch=_VIDEO_PATCH),
-    blocks=(Blocks("transformer_blocks", (_HUNYUAN_ATTN, Target("ff", MLP)), requires=("attn", "ff")),
-            Blocks("single_transformer_blocks", (_HUNYUAN_ATTN,), requires=("attn", "proj_mlp"))),
+    blocks=(Blocks("transformer_blocks", (_HUNYUAN_ATTN, Target("ff", MLP)), requires=("attn", "ff"),
+                   whole=_hunyuan_whole("freqs_cis")),
+            Blocks("single_transformer_blocks", (_HUNYUAN_ATTN,), requires=("attn", "proj_mlp"),
+                   whole=_hunyuan_whole("image_rotary_emb"))),
     shared_plan=True,
     description="HunyuanVideo 1.0 (T2V, I2V, token-replace I2V), Motif-Video",
     examples=("hunyuan-video", "hunyuan-video-i2v", "hunyuan-video-i2v-token-replace", "motif-video"),
@@ -64,7 +72,8 @@ COGVIDEOX = Family(
     grid=LatentGrid(rank=3, patch=_VIDEO_PATCH, axes=(1, 3, 4)),
     blocks=(Blocks("transformer_blocks", (
         Target("attn1", JOINT, rotary=Rotary("image_rotary_emb", text=TEXT_NONE), keys=TEXT_BEFORE),
-        Target("ff", MLP, text=TEXT_BEFORE)), requires=("attn1", "ff")),),
+        Target("ff", MLP, text=TEXT_BEFORE)), requires=("attn1", "ff"),
+        whole=Whole(output=0, rotary=Rotary("image_rotary_emb", text=TEXT_NONE))),),
     shared_plan=True,
     description="CogVideoX 1.0 / 1.5 (T2V, I2V), ConsisID-like layouts",
     examples=("cogvideox", "cogvideox-5b", "cogvideox-i2v", "cogvideox-1.5", "consisid"),
@@ -77,7 +86,8 @@ LTX_VIDEO = Family(
     grid=ArgsGrid(("num_frames", "height", "width")),
     blocks=(Blocks("transformer_blocks", (
         Target("attn1", SELF, rotary=Rotary("image_rotary_emb", token_axis=-2, text=TEXT_NONE), keys=TEXT_NONE),
-        Target("attn2", CROSS), Target("ff", MLP)), requires=("attn1", "ff")),),
+        Target("attn2", CROSS), Target("ff", MLP)), requires=("attn1", "ff"),
+        whole=Whole(rotary=Rotary("image_rotary_emb", token_axis=-2, text=TEXT_NONE), per_token=("temb",))),),
     shared_plan=True,
     description="LTX-Video (T2V, I2V, condition)",
     examples=("ltx", "ltx-i2v"),
@@ -91,7 +101,8 @@ MOCHI = Family(
     blocks=(Blocks("transformer_blocks", (
         Target("attn1", JOINT, rotary=Rotary("image_rotary_emb", token_axis=0, text=TEXT_NONE),
                mask=Mask("attention_mask", image=False), keys=TEXT_AFTER),
-        Target("ff", MLP)), requires=("attn1", "ff")),),
+        Target("ff", MLP)), requires=("attn1", "ff"),
+        whole=Whole(output=0, rotary=Rotary("image_rotary_emb", token_axis=0, text=TEXT_NONE))),),
     timestep=Arg("timestep", reverse=True),
     shared_plan=True,
     description="Mochi 1",
