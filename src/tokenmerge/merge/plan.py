@@ -107,10 +107,23 @@ class SlicePlan:
     on ``M`` tokens is all that is left: the best speed any merge to ``M`` tokens could reach.
     """
 
-    def __init__(self, num_tokens: int, num_slots: int):
+    def __init__(self, num_tokens: int, num_slots: int, device=None):
         self.num_tokens, self.num_slots = num_tokens, num_slots
         self.num_merged = num_tokens - num_slots
         self._repeat = -(-num_tokens // num_slots)
+        self.device = device
+        self._reps: torch.Tensor | None = None
+
+    def expand(self, batch: int) -> "SlicePlan":
+        """The same slice for every element of a batch of any size (one pattern for all, as ``MergePlan.expand``)."""
+        return self
+
+    def representatives(self) -> torch.Tensor:
+        """``(1, M)``: the merged token ``i`` is token ``i`` (the first ``M`` tokens keep their own positions), so
+        rotary positions and mask entries follow a limit as they follow a real merge (``MergePlan``)."""
+        if self._reps is None:
+            self._reps = torch.arange(self.num_slots, device=self.device).unsqueeze(0)
+        return self._reps
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, : self.num_slots]
@@ -126,7 +139,7 @@ def slice_match(metric, shape, windows, r, offsets=None, radius=None):
     tokens = metric.shape[1]
     num = math.prod([n // s for n, s in zip(shape, windows)])
     r = min(r, tokens - num)
-    return IdentityPlan(tokens) if r <= 0 or num == 0 else SlicePlan(tokens, tokens - r)
+    return IdentityPlan(tokens) if r <= 0 or num == 0 else SlicePlan(tokens, tokens - r, metric.device)
 
 
 def slice_matcher(metric, h, w, sx, sy, r, offsets=None):
