@@ -2,8 +2,9 @@
 
 Grammar: ``NAME[:VALUE][,KEY=VALUE...]``. NAME is one of ``METHODS``; VALUE is ToMe's ratio or ToDo's factor;
 KEY=VALUE pairs are keyword arguments of ``apply_patch`` / ``apply_todo`` / ``tomesd.apply_patch``
-(``stop=0.5``, ``reuse_steps=2``, ``mode=avg``...). A spec is checked when parsed: a bad name or option raises
-``ValueError`` naming it.
+(``stop=0.5``, ``reuse_steps=2``, ``mode=avg``...). ToDo's factor may be one per grid axis: ``todo:1x2x2`` (each
+video frame pooled 2x2), ``todo:2x2x2`` (frames too), also written ``todo,downsample=(2,2,2)``. A spec is checked
+when parsed: a bad name or option raises ``ValueError`` naming it.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ __all__ = ["METHODS", "BENCH_METHODS", "MethodSpec", "parse_spec"]
 METHODS = {
     "vanilla": "no merging",
     "tome": "this library's ToMe; VALUE = ratio (default 0.5)",
-    "todo": "token downsampling of self-attention keys/values; VALUE = factor per side (default 2)",
+    "todo": "token downsampling of self-attention keys/values; VALUE = factor per side (default 2), or one per "
+            "axis: 1x2x2 (each video frame), 2x2x2 (frames too)",
     "tomesd": "the reference tomesd package, on the same blocks as ours; VALUE = ratio (default 0.5)",
 }
 # Speed references for the bench only: their outputs are meaningless as images.
 BENCH_METHODS = {
     "limit": "ToMe's zero-overhead limit: attention on the merged token count, merge = a slice, unmerge = a repeat; "
              "VALUE = ratio",
-    "todo-limit": "ToDo's zero-overhead limit: keys/values = a slice of the pooled token count; VALUE = factor",
+    "todo-limit": "ToDo's zero-overhead limit: keys/values = a slice of the pooled token count; VALUE = factor "
+                  "(or 1x2x2, 2x2x2)",
 }
 _FACTOR_METHODS = ("todo", "todo-limit")
 
@@ -42,25 +45,75 @@ def _value(text: str):
             return kind(text)
         except ValueError:
             pass
-    return text
+    factors = _factors(text)
+    return text if factors is None else factors
+
+
+def _factors(text: str) -> tuple[int, ...] | None:
+    """``"2x2x2"``, ``"(1, 2, 2)"`` or ``"[2,2]"`` -> a tuple of 2 or 3 integers; None if it is not one."""
+    inner = text.strip()
+    if len(inner) >= 2 and (inner[0], inner[-1]) in (("(", ")"), ("[", "]")):
+        parts = inner[1:-1].split(",")
+    else:
+        parts = inner.lower().split("x")
+    parts = [p.strip() for p in parts]
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() and len(p) <= 6 for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def _format(value) -> str:
+    """A spec's value as text: ``0.5``, ``2``, ``2x2x2`` (a factor per axis)."""
+    if isinstance(value, tuple):
+        return "x".join(str(v) for v in value)
+    return f"{value:g}"
+
+
+def _split(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets (``todo,downsample=(2,2,2),mode=avg`` has three parts)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
-    value: float | int | None = None
+    value: float | int | tuple[int, ...] | None = None  # a ratio, a factor, or a factor per grid axis
     options: tuple[tuple[str, object], ...] = ()
 
     @property
+    def value_text(self) -> str:
+        """The value as written in specs and labels: ``0.5``, ``2``, ``2x2x2``; empty for vanilla."""
+        return "" if self.value is None else _format(self.value)
+
+    @property
     def label(self) -> str:
-        head = self.name if self.value is None else f"{self.name} {self.value:g}"
-        return " ".join([head] + [f"{k}={v}" for k, v in self.options])
+        head = self.name if self.value is None else f"{self.name} {self.value_text}"
+        return " ".join([head] + [f"{k}={_option_text(v)}" for k, v in self.options])
 
     @property
     def text(self) -> str:
         """The spec as ``parse_spec`` reads it back."""
-        head = self.name if self.value is None else f"{self.name}:{self.value:g}"
-        return ",".join([head] + [f"{k}={v}" for k, v in self.options])
+        head = self.name if self.value is None else f"{self.name}:{self.value_text}"
+        return ",".join([head] + [f"{k}={_option_text(v)}" for k, v in self.options])
+
+    @property
+    def limit(self) -> "MethodSpec | None":
+        """The zero-overhead reference of this method's gain: ToMe's ``limit`` at its ratio, ToDo's ``todo-limit``
+        at its factor (options that change the token count, such as ToDo's ``ratio``, are not carried)."""
+        if self.name in ("tome", "tomesd"):
+            return MethodSpec("limit", self.value)
+        if self.name == "todo":
+            return MethodSpec("todo-limit", self.value)
+        return None
 
     @property
     def is_factor(self) -> bool:
@@ -126,6 +179,11 @@ class MethodSpec:
             tokenmerge.remove_patch(model)
 
 
+def _option_text(value) -> str:
+    """An option's value as ``parse_spec`` reads it back (a tuple as ``(1,2,2)``)."""
+    return "(" + ",".join(str(v) for v in value) + ")" if isinstance(value, tuple) else str(value)
+
+
 def auto_downsample(model) -> int:
     """The downsampling of the finest level with attention: the blocks our default (and so tomesd's) patches.
 
@@ -146,7 +204,7 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec:
 
     ``bench=True`` also accepts the bench's speed references ``limit`` and ``todo-limit``.
     """
-    head, *pairs = [part.strip() for part in text.split(",")]
+    head, *pairs = [part.strip() for part in _split(text)]
     name, _, value = head.partition(":")
     name = name.strip().lower()
     allowed = {**METHODS, **BENCH_METHODS} if bench else METHODS
@@ -157,14 +215,25 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec:
             raise ValueError(f"method spec {quote(text)}: vanilla takes no value or options")
         return MethodSpec("vanilla")
     number = _value(value) if value else (2 if name in _FACTOR_METHODS else 0.5)
-    if not isinstance(number, (int, float)) or isinstance(number, bool):
-        raise ValueError(f"method spec {quote(text)}: the value after ':' must be a number, got {quote(value, 40)}")
+    per_axis = isinstance(number, tuple) and name in _FACTOR_METHODS
+    if not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
+        hint = " (ToDo: or a factor per axis such as 1x2x2)" if name in _FACTOR_METHODS else ""
+        raise ValueError(f"method spec {quote(text)}: the value after ':' must be a number{hint}, "
+                         f"got {quote(value, 40)}")
     options = []
     for pair in pairs:
         key, eq, raw = pair.partition("=")
         if not eq or not key.strip():
             raise ValueError(f"method spec {quote(text)}: options are KEY=VALUE, got {quote(pair, 40)}")
         options.append((key.strip(), _value(raw.strip())))
+    if name in _FACTOR_METHODS and any(k == "downsample" for k, _ in options):  # the factor, written as an option
+        if value:
+            raise ValueError(f"method spec {quote(text)}: the factor is given twice (after ':' and as downsample=)")
+        number = next(v for k, v in options if k == "downsample")
+        options = [(k, v) for k, v in options if k != "downsample"]
+        if not isinstance(number, (int, tuple)) or isinstance(number, bool):
+            raise ValueError(f"method spec {quote(text)}: downsample must be an integer or a factor per axis "
+                             "such as (1,2,2)")
     try:
         spec = MethodSpec(name, number if name in _FACTOR_METHODS else float(number), tuple(options))
         spec.check()
