@@ -1,6 +1,8 @@
-"""`tokenmerge bench` end to end on the tiny preset: outputs written, OOM path, argument errors."""
+"""`tokenmerge bench` end to end on the tiny presets (the UNet, and tiny versions of the video and 2025-2026
+image transformers): outputs written, every mode and the breakdown, OOM path, argument errors."""
 
 import csv
+import math
 import json
 import subprocess
 import sys
@@ -235,3 +237,193 @@ def test_no_warmup_round_times_every_round(tmp_path, monkeypatch):
     assert len(calls) == 2 * 2  # modes x rounds: none untimed
     assert [len(r["times_s"]) for r in records] == [2, 2] and records[0]["meta"]["warmup"] == 0
     assert "median of 2 runs after no warm-up round" in (out / "bench.md").read_text()
+
+
+# ---- video and 2025-2026 image transformer presets (tiny versions: seconds) ------------------------------------
+VIDEO_PRESETS = {"tiny-wan": "64x96", "tiny-hunyuan-video": "64x96", "tiny-ltx": "128x160"}
+IMAGE_PRESETS = {"tiny-flux2": "128", "tiny-qwen-image": "128", "tiny-sana": "128"}
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "bench.jsonl").open()]
+
+
+@pytest.mark.parametrize("preset", sorted(VIDEO_PRESETS))
+def test_video_presets_run_every_mode_with_breakdown(preset, tmp_path, fast_cpu):
+    out = tmp_path / "res"
+    rc = main(["bench", "--preset", preset, "--resolutions", VIDEO_PRESETS[preset], "--frames", "9", "17",
+               "--modes", "vanilla", "tokenmerge", "limit", "todo", "todo-limit", "--todo-factors", "2", "2x2x2",
+               "--methods", "tome:0.5,st=2", "todo:1x2x2,mode=avg", "--breakdown", "--repeats", "1", "--warmup", "0",
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    records = _records(out)
+    steps = [r for r in records if r["kind"] == "step"]
+    labels = ["vanilla", "tokenmerge 0.5", "limit 0.5", "todo 2", "todo 2x2x2", "todo-limit 2", "todo-limit 2x2x2",
+              "tokenmerge 0.5 st=2", "todo 1x2x2 mode=avg"]
+    assert [r["label"] for r in steps] == labels * 2  # two cells: 9 and 17 frames
+    assert all(r["status"] == "ok" and r["median_s"] > 0 for r in steps)
+    per_latent = 8 if preset == "tiny-ltx" else 4
+    assert sorted({(r["frames"], int(r["grid"].split("x")[0])) for r in steps}) == \
+        [(9, 8 // per_latent + 1), (17, 16 // per_latent + 1)]
+    assert all(r["tokens"] == math.prod(int(n) for n in r["grid"].split("x")) for r in steps)
+    by_label = {r["label"]: r for r in steps if r["frames"] == 9}
+    assert by_label["todo 2x2x2"]["reference"] == "todo-limit 2x2x2" and by_label["todo 2x2x2"]["factor"] == "2x2x2"
+    assert by_label["tokenmerge 0.5 st=2"]["reference"] == "limit 0.5"
+    parts = {(r["frames"], r["spec"]): r["phases_s"] for r in records if r["kind"] == "breakdown"}
+    assert {spec for _, spec in parts} == {"tome:0", "tome:0.5", "limit:0.5", "todo:2", "todo:2x2x2", "todo-limit:2",
+                                           "todo-limit:2x2x2", "tome:0.5,st=2", "todo:1x2x2,mode=avg"}
+    for (_, spec), ph in parts.items():
+        assert ph["block"] > 0, spec
+        assert sum(v for k, v in ph.items() if k != "block") <= ph["block"] * 1.001, spec
+        if spec.startswith("todo"):  # pooled inside the attention call: timed as merge, not as attention
+            assert ph["merge"] > 0, spec
+        elif spec != "tome:0":
+            assert {"similarity", "merge", "unmerge"} <= set(ph), spec
+    md = (out / "bench.md").read_text()
+    assert "| resolution | batch | frames | tokens per call |" in md
+    assert "Step: " in md and "Inside the patched blocks" in md and ", 9 frames, batch 1" in md
+    rows = list(csv.DictReader((out / "bench.csv").open()))
+    assert len(rows) == len(records) and {r["frames"] for r in rows} == {"9", "17"}
+    assert (out / "bench.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("preset", sorted(IMAGE_PRESETS))
+def test_image_presets_run_every_mode_with_breakdown(preset, tmp_path, fast_cpu):
+    out = tmp_path / "res"
+    rc = main(["bench", "--preset", preset, "--resolutions", IMAGE_PRESETS[preset], "--modes", "vanilla", "tokenmerge",
+               "limit", "todo", "todo-limit", "--breakdown", "--repeats", "1", "--warmup", "0", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0
+    records = _records(out)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["label"] for r in steps] == ["vanilla", "tokenmerge 0.5", "limit 0.5", "todo 2", "todo-limit 2"]
+    assert all(r["status"] == "ok" and r["frames"] is None for r in steps)
+    parts = {r["spec"]: r["phases_s"] for r in records if r["kind"] == "breakdown"}
+    assert set(parts) == {"tome:0", "tome:0.5", "limit:0.5", "todo:2", "todo-limit:2"}
+    assert parts["tome:0.5"]["similarity"] > 0 and parts["todo:2"]["merge"] > 0
+    md = (out / "bench.md").read_text()
+    assert "| resolution | batch | tokens per call |" in md and ("(8 x 8)" in md or "(4 x 4)" in md)
+
+
+def test_video_preset_guidance_calls_and_inputs_as_the_pipelines_make_them():
+    """Without building the models: the real presets' step inputs at the issue's size."""
+    import torch
+
+    from tokenmerge.bench.presets import ALIASES, PRESETS, resolve
+
+    cpu = torch.device("cpu")
+    wan = resolve("wan")
+    assert wan is PRESETS["wan-2b"] and ALIASES["wan"] == "wan-2b"
+    assert wan.unet["num_attention_heads"] * wan.unet["attention_head_dim"] == 1536 and wan.unet["ffn_dim"] == 8960
+    assert wan.unet["num_layers"] == 2 and "2 of its 30 blocks (REDUCED)" in wan.description
+    assert wan.grid("480x832", 33) == (9, 30, 52) and math.prod(wan.grid("480x832", 33)) == 14040
+    calls = wan.inputs(1, "480x832", torch.float32, cpu, frames=33)
+    assert len(calls) == 2  # conditional, then unconditional: WanPipeline's two calls
+    assert [tuple(c["encoder_hidden_states"].shape) for c in calls] == [(1, 512, 4096)] * 2
+    assert tuple(calls[0]["hidden_states"].shape) == (1, 16, 9, 60, 104)
+    ltx = resolve("ltx")
+    assert ltx.grid("480x832", 33) == (5, 15, 26)
+    one = ltx.inputs(1, "480x832", torch.float32, cpu, frames=33)
+    assert tuple(one["hidden_states"].shape) == (2, 5 * 15 * 26, 128) and one["num_frames"] == 5  # batch doubled
+    assert int(one["encoder_attention_mask"][0].sum()) == 64
+    hunyuan = resolve("hunyuan-video")
+    assert hunyuan.grid("480x832", 33) == (9, 30, 52)
+    assert hunyuan.inputs(1, 512, torch.float32, cpu)["hidden_states"].shape[0] == 1  # guidance-distilled
+    for name, tokens in [("flux2", 4096), ("qwen-image", 4096), ("sana", 1024)]:
+        preset = resolve(name)
+        assert "REDUCED" in preset.description and math.prod(preset.grid(1024)) == tokens, name
+    qwen = resolve("qwen-image").inputs(1, 1024, torch.float32, cpu)
+    assert [c["encoder_hidden_states"].shape[1] for c in qwen] == [128, 6]  # prompt, then the negative prompt
+    with pytest.raises(ValueError, match="image preset"):
+        resolve("sana").inputs(1, 1024, torch.float32, cpu, frames=9)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--preset", "tiny-wan", "--frames", "10"], "4k+1"),
+    (["--preset", "tiny-hunyuan-video", "--frames", "31"], "4k+1"),
+    (["--preset", "tiny-ltx", "--frames", "13"], "8k+1"),
+    (["--preset", "tiny-flux2", "--frames", "9"], "video presets only"),
+    (["--preset", "tiny-wan", "tiny-sana", "--frames", "9"], "tiny-sana is an image preset"),
+    (["--preset", "tiny-wan", "--frames", "0"], "frames must be >= 1"),
+    (["--preset", "tiny-wan", "--frames", "x"], "invalid _frames value"),
+    (["--preset", "tiny-wan", "--resolutions", "72"], "multiples of 16"),
+    (["--preset", "tiny-ltx", "--resolutions", "480x848"], "multiples of 32"),
+    (["--preset", "tiny", "--resolutions", "64x96"], "square"),
+    (["--preset", "tiny", "--resolutions", "480xx"], "height x width"),
+    (["--preset", "tiny-wan", "--attention", "vanilla"], "own attention processors"),
+    (["--preset", "tiny-flux2", "--methods", "tome:0.5,st=2"], "applies to video presets"),
+    (["--preset", "tiny-flux2", "--modes", "todo", "--todo-factors", "2x2x2"], "3 factors"),
+    (["--preset", "tiny-wan", "--modes", "todo", "--todo-factors", "2x2"], "2 factors"),
+    (["--preset", "tiny-wan", "--todo-factors", "2x"], "one per axis"),
+    (["--preset", "tiny-wan", "--steps", "2"], "--steps"),
+])
+def test_video_and_image_preset_argument_errors(args, words, capsys, tmp_path):
+    with pytest.raises(SystemExit) as err:
+        main(["bench", *args, "--out", str(tmp_path / "res")])
+    assert err.value.code == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "res").exists()
+
+
+def test_refusals_that_no_longer_hold_are_gone(tmp_path, monkeypatch):
+    """limit on Flux and ToDo on joint attention run now (they used to be refused before any work)."""
+    from tokenmerge.bench import runner
+
+    seen = []
+    monkeypatch.setattr(runner, "run_grid", lambda *a, **k: seen.append(a) or ([], dict(runner.versions(
+        __import__("torch").device("cpu")), dtype="float32", repeats=1, memory="not measured")))
+    for preset in ("flux-2+4", "sd3", "tiny-flux2"):
+        assert main(["bench", "--preset", preset, "--modes", "vanilla", "limit", "todo", "todo-limit",
+                     "--out", str(tmp_path / preset), "--no-progress"]) == 0
+    assert len(seen) == 3
+
+
+def test_factor_per_axis_specs():
+    from tokenmerge.tools.methods import MethodSpec, parse_spec
+
+    assert parse_spec("todo:2x2x2").value == (2, 2, 2) and parse_spec("todo:1x2x2").label == "todo 1x2x2"
+    assert parse_spec("todo,downsample=(2,2,2),mode=avg") == MethodSpec("todo", (2, 2, 2), (("mode", "avg"),))
+    assert parse_spec("todo-limit:2x2x2", bench=True).text == "todo-limit:2x2x2"
+    assert parse_spec("tome:0.5,st=2").limit == MethodSpec("limit", 0.5)
+    assert parse_spec("todo:2x2x2,mode=avg").limit == MethodSpec("todo-limit", (2, 2, 2))
+    for spec in ("todo:2x2x2", "todo:1x2x2,mode=avg", "tome:0.5,st=2"):
+        assert parse_spec(parse_spec(spec).text) == parse_spec(spec)
+    for bad, words in [("todo:2x2x2x2", "factor per axis"), ("tome:2x2", "must be a number"),
+                       ("todo:2,downsample=(2,2,2)", "given twice"), ("todo:0x2x2", "downsample"),
+                       ("todo,downsample=yes", "downsample must be")]:
+        with pytest.raises(ValueError, match=words):
+            parse_spec(bad, bench=True)
+
+
+def test_slice_plan_shares_one_pattern_and_keeps_positions():
+    """The limit on families with one merge pattern per batch (rotary positions): expand and representatives."""
+    import torch
+
+    from tokenmerge.merge.plan import SlicePlan, slice_match
+
+    plan = slice_match(torch.zeros(1, 24, 4), (2, 3, 4), (1, 2, 2), 12)
+    assert isinstance(plan, SlicePlan) and plan.num_slots == 12
+    assert plan.expand(3) is plan
+    assert plan.representatives().tolist() == [list(range(12))]
+    x = torch.randn(3, 24, 5)
+    assert torch.equal(plan.expand(3).merge(x), x[:, :12]) and plan.unmerge(plan.merge(x)).shape == x.shape
+
+
+def test_phase_timer_times_nested_phases_exclusively(monkeypatch):
+    from tokenmerge.bench import breakdown
+
+    clock = iter(range(100))
+    monkeypatch.setattr(breakdown.time, "perf_counter", lambda: float(next(clock)))
+    timer = breakdown.PhaseTimer("cpu")
+    timer.begin("block")      # 0
+    timer.begin("self")       # 1
+    timer.begin("merge")      # 2: self paused (1 s)
+    timer.end("merge")        # 3: merge 1 s, self resumes
+    timer.end("self")         # 4: self 1 + 1 s
+    timer.begin("merge")      # 5
+    timer.begin("merge")      # 6: nested merge in merge (a UNet's pooling inside the merge hook)
+    timer.end("merge")        # 7
+    timer.end("merge")        # 8
+    timer.end("unmerge")      # 9: never begun: ignored
+    timer.end("block")        # 10
+    assert timer.totals() == {"self": 2.0, "merge": 4.0, "block": 10.0}

@@ -9,8 +9,8 @@ import torch
 
 from ..tools.methods import MethodSpec
 
-__all__ = ["Cell", "MODE_NAMES", "ATTENTION_BACKENDS", "OWN_METHODS", "bench_label", "record_fields",
-           "set_attention", "available_attention", "is_oom", "step"]
+__all__ = ["Cell", "MODE_NAMES", "ATTENTION_BACKENDS", "OWN_METHODS", "GENERIC_PROCESSORS", "bench_label",
+           "record_fields", "set_attention", "available_attention", "is_oom", "size", "step"]
 
 # --modes names; each becomes a MethodSpec (tools.methods.parse_spec) per ratio or factor
 MODE_NAMES = ("vanilla", "tokenmerge", "tomesd", "limit", "todo", "todo-limit")
@@ -21,10 +21,22 @@ OWN_METHODS = ("tome", "todo", "limit", "todo-limit")
 
 @dataclass(frozen=True)
 class Cell:
+    """``resolution``: pixels per side (square) or ``"HxW"`` (height x width); ``frames``: pixel frames of a video
+    preset (None for images)."""
+
     preset: str
     attention: str
-    resolution: int
+    resolution: int | str
     batch: int
+    frames: int | None = None
+
+
+def size(resolution: int | str) -> tuple[int, int]:
+    """``(height, width)`` in pixels of a cell's resolution (``512`` or ``"480x832"``)."""
+    if isinstance(resolution, str):
+        h, _, w = resolution.lower().partition("x")
+        return int(h), int(w)
+    return int(resolution), int(resolution)
 
 
 def bench_label(spec: MethodSpec) -> str:
@@ -34,17 +46,27 @@ def bench_label(spec: MethodSpec) -> str:
 
 def record_fields(spec: MethodSpec) -> dict:
     """The fields naming a method in a record (mode, spec, label, ratio or factor, options)."""
+    factor = 0
+    if spec.is_factor:
+        factor = spec.value_text if isinstance(spec.value, tuple) else spec.value
+    limit = spec.limit
     return dict(mode="tokenmerge" if spec.name == "tome" else spec.name, spec=spec.text, label=bench_label(spec),
                 ratio=0.0 if spec.is_factor or spec.value is None else spec.value,
-                factor=spec.value if spec.is_factor else 0, options=dict(spec.options))
+                factor=factor, options=dict(spec.options), reference=bench_label(limit) if limit else None)
+
+
+# families whose attention modules take diffusers' generic processors (AttnProcessor, AttnProcessor2_0...); the
+# other transformers run their own processors, which compute attention with PyTorch's SDPA
+GENERIC_PROCESSORS = ("unet", "pixart")
 
 
 def set_attention(unet, backend: str, family: str = "unet") -> None:
     from diffusers.models import attention_processor as ap
 
-    if family in ("sd3", "flux"):  # their own joint processors, SDPA-based: nothing else computes their attention
+    if family not in GENERIC_PROCESSORS:  # their own processors, SDPA-based: nothing else computes their attention
         if backend != "sdpa":
-            raise ValueError(f"attention {backend!r} is not available for the {family} preset; use sdpa")
+            raise ValueError(f"attention {backend!r} is not available for the {family} preset (it runs its own "
+                             "attention processors, on PyTorch's SDPA); use sdpa")
         return
     if backend == "vanilla":
         unet.set_attn_processor(ap.AttnProcessor())
@@ -73,8 +95,14 @@ def is_oom(err: BaseException) -> bool:
 
 
 @torch.no_grad()
-def step(unet, inputs: dict):
-    """One denoiser call on the keyword ``inputs``; its output."""
+def step(unet, inputs: dict | list[dict]):
+    """One denoising step: a denoiser call on the keyword ``inputs``, or one call per dict of a list (the
+    separate conditional and unconditional calls of pipelines that run guidance that way); the last output."""
+    if isinstance(inputs, (list, tuple)):
+        out = None
+        for call in inputs:
+            out = step(unet, call)
+        return out
     if "sample" in inputs:  # a UNet: the latent by position, as tomesd (which reads args[0]) needs
         rest = {k: v for k, v in inputs.items() if k != "sample"}
         return unet(inputs["sample"], **rest)

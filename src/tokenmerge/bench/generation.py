@@ -10,7 +10,10 @@ from ..tools.timing import timed
 from .cell import Cell, step
 from .presets import Preset, load_pipeline
 
-__all__ = ["vae_for", "generate", "time_generation"]
+__all__ = ["GENERATION_FAMILIES", "vae_for", "generate", "time_generation"]
+
+# the preset families whose denoising loop and VAE ``generate`` knows
+GENERATION_FAMILIES = ("unet", "pixart", "sd3", "flux")
 
 
 def vae_for(preset: Preset, dtype, device):
@@ -65,7 +68,7 @@ def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: 
     """Seconds of ``generate`` per mode, interleaved, after one VAE warm-up (the steps were warmed by
     ``time_cell``)."""
     vae = vae_for(preset, dtype, device)
-    inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
+    inputs = preset.inputs(cell.batch, cell.resolution, dtype, device, frames=cell.frames)
     generate(unet, vae, preset, inputs, 1)  # warms the scheduler and the VAE at this size
     times: dict[str, list[float]] = {m.text: [] for m in modes}
     for _ in range(repeats):

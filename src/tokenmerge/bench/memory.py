@@ -94,7 +94,7 @@ def _memory_child(payload: str) -> None:
     try:
         unet = preset.build(dtype)
         set_attention(unet, cell.attention, preset.family)
-        inputs = preset.inputs(cell.batch, cell.resolution, dtype, torch.device("cpu"))
+        inputs = preset.inputs(cell.batch, cell.resolution, dtype, torch.device("cpu"), frames=cell.frames)
         mode.apply(unet)
         setup_peak = peak_rss_mb()
         before = rss_mb()

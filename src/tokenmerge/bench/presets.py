@@ -3,6 +3,15 @@
 The configurations are the published shapes of the SD 1.5, SD 2.1 (768-v) and SDXL base 1.0 UNets, and of the
 PixArt-alpha 512 and SD3 medium transformers, written here. ``flux-2+4`` has Flux.1-dev's real block widths but 2
 double-stream and 4 single-stream blocks (of 19 and 38): the full 12B model does not fit this machine in fp32.
+
+The video and 2025-2026 image transformers have their published widths and REDUCED block counts, named in the
+preset (``wan-2b``: 2 of Wan 2.1 1.3B's 30 blocks; ``hunyuan-video-1+2``: 1 of 20 double- and 2 of 40
+single-stream blocks); the family names (``wan``, ``hunyuan-video``, ``ltx``, ``flux2``, ``qwen-image``, ``sana``)
+are aliases of them. Their step inputs are the pipeline's: the latent of ``--frames`` pixel frames (the VAE's
+temporal and spatial compression), prompt embeddings of the text encoder's width and the pipeline's token count
+(padded as it pads, with its mask), and guidance as the pipeline runs it: the batch doubled in one call (LTX,
+SANA), separate conditional and unconditional calls (Wan, Qwen-Image), or guidance-distilled, one call
+(HunyuanVideo, Flux.2 dev).
 """
 
 from __future__ import annotations
@@ -12,8 +21,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..tools.pipelines import load_pipeline
+from .cell import size as _size
+from .inputs import BUILDERS
 
-__all__ = ["PRESETS", "Preset", "load_model", "load_pipeline", "resolve"]
+__all__ = ["PRESETS", "ALIASES", "GUIDANCE", "Preset", "load_model", "load_pipeline", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +38,14 @@ class Preset:
     model: str | None = None  # a real pipeline (folder or hub id) instead of random weights
     family: str = "unet"  # which diffusers class ``unet`` (the denoiser's config) is for; see _CLASSES
     text_dim: int | None = None  # transformers: channels of the text embeddings they take
+    guidance: str | None = None  # how a pipeline step runs guidance: one of GUIDANCE (None: Flux.1 "distilled",
+    # the others "batch")
+    negative_tokens: int | None = None  # guidance "calls": text tokens of the unconditional call (None: text_tokens)
+    prompt_tokens: int | None = None  # the prompt's tokens in a padded, masked text (None: no mask passed)
+    frames_per_latent: int | None = None  # video: pixel frames per latent frame (the VAE's temporal compression)
+    default_frames: int = 33  # video: pixel frames when --frames is not given
+    patch: int = 1  # spatial patch size after the VAE (2x2 latent pixels per token: 2)
+    multiple: int = 8  # resolutions must be multiples of this (the VAE's scale x the patch size)
 
     def build(self, dtype=torch.float32, device="cpu"):
         import diffusers
@@ -39,17 +58,76 @@ class Preset:
         # diffusers warns on every ``.to(dtype)`` of a UNet, even a no-op one: cast only when needed
         return (model if model.dtype == dtype else model.to(dtype)).eval()
 
-    def inputs(self, batch: int, resolution: int, dtype, device, timestep: int = 500) -> dict:
-        """Keyword inputs of one denoiser step for ``batch`` images; with classifier-free guidance (all but
-        Flux, which is guidance-distilled) the denoiser sees ``2 * batch``."""
+    def __post_init__(self):
+        if self.guidance is None:
+            object.__setattr__(self, "guidance", "distilled" if self.family == "flux" else "batch")
+        if self.guidance not in GUIDANCE:
+            raise ValueError(f"guidance must be one of {', '.join(GUIDANCE)}; got {self.guidance!r}")
+
+    @property
+    def video(self) -> bool:
+        """Whether the preset is a video model (its inputs take ``frames``)."""
+        return self.frames_per_latent is not None
+
+    def latent_frames(self, frames: int | None) -> int:
+        """Latent frames of ``frames`` pixel frames: ``(frames - 1) / temporal compression + 1``."""
+        frames = self.default_frames if frames is None else frames
+        return (frames - 1) // self.frames_per_latent + 1
+
+    def check_frames(self, frames: int) -> str | None:
+        """Why ``frames`` does not suit this preset (None if it does)."""
+        if not self.video:
+            return f"{self.name} is an image preset: --frames applies to video presets only"
+        k = self.frames_per_latent
+        if frames < 1 or (frames - 1) % k:
+            return (f"{self.name} takes {k}k+1 frames (its VAE compresses {k} frames into one latent frame after the "
+                    f"first): e.g. {k + 1}, {4 * k + 1}, {8 * k + 1}; got {frames}")
+        return None
+
+    def check_resolution(self, resolution: int | str) -> str | None:
+        """Why ``resolution`` does not suit this preset (None if it does)."""
+        h, w = _size(resolution)
+        if h != w and self.family not in BUILDERS:
+            return f"{self.name} takes square resolutions (one number); got {resolution}"
+        if h % self.multiple or w % self.multiple:
+            return (f"{self.name} needs sides that are multiples of {self.multiple} (the VAE's scale x the patch "
+                    f"size); got {resolution}")
+        return None
+
+    def grid(self, resolution: int | str, frames: int | None = None) -> tuple[int, ...]:
+        """The token grid of one call after patching: ``(frames, height, width)`` for video, else
+        ``(height, width)`` (UNets: their finest level)."""
+        h, w = _size(resolution)
+        scale = self.vae_scale * self.patch
+        spatial = (h // scale, w // scale)
+        return ((self.latent_frames(frames),) + spatial) if self.video else spatial
+
+    @property
+    def guidance_text(self) -> str:
+        return GUIDANCE[self.guidance]
+
+    def inputs(self, batch: int, resolution: int | str, dtype, device, timestep: int = 500,
+               frames: int | None = None) -> dict | list[dict]:
+        """Keyword inputs of one denoising step for ``batch`` images or videos, as the pipeline makes them: one
+        call with the batch doubled (guidance "batch": the denoiser sees ``2 * batch``), one call per
+        conditional / unconditional prediction (guidance "calls": a list of two dicts), or one call
+        (guidance-distilled). ``resolution``: pixels per side or ``"HxW"``; ``frames``: pixel frames (video)."""
+        if frames is not None and not self.video:
+            raise ValueError(f"{self.name} is an image preset: it takes no frames")
         g = torch.Generator().manual_seed(0)
-        latent = resolution // self.vae_scale
-        n = batch if self.family == "flux" else 2 * batch
+        h, w = _size(resolution)
+        n = 2 * batch if self.guidance == "batch" else batch
 
         def randn(*shape):
             return torch.randn(*shape, generator=g).to(device, dtype)
 
         t = torch.full((n,), float(timestep), device=device)
+        if self.family in BUILDERS:
+            calls = BUILDERS[self.family](self, n, h, w, frames, t, randn, device)
+            return calls[0] if len(calls) == 1 else calls
+        if isinstance(resolution, str) and h != w:
+            raise ValueError(f"{self.name} takes square resolutions; got {resolution}")
+        latent = h // self.vae_scale
         if self.family == "unet":
             extra = {k: randn(n, *shape) for k, shape in self.added_cond.items()}
             inputs = dict(sample=randn(n, self.unet["in_channels"], latent, latent), timestep=t,
@@ -79,7 +157,16 @@ class Preset:
 
 
 _CLASSES = {"unet": "UNet2DConditionModel", "pixart": "PixArtTransformer2DModel", "sd3": "SD3Transformer2DModel",
-            "flux": "FluxTransformer2DModel"}
+            "flux": "FluxTransformer2DModel", "wan": "WanTransformer3DModel",
+            "hunyuan-video": "HunyuanVideoTransformer3DModel", "ltx": "LTXVideoTransformer3DModel",
+            "flux2": "Flux2Transformer2DModel", "qwen-image": "QwenImageTransformer2DModel",
+            "sana": "SanaTransformer2DModel"}
+
+GUIDANCE = {
+    "batch": "classifier-free guidance in one call, the batch doubled (the denoiser sees 2 x batch)",
+    "calls": "classifier-free guidance as two calls of the batch, conditional then unconditional",
+    "distilled": "guidance-distilled: one call of the batch (the guidance scale is an input)",
+}
 
 
 _SD = dict(
@@ -116,23 +203,127 @@ PRESETS = {
         dict(num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8, num_layers=28,
              cross_attention_dim=1152, sample_size=64, patch_size=2, caption_channels=4096,
              norm_type="ada_norm_single", use_additional_conditions=False),
-        text_tokens=120, family="pixart", text_dim=4096,
+        text_tokens=120, family="pixart", text_dim=4096, patch=2,
     ),
     "sd3": Preset(
         "sd3", "Stable Diffusion 3 medium MMDiT (2B parameters, 24 joint blocks)",
         dict(sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64,
              num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536,
              pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192),
-        text_tokens=333, family="sd3", text_dim=4096,
+        text_tokens=333, family="sd3", text_dim=4096, patch=2,
     ),
     "flux-2+4": Preset(
         "flux-2+4", "Flux.1-dev widths with 2 double- and 4 single-stream blocks (of 19 and 38; REDUCED)",
         dict(patch_size=1, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=128,
              num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
              axes_dims_rope=(16, 56, 56)),
-        text_tokens=512, family="flux", text_dim=4096,
+        text_tokens=512, family="flux", text_dim=4096, patch=2,
     ),
 }
+
+
+# ---- video and 2025-2026 image transformers: published widths, REDUCED block counts (named in the preset) --------
+# Wan 2.1 T2V 1.3B (Wan-AI/Wan2.1-T2V-1.3B-Diffusers, transformer/config.json)
+_WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+                 text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+                 qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+# HunyuanVideo 1.0 T2V (hunyuanvideo-community/HunyuanVideo, transformer/config.json)
+_HUNYUAN_VIDEO = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=20,
+                      num_single_layers=40, num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
+                      qk_norm="rms_norm", guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768,
+                      rope_theta=256.0, rope_axes_dim=(16, 56, 56))
+# LTX-Video 2B 0.9 (Lightricks/LTX-Video, transformer/config.json)
+_LTX_2B = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, num_attention_heads=32,
+               attention_head_dim=64, cross_attention_dim=2048, num_layers=28, activation_fn="gelu-approximate",
+               qk_norm="rms_norm_across_heads", norm_elementwise_affine=False, norm_eps=1e-6, caption_channels=4096,
+               attention_bias=True, attention_out_bias=True)
+# Flux.2 [dev] (black-forest-labs/FLUX.2-dev, transformer/config.json: diffusers' defaults)
+_FLUX2_DEV = dict(patch_size=1, in_channels=128, num_layers=8, num_single_layers=48, attention_head_dim=128,
+                  num_attention_heads=48, joint_attention_dim=15360, timestep_guidance_channels=256, mlp_ratio=3.0,
+                  axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=True)
+# Qwen-Image (Qwen/Qwen-Image, transformer/config.json)
+_QWEN_IMAGE = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                   num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))
+# SANA 1600M 1024px (Efficient-Large-Model/Sana_1600M_1024px_diffusers, transformer/config.json)
+_SANA_1600M = dict(in_channels=32, out_channels=32, num_attention_heads=70, attention_head_dim=32, num_layers=20,
+                   num_cross_attention_heads=20, cross_attention_head_dim=112, cross_attention_dim=2240,
+                   caption_channels=2304, mlp_ratio=2.5, dropout=0.0, attention_bias=False, sample_size=32, patch_size=1,
+                   norm_elementwise_affine=False, norm_eps=1e-6, interpolation_scale=None)
+
+_VIDEO = dict(frames_per_latent=4, vae_scale=8, patch=2, multiple=16)  # Wan / HunyuanVideo: VAE 4x time, 8x space
+_LTX_VIDEO = dict(frames_per_latent=8, vae_scale=32, patch=1, multiple=32)  # LTX's VAE: 8x time, 32x space
+_IMAGE16 = dict(vae_scale=8, patch=2, multiple=16)  # Flux.2, Qwen-Image: 8x VAE, 2x2 latent pixels per token
+_IMAGE32 = dict(vae_scale=32, patch=1, multiple=32)  # SANA's DC-AE: 32x
+
+PRESETS.update({
+    "wan-2b": Preset(
+        "wan-2b", "Wan 2.1 T2V 1.3B widths (1536 wide, 12 heads x 128, ffn 8960) with 2 of its 30 blocks (REDUCED); "
+        "umT5 text 512 x 4096; guidance: cond + uncond calls",
+        dict(_WAN_1_3B, num_layers=2), text_tokens=512, family="wan", text_dim=4096, guidance="calls", **_VIDEO),
+    "hunyuan-video-1+2": Preset(
+        "hunyuan-video-1+2", "HunyuanVideo widths (3072 wide, 24 heads x 128) with 1 of its 20 double- and 2 of its "
+        "40 single-stream blocks (REDUCED); LLaMA text 256 x 4096 (64 prompt tokens, masked); guidance-distilled",
+        dict(_HUNYUAN_VIDEO, num_layers=1, num_single_layers=2), text_tokens=256, prompt_tokens=64,
+        family="hunyuan-video", text_dim=4096, guidance="distilled", **_VIDEO),
+    "ltx-4b": Preset(
+        "ltx-4b", "LTX-Video 2B widths (2048 wide, 32 heads x 64) with 4 of its 28 blocks (REDUCED); T5 text 128 x "
+        "4096 (64 prompt tokens, masked); guidance: batch doubled",
+        dict(_LTX_2B, num_layers=4), text_tokens=128, prompt_tokens=64, family="ltx", text_dim=4096,
+        guidance="batch", **_LTX_VIDEO),
+    "flux2-1+1": Preset(
+        "flux2-1+1", "Flux.2 dev widths (6144 wide, 48 heads x 128) with 1 of its 8 double- and 1 of its 48 "
+        "single-stream blocks (REDUCED); Mistral text 512 x 15360; guidance-distilled",
+        dict(_FLUX2_DEV, num_layers=1, num_single_layers=1), text_tokens=512, family="flux2", text_dim=15360,
+        guidance="distilled", **_IMAGE16),
+    "qwen-image-2b": Preset(
+        "qwen-image-2b", "Qwen-Image widths (3072 wide, 24 heads x 128) with 2 of its 60 blocks (REDUCED); "
+        "Qwen2.5-VL text 128 x 3584 (negative prompt 6 tokens); true guidance: cond + uncond calls",
+        dict(_QWEN_IMAGE, num_layers=2), text_tokens=128, negative_tokens=6, family="qwen-image", text_dim=3584,
+        guidance="calls", **_IMAGE16),
+    "sana-4b": Preset(
+        "sana-4b", "SANA 1600M 1024px widths (2240 wide, 70 linear-attention heads x 32) with 4 of its 20 blocks "
+        "(REDUCED); Gemma-2 text 300 x 2304 (64 prompt tokens, masked); guidance: batch doubled",
+        dict(_SANA_1600M, num_layers=4), text_tokens=300, prompt_tokens=64, family="sana", text_dim=2304,
+        guidance="batch", **_IMAGE32),
+    # tiny versions for tests (seconds on a CPU): the same families and inputs at toy widths
+    "tiny-wan": Preset(
+        "tiny-wan", "a tiny Wan-shaped video transformer for tests",
+        dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+             text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32),
+        text_tokens=8, family="wan", text_dim=16, guidance="calls", **_VIDEO),
+    "tiny-hunyuan-video": Preset(
+        "tiny-hunyuan-video", "a tiny HunyuanVideo-shaped video transformer for tests",
+        dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+             num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1, text_embed_dim=16,
+             pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)),
+        text_tokens=8, prompt_tokens=5, family="hunyuan-video", text_dim=16, guidance="distilled", **_VIDEO),
+    "tiny-ltx": Preset(
+        "tiny-ltx", "a tiny LTX-Video-shaped video transformer for tests",
+        dict(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+             cross_attention_dim=16, num_layers=2, caption_channels=16),
+        text_tokens=8, prompt_tokens=5, family="ltx", text_dim=16, guidance="batch", **_LTX_VIDEO),
+    "tiny-flux2": Preset(
+        "tiny-flux2", "a tiny Flux.2-shaped image transformer for tests",
+        dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+             num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32, mlp_ratio=3.0,
+             axes_dims_rope=(4, 4, 4, 4), guidance_embeds=True),
+        text_tokens=8, family="flux2", text_dim=32, guidance="distilled", **_IMAGE16),
+    "tiny-qwen-image": Preset(
+        "tiny-qwen-image", "a tiny Qwen-Image-shaped image transformer for tests",
+        dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+             joint_attention_dim=32, axes_dims_rope=(4, 6, 6)),
+        text_tokens=8, negative_tokens=3, family="qwen-image", text_dim=32, guidance="calls", **_IMAGE16),
+    "tiny-sana": Preset(
+        "tiny-sana", "a tiny SANA-shaped image transformer for tests",
+        dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+             num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=8,
+             mlp_ratio=2.5, sample_size=8, patch_size=1),
+        text_tokens=8, prompt_tokens=5, family="sana", text_dim=8, guidance="batch", **_IMAGE32),
+})
+
+# the family names: the reduced preset of each (the tables name the preset, with its block counts)
+ALIASES = {"wan": "wan-2b", "hunyuan-video": "hunyuan-video-1+2", "ltx": "ltx-4b", "flux2": "flux2-1+1",
+           "qwen-image": "qwen-image-2b", "sana": "sana-4b"}
 
 
 def load_model(path_or_id: str, dtype=torch.float32):
@@ -147,7 +338,7 @@ def load_model(path_or_id: str, dtype=torch.float32):
 def resolve(name: str | None = None, model: str | None = None, dtype=torch.float32) -> Preset:
     """A preset by name, or one that describes a real pipeline's UNet (loading it once to read its config)."""
     if model is None:
-        return PRESETS[name]
+        return PRESETS[ALIASES.get(name, name)]
     unet, vae_scale = load_model(model, dtype)
     config = dict(unet.config)
     added = {}

@@ -11,6 +11,9 @@ from ..tools.outputs import Outputs
 
 __all__ = ["markdown", "write_outputs", "output_names"]
 
+# preset families whose tables keep their first shape (no description or token column)
+LEGACY_FAMILIES = ("unet", "pixart", "sd3", "flux", None)
+
 
 def _speedup(vanilla, t):
     return vanilla / t if vanilla and t else None
@@ -23,6 +26,8 @@ def _steps(records: list[dict]) -> list[dict]:
 def _limit_label(r: dict) -> str | None:
     """The zero-overhead reference a mode's gain is measured against: ToMe's limit or ToDo's."""
     suffix = " compiled" if r.get("compiled") else ""
+    if "reference" in r:  # named by the method spec (ToDo's factor per axis too)
+        return r["reference"] + suffix if r["reference"] else None
     if r["mode"] in ("tokenmerge", "tomesd"):
         return f"limit {r['ratio']:g}" + suffix
     if r["mode"] == "todo":
@@ -38,12 +43,24 @@ def _paired(vanilla_runs, runs) -> list[float] | None:
     return [v / t for v, t in zip(vanilla_runs, runs)]
 
 
+def _cell_key(r: dict) -> tuple:
+    return r["preset"], r["attention"], r["resolution"], r["batch"], r.get("frames")
+
+
+def _pixels(resolution) -> float:
+    """A resolution as one number for plots and sorting: the side of a square of the same area."""
+    if isinstance(resolution, str):
+        h, _, w = resolution.lower().partition("x")
+        return (int(h) * int(w)) ** 0.5
+    return float(resolution)
+
+
 def annotate(records: list[dict]) -> None:
     """Add ``speedup`` (vanilla time / this time, same cell), ``gain_kept`` (share of the limit's gain) and, with
     generation times, ``generate_speedup``."""
     by_cell = defaultdict(dict)
     for r in _steps(records):
-        by_cell[(r["preset"], r["attention"], r["resolution"], r["batch"])][r["label"]] = r
+        by_cell[_cell_key(r)][r["label"]] = r
     for cell in by_cell.values():
         base = cell.get("vanilla", {})
         compiled_base = cell.get("vanilla compiled", {})
@@ -83,13 +100,24 @@ def _fmt(r) -> str:
     return text
 
 
-def _table(rows: list[dict], labels: list[str], fmt) -> list[str]:
-    lines = ["| resolution | batch | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+def _tokens(r: dict) -> str:
+    return f"{r['tokens']:,} ({r['grid'].replace('x', ' x ')})" if r.get("tokens") else ""
+
+
+def _table(rows: list[dict], labels: list[str], fmt, tokens: bool = False) -> list[str]:
+    """One row per (resolution, batch[, frames]) of ``rows``, one column per label; ``tokens``: a column with
+    the token grid of one call."""
+    video = any(r.get("frames") for r in rows)
+    tokens = tokens and any(r.get("tokens") for r in rows)
+    head = ["resolution", "batch"] + (["frames"] if video else []) + (["tokens per call"] if tokens else [])
+    lines = ["| " + " | ".join(head + labels) + " |", "|" + "---|" * (len(head) + len(labels))]
     cells = defaultdict(dict)
     for r in rows:
-        cells[(r["resolution"], r["batch"])][r["label"]] = r
-    for (res, batch), by_label in cells.items():
-        lines.append(f"| {res} | {batch} | " + " | ".join(fmt(by_label.get(lb)) for lb in labels) + " |")
+        cells[(r["resolution"], r["batch"], r.get("frames"))][r["label"]] = r
+    for (res, batch, frames), by_label in cells.items():
+        first = next(iter(by_label.values()))
+        key = [str(res), str(batch)] + ([str(frames)] if video else []) + ([_tokens(first)] if tokens else [])
+        lines.append("| " + " | ".join(key + [fmt(by_label.get(lb)) for lb in labels]) + " |")
     return lines + [""]
 
 
@@ -106,14 +134,23 @@ def _breakdown_lines(rows: list[dict]) -> list[str]:
     from .breakdown import PHASES
 
     phases = [p for p in PHASES if any(p in r["phases_s"] for r in rows)]
-    lines = ["| mode | " + " | ".join(phases) + " | merge machinery |", "|---|" + "---|" * (len(phases) + 1)]
+    by_label = {r["label"]: r for r in rows}
+    unmerged = next((r["phases_s"].get("block") for r in rows if r["spec"] == "tome:0"), None)
+    lines = ["| mode | " + " | ".join(phases) + " | merge machinery | blocks: share of the limit's saving |",
+             "|---|" + "---|" * (len(phases) + 2)]
     for r in rows:
         ph = r["phases_s"]
         cost = sum(ph.get(k, 0.0) for k in ("similarity", "merge", "unmerge"))
         share = f"{cost / ph['block'] * 100:.1f}% of blocks" if ph.get("block") else ""
+        limit = by_label.get(r.get("reference") or "")
+        kept = ""
+        if limit and unmerged and ph.get("block") and limit["phases_s"].get("block"):
+            saving = unmerged - limit["phases_s"]["block"]
+            if saving > 0.05 * unmerged:  # a share of a saving inside the noise means nothing
+                kept = f"{(unmerged - ph['block']) / saving * 100:.0f}%"
         label = "unmerged blocks (tome 0)" if r["spec"] == "tome:0" else r["label"]
         lines.append(f"| {label} | " + " | ".join(f"{ph[k] * 1000:.0f} ms" if k in ph else "" for k in phases)
-                     + f" | {share} |")
+                     + f" | {share} | {kept} |")
     return lines + [""]
 
 
@@ -132,7 +169,8 @@ def markdown(records: list[dict], meta: dict, command: str) -> str:
         + (f", tomesd {meta['tomesd']}" if "tomesd" in meta else "")
         + (". Modes marked 'compiled' ran under torch.compile (default inductor), interleaved with the eager runs; "
            "their % is against compiled vanilla" if meta.get("compile") else "")
-        + f". One UNet step with classifier-free guidance (the UNet sees 2 x batch), median of {meta['repeats']} "
+        + f". One denoising step with guidance as the pipeline runs it (UNets, PixArt, SD3: classifier-free "
+        f"guidance in one call, the denoiser sees 2 x batch; other presets: below), median of {meta['repeats']} "
         f"runs after {_warmups(meta.get('warmup', 1))}, modes interleaved. Speed-up in % against vanilla in the same cell; "
         "[a, b]: the lowest and highest speed-up of a single round (vanilla's run over this mode's run in the same "
         "round), the noise a figure must stand out of. "
@@ -144,18 +182,28 @@ def markdown(records: list[dict], meta: dict, command: str) -> str:
     groups = defaultdict(list)
     for r in steps:
         groups[(r["preset"], r["attention"])].append(r)
+    described = meta.get("presets", {})
     for (preset, attention), rows in groups.items():
-        lines += [f"### {preset}, {attention} attention", ""] + _table(rows, labels, _fmt)
+        about = described.get(preset, {})
+        new = about.get("family") not in LEGACY_FAMILIES
+        lines += [f"### {preset}, {attention} attention", ""]
+        if new and about.get("description"):
+            lines += [f"{about['description']}. Step: {about.get('guidance')}.", ""]
+        lines += _table(rows, labels, _fmt, tokens=new)
         if any(r.get("generate_s") for r in rows):
             lines += [f"#### {preset}, {attention} attention: whole generation ({meta.get('steps')} steps + VAE "
                       f"decode), median of {meta['repeats']}", ""] + _table(rows, labels, _fmt_generate)
     parts = defaultdict(list)
     for r in records:
         if r.get("kind") == "breakdown":
-            parts[(r["preset"], r["attention"], r["resolution"], r["batch"])].append(r)
-    for (preset, attention, res, batch), rows in parts.items():
-        lines += [f"#### Inside the patched blocks: {preset}, {attention} attention, {res} px, batch {batch} "
-                  "(seconds per step, medians; synchronised at every phase, so slower than the step above)", ""]
+            parts[_cell_key(r)].append(r)
+    rounds = meta.get("breakdown_repeats") or meta["repeats"]
+    for (preset, attention, res, batch, frames), rows in parts.items():
+        video = f", {frames} frames" if frames else ""
+        lines += [f"#### Inside the patched blocks: {preset}, {attention} attention, {res} px{video}, batch {batch} "
+                  f"(seconds per step, medians of {rounds} rounds; synchronised at every phase, so slower than the "
+                  "step above; 'share of the limit's saving': unmerged blocks minus these blocks, over unmerged "
+                  "blocks minus the limit's)", ""]
         lines += _breakdown_lines(rows)
     return "\n".join(lines)
 
@@ -184,16 +232,16 @@ def plot(records: list[dict], path: Path) -> bool:
         if r["status"] == "ok":
             series[(r["preset"], r["attention"], r["batch"], r["label"])].append(r)
     for (preset, attention, batch, label), rows in sorted(series.items()):
-        rows.sort(key=lambda r: r["resolution"])
+        rows.sort(key=lambda r: (_pixels(r["resolution"]), r.get("frames") or 0))
         name = f"{preset} {attention} b{batch} {label}"
+        xs = [_pixels(r["resolution"]) for r in rows]
         if label != "vanilla":
-            axes[0][0].plot([r["resolution"] for r in rows], [r.get("speedup") or float("nan") for r in rows],
-                            marker="o", label=name)
+            axes[0][0].plot(xs, [r.get("speedup") or float("nan") for r in rows], marker="o", label=name)
         if has_mem:
-            axes[0][1].plot([r["resolution"] for r in rows], [(r.get("peak_mem_mb") or float("nan")) / 1024
-                                                              for r in rows], marker="o", label=name)
+            axes[0][1].plot(xs, [(r.get("peak_mem_mb") or float("nan")) / 1024 for r in rows], marker="o", label=name)
     axes[0][0].axhline(1.0, color="grey", lw=0.8)
-    axes[0][0].set(xlabel="resolution (px)", ylabel="speed-up over vanilla (x)", title="UNet step speed-up")
+    axes[0][0].set(xlabel="resolution (px; H x W: the side of the same area)", ylabel="speed-up over vanilla (x)",
+                   title="denoiser step speed-up")
     if has_mem:
         axes[0][1].set(xlabel="resolution (px)", ylabel="peak memory (GB)", title="peak memory")
     for ax in axes[0]:
@@ -218,14 +266,16 @@ def write_outputs(records: list[dict], meta: dict, out_dir: Path | Outputs, comm
     paths = {"markdown": outputs.write_text(f"{stem}.md", markdown(records, meta, command) + "\n")}
     columns = ["kind", "preset", "attention", "resolution", "batch", "mode", "ratio", "factor", "spec", "label",
                "compiled", "status", "median_s", "runs", "speedup", "speedup_vs_compiled", "gain_kept", "generate_s",
-               "generate_speedup", "phases_s", "peak_mem_mb", "step_mem_mb", "dtype", "device"]
+               "generate_speedup", "phases_s", "peak_mem_mb", "step_mem_mb", "dtype", "device", "frames", "grid",
+               "tokens", "reference"]
+    flat = {k: v for k, v in meta.items() if not isinstance(v, dict)}  # per-preset descriptions: in the JSONL
 
     def write_csv(tmp: Path) -> None:
         with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns + sorted(meta), extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=columns + sorted(flat), extrasaction="ignore")
             writer.writeheader()
             for r in records:
-                writer.writerow({**meta, **r})
+                writer.writerow({**flat, **r})
 
     paths["csv"] = outputs.write(f"{stem}.csv", write_csv)
     paths["jsonl"] = outputs.write_text(f"{stem}.jsonl", "".join(

@@ -8,6 +8,7 @@ The jobs live beside this driver: ``steps`` (step timing), ``memory`` (the isola
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 from dataclasses import asdict
@@ -24,6 +25,12 @@ from .memory import memory_cell
 from .steps import time_cell
 
 __all__ = ["run_grid", "versions"]
+
+
+def _describe(preset) -> dict:
+    """What a table says of a preset: its description and how its step runs guidance."""
+    return dict(description=preset.description, guidance=getattr(preset, "guidance_text", None),
+                family=preset.family)
 
 
 def versions(device: torch.device) -> dict:
@@ -45,63 +52,86 @@ def versions(device: torch.device) -> dict:
     return info
 
 
+def _frames(preset, frames) -> list:
+    """The frame counts of a preset's cells: ``frames`` (or its default) for video presets, ``[None]`` else."""
+    if not getattr(preset, "video", False):
+        return [None]
+    return list(frames) if frames else [preset.default_frames]
+
+
+def _run_cell(unet, preset, cell: Cell, modes, repeats, device, dtype, dtype_name, memory, memory_limit_mb,
+              breakdown, breakdown_repeats, steps, compile, warmup, bar) -> list[dict]:
+    """One cell: the memory probes, the interleaved step timing, whole generations, the breakdown."""
+    if memory_limit_mb is not None and device.type == "cpu":
+        probes = {m.text: memory_cell(preset, cell, m, dtype_name, memory_limit_mb) for m in modes}
+        fits = [m for m in modes if probes[m.text]["status"] == "ok"]
+    else:
+        probes, fits = {}, list(modes)
+    cell_records = time_cell(unet, preset, cell, fits, repeats, device, dtype, bar,
+                             compile=compile, warmup=warmup) if fits else []
+    bar.update((warmup + repeats) * (len(modes) - len(fits)) * (2 if compile else 1))
+    done = {r["spec"] for r in cell_records}
+    for m in modes:
+        if m.text not in done:
+            cell_records.append(dict(asdict(cell), **record_fields(m), status="OOM", median_s=None,
+                                     runs=0, times_s=[], peak_mem_mb=None))
+    for r in cell_records:
+        probe = probes.get(r["spec"]) if not r.get("compiled") else None
+        if probe is None and memory and device.type == "cpu" and r["status"] == "ok":
+            probe = memory_cell(preset, cell, parse_spec(r["spec"], bench=True), dtype_name, None)
+        if probe is not None:
+            r["peak_mem_mb"], r["step_mem_mb"] = probe["peak_rss_mb"], probe["step_rss_mb"]
+            if probe["status"] == "OOM":
+                r["status"] = "OOM"
+    ok = [m for m in modes if any(r["spec"] == m.text and r["status"] == "ok" and not r.get("compiled")
+                                  for r in cell_records)]
+    if steps and ok:
+        gen = time_generation(unet, preset, cell, ok, repeats, steps, device, dtype, bar)
+        for r in cell_records:
+            ts = None if r.get("compiled") else gen.get(r["spec"])
+            if ts:
+                r["generate_s"], r["generate_times_s"] = statistics.median(ts), ts
+    if breakdown and ok:
+        cell_records += [dict(r, kind="breakdown", status="ok")
+                         for r in breakdown_cell(unet, preset, cell, ok, breakdown_repeats, device, dtype, warmup)]
+    return cell_records
+
+
 def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec], repeats, device, dtype,
              memory=False, memory_limit_mb=None, progress=True, breakdown=False, steps=0, compile=False,
-             log=print, warmup: int = 1) -> tuple[list[dict], dict]:
+             log=print, warmup: int = 1, frames=None, breakdown_repeats: int | None = None) -> tuple[list[dict], dict]:
     """Every cell of the grid; records of step times (and memory), plus, with ``breakdown``, records of the
-    phases (``kind="breakdown"``), and with ``steps``, each record's ``generate_s`` (the end-to-end time)."""
+    phases (``kind="breakdown"``, ``breakdown_repeats`` rounds, default ``repeats``), and with ``steps``, each
+    record's ``generate_s`` (the end-to-end time). ``frames``: pixel frames of the video presets' cells."""
     from tqdm.auto import tqdm
 
     device = torch.device(device)
     dtype_name = str(dtype).split(".")[-1]
-    cells = len(presets) * len(attentions) * len(resolutions) * len(batches)
+    breakdown_repeats = repeats if breakdown_repeats is None else breakdown_repeats
+    cells = sum(len(_frames(p, frames)) for p in presets) * len(attentions) * len(resolutions) * len(batches)
     total = cells * len(modes) * (warmup + repeats) * (2 if compile else 1) + (cells * len(modes) * repeats if steps else 0)
     bar = tqdm(total=total, desc="bench", disable=not progress, unit="run")
+    job = dict(modes=modes, repeats=repeats, device=device, dtype=dtype, dtype_name=dtype_name, memory=memory,
+               memory_limit_mb=memory_limit_mb, breakdown=breakdown, breakdown_repeats=breakdown_repeats, steps=steps,
+               compile=compile, warmup=warmup, bar=bar)
     records = []
     for preset in presets:
-        name = preset.name
         unet = preset.build(dtype, device)
         for attention in attentions:
             for resolution in resolutions:
                 for batch in batches:
-                    cell = Cell(name, attention, resolution, batch)
-                    if memory_limit_mb is not None and device.type == "cpu":
-                        probes = {m.text: memory_cell(preset, cell, m, dtype_name, memory_limit_mb) for m in modes}
-                        fits = [m for m in modes if probes[m.text]["status"] == "ok"]
-                    else:
-                        probes, fits = {}, list(modes)
-                    cell_records = time_cell(unet, preset, cell, fits, repeats, device, dtype, bar,
-                                             compile=compile, warmup=warmup) if fits else []
-                    bar.update((warmup + repeats) * (len(modes) - len(fits)) * (2 if compile else 1))
-                    done = {r["spec"] for r in cell_records}
-                    for m in modes:
-                        if m.text not in done:
-                            cell_records.append(dict(asdict(cell), **record_fields(m), status="OOM", median_s=None,
-                                                     runs=0, times_s=[], peak_mem_mb=None))
-                    for r in cell_records:
-                        probe = probes.get(r["spec"]) if not r.get("compiled") else None
-                        if probe is None and memory and device.type == "cpu" and r["status"] == "ok":
-                            probe = memory_cell(preset, cell, parse_spec(r["spec"], bench=True), dtype_name, None)
-                        if probe is not None:
-                            r["peak_mem_mb"], r["step_mem_mb"] = probe["peak_rss_mb"], probe["step_rss_mb"]
-                            if probe["status"] == "OOM":
-                                r["status"] = "OOM"
-                    ok = [m for m in modes if any(r["spec"] == m.text and r["status"] == "ok" and not r.get("compiled")
-                                                  for r in cell_records)]
-                    if steps and ok:
-                        gen = time_generation(unet, preset, cell, ok, repeats, steps, device, dtype, bar)
-                        for r in cell_records:
-                            ts = None if r.get("compiled") else gen.get(r["spec"])
-                            if ts:
-                                r["generate_s"], r["generate_times_s"] = statistics.median(ts), ts
-                    if breakdown and ok:
-                        cell_records += [dict(r, kind="breakdown", status="ok")
-                                         for r in breakdown_cell(unet, preset, cell, ok, repeats, device, dtype,
-                                                                         warmup)]
-                    records += cell_records
+                    for frame_count in _frames(preset, frames):
+                        cell = Cell(preset.name, attention, resolution, batch, frame_count)
+                        grid = preset.grid(resolution, frame_count) if hasattr(preset, "grid") else None
+                        for r in _run_cell(unet, preset, cell, **job):
+                            if grid:
+                                r["grid"], r["tokens"] = "x".join(map(str, grid)), math.prod(grid)
+                            records.append(r)
         del unet
     bar.close()
     meta = dict(versions(device), dtype=dtype_name, repeats=repeats, warmup=warmup, steps=steps, compile=compile,
+                breakdown_repeats=breakdown_repeats if breakdown else None,
+                presets={p.name: _describe(p) for p in presets},
                 memory="CUDA allocator peak" if device.type == "cuda" else
                 ("peak RSS of an isolated one-step process" if memory or memory_limit_mb else "not measured"),
                 memory_limit_mb=memory_limit_mb)

@@ -30,7 +30,7 @@ def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, d
     ``warmup`` untimed rounds come first. ``compile``: every mode also runs under ``torch.compile``, interleaved
     with the eager runs (the warm-up round compiles)."""
     set_attention(unet, cell.attention, preset.family)
-    inputs = preset.inputs(cell.batch, cell.resolution, dtype, device)
+    inputs = preset.inputs(cell.batch, cell.resolution, dtype, device, frames=cell.frames)
     runs = [(m, False) for m in modes] + ([(m, True) for m in modes] if compile else [])
     if compile:
         _compile_friendly()

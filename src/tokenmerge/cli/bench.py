@@ -1,4 +1,4 @@
-"""``tokenmerge bench``: speed and memory tables of vanilla vs merged UNet steps, on any device."""
+"""``tokenmerge bench``: speed and memory tables of vanilla vs merged denoiser steps, on any device."""
 
 from __future__ import annotations
 
@@ -12,20 +12,46 @@ from ..tools.text import quote
 from .common import OUT_HELP, STEM_HELP, check_outputs, pick_device, positive_int, stem
 
 HELP = """\
-Time one UNet step (with classifier-free guidance) per cell of a grid of presets x attention backends x
-resolutions x batch sizes, for each mode, interleaved (A, B, A, B...) after a warm-up, and write a Markdown
-table, CSV and JSONL records (with library and device versions) and a PNG plot.
+Time one denoising step (with guidance as the model's pipeline runs it) per cell of a grid of presets x attention
+backends x resolutions x batch sizes (x frames, for video), for each mode, interleaved (A, B, A, B...) after a
+warm-up, and write a Markdown table, CSV and JSONL records (with library and device versions) and a PNG plot.
 
-Presets are the real UNet architectures with RANDOM weights: they give real timings and memory, not images,
-and need no download. --model loads a real diffusers pipeline folder (or hub id, when the weights are cached).
+Presets are the real architectures with RANDOM weights: they give real timings and memory, not images, and need
+no download; the large transformers keep their real widths with fewer blocks, named in the preset (wan-2b: 2 of
+Wan 2.1 1.3B's 30 blocks) and marked REDUCED. --model loads a real diffusers pipeline folder (or hub id, when the
+weights are cached).
 """
 
 
-def _resolution(text: str) -> int:
+def _resolution(text: str) -> int | str:
+    """``512`` (square) or ``480x832`` (height x width); each side a multiple of 8 and >= 64."""
+    h, x, w = text.strip().lower().partition("x")
+    sides = (h, w) if x else (h,)
+    if not all(side.strip().isdigit() and len(side.strip()) <= 6 for side in sides):
+        raise argparse.ArgumentTypeError(f"resolution must be pixels per side (512) or height x width (480x832); "
+                                         f"got {quote(text, 40)}")
+    values = [int(side) for side in sides]
+    if any(v < 64 or v % 8 for v in values):
+        raise argparse.ArgumentTypeError(f"resolution must be a multiple of 8 and >= 64 (each side); got {quote(text, 40)}")
+    return values[0] if len(values) == 1 or values[0] == values[1] else f"{values[0]}x{values[1]}"
+
+
+def _frames(text: str) -> int:
     value = int(text)
-    if value < 64 or value % 8:
-        raise argparse.ArgumentTypeError(f"resolution must be a multiple of 8 and >= 64; got {quote(text, 40)}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"frames must be >= 1 (pixel frames of a video); got {quote(text, 40)}")
     return value
+
+
+def _factor(text: str) -> int | tuple[int, ...]:
+    """A ToDo factor: ``2`` (per spatial side) or one per grid axis, ``1x2x2`` / ``2x2x2``."""
+    from ..tools.methods import parse_spec
+
+    try:
+        return parse_spec("todo:" + text.strip()).value
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"ToDo factor must be an integer >= 1 or one per axis such as 1x2x2; "
+                                         f"got {quote(text, 40)}") from None
 
 
 def _ratio(text: str) -> float:
@@ -68,41 +94,50 @@ def _steps(text: str) -> int:
 
 
 def add_parser(sub) -> None:
-    from ..bench.presets import PRESETS
+    from ..bench.presets import ALIASES, PRESETS
     from ..bench.cell import ATTENTION_BACKENDS, MODE_NAMES
     from ..tools.methods import BENCH_METHODS, METHODS
 
     p = sub.add_parser("bench", help="speed/memory table: vanilla vs tokenmerge vs tomesd vs the limit",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", nargs="+", choices=sorted(PRESETS), default=["sd15"],
+    p.add_argument("--preset", nargs="+", choices=sorted(PRESETS) + sorted(ALIASES), default=["sd15"],
                    help="architecture presets with random weights: "
-                        + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()) + " (default: sd15)")
+                        + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items())
+                        + ". Aliases: " + ", ".join(f"{k} = {v}" for k, v in ALIASES.items()) + " (default: sd15)")
     p.add_argument("--model", default=None, metavar="PATH_OR_ID",
                    help="a real diffusers pipeline: a local folder (with model_index.json) or a hub id whose files "
                         "are cached; replaces --preset. Nothing is downloaded when the hub is out of reach.")
     p.add_argument("--resolutions", nargs="+", type=_resolution, default=[512], metavar="PX",
-                   help="image sizes in pixels (square; the latent is 1/8 of it). Default: 512")
+                   help="image or video frame sizes in pixels: 512 (square) or HxW such as 480x832 (height x width). "
+                        "Each preset needs multiples of its VAE scale x patch (8 for UNets, 16 for Wan, HunyuanVideo, "
+                        "Flux.2, Qwen-Image; 32 for LTX and SANA). Default: 512")
+    p.add_argument("--frames", nargs="+", type=_frames, default=None, metavar="N",
+                   help="pixel frames of the video presets: 4k+1 for Wan and HunyuanVideo (33 -> 9 latent frames), "
+                        "8k+1 for LTX (33 -> 5); refused for image presets. Default: each video preset's own (33)")
     p.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[1], metavar="N",
-                   help="images per step (the UNet sees twice as many: guidance). Default: 1")
-    p.add_argument("--modes", nargs="+", choices=MODE_NAMES, default=["vanilla", "tokenmerge", "tomesd", "limit"],
+                   help="images or videos per step (with guidance in one call the denoiser sees twice as many). "
+                        "Default: 1")
+    p.add_argument("--modes", nargs="+", choices=MODE_NAMES, default=None,
                    help="vanilla: no merging; tokenmerge: this library's ToMe; tomesd: the reference package "
                         "(if installed), on the same blocks; limit: the same attention on the merged token count "
                         "with a free merge (a slice) and unmerge (a repeat): the best any merge could do; "
                         "todo: token downsampling of keys/values (--todo-factors); todo-limit: attention on the "
                         "pooled key/value count with free pooling (a slice). "
-                        "Default: vanilla tokenmerge tomesd limit")
+                        "Default: vanilla tokenmerge tomesd limit (without tomesd for the transformer presets)")
     p.add_argument("--ratios", nargs="+", type=_ratio, default=[0.5], metavar="R",
                    help="merge ratios of the merging modes. Default: 0.5")
-    p.add_argument("--todo-factors", nargs="+", type=positive_int, default=[2], metavar="F",
-                   help="downsampling factors per side of the todo modes (2 = 4x fewer keys/values). Default: 2")
+    p.add_argument("--todo-factors", nargs="+", type=_factor, default=[2], metavar="F",
+                   help="downsampling factors per side of the todo modes (2 = 4x fewer keys/values; on video: "
+                        "each frame), or one per grid axis: 1x2x2, 2x2x2 (frames too). Default: 2")
     p.add_argument("--methods", nargs="+", type=_spec, default=[], metavar="SPEC",
                    help="more modes as method specs NAME[:VALUE][,KEY=VALUE...], the options of apply_patch / "
                         "apply_todo: e.g. 'tome:0.5,reuse_steps=2' (plans kept 2 steps), 'tome:0.5,share_plans=true', "
                         "'tome:0.5,stop=0.5' (first half of the steps: use with --steps), 'todo:2,mode=avg', "
                         "'todo:2,ratio=0.3'. Names: " + ", ".join({**METHODS, **BENCH_METHODS}))
     p.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["sdpa"],
-                   help="attention backend: vanilla (diffusers' unfused attention), sdpa (PyTorch fused), "
-                        "xformers (if installed). Default: sdpa")
+                   help="attention backend of the UNet and PixArt presets: vanilla (diffusers' unfused attention), "
+                        "sdpa (PyTorch fused), xformers (if installed); the other transformers run their own "
+                        "attention processors, on SDPA: sdpa only. Default: sdpa")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per mode per cell, after one warm-up "
                    "(default 3; more on a noisy machine)")
     p.add_argument("--warmup", type=_warmup, default=1, metavar="N",
@@ -124,6 +159,9 @@ def add_parser(sub) -> None:
                    help="also time the phases inside the patched blocks (similarity, merge, attention, unmerge) "
                         "for this library's modes, against the same blocks unmerged; the device is synchronised at "
                         "every phase boundary, so read shares, not step times")
+    p.add_argument("--breakdown-repeats", type=positive_int, default=None, metavar="N",
+                   help="timed rounds of the breakdown (default: --repeats); its phases' shares settle in fewer "
+                        "rounds than step times")
     p.add_argument("--memory", action="store_true",
                    help="measure peak memory on a CPU too (one isolated process per mode and cell: slow); "
                         "on CUDA the allocator's peak is always reported")
@@ -147,19 +185,58 @@ def _modes(args) -> list:
     by_ratio = [n for n in args.modes if n in ("tokenmerge", "tomesd", "limit")]
     modes += [MethodSpec("tome" if n == "tokenmerge" else n, r) for r in args.ratios for n in by_ratio]
     modes += [MethodSpec(n, f) for n in args.modes if n in ("todo", "todo-limit") for f in args.todo_factors]
+    modes = list(dict.fromkeys(modes))
     modes += [m for m in args.methods if m not in modes]
     return modes
+
+
+def _check_presets(args, presets, modes) -> str | None:
+    """What the presets refuse of these arguments (frames, sizes, attention, modes), as an error message."""
+    from ..bench.cell import GENERIC_PROCESSORS
+    from ..bench.generation import GENERATION_FAMILIES
+
+    if args.model and any(isinstance(r, str) for r in args.resolutions):
+        return "--resolutions: --model takes square resolutions (one number per size)"
+    if args.frames and (not presets or any(not p.video for p in presets)):
+        images = [p.name for p in presets if not p.video] or ["--model"]
+        return (f"--frames applies to video presets only; {', '.join(images)} "
+                f"{'is an image preset' if len(images) == 1 else 'are image presets'} (leave --frames out)")
+    for p in presets:
+        for frames in args.frames or []:
+            if p.check_frames(frames):
+                return "--frames: " + p.check_frames(frames)
+        for res in args.resolutions:
+            if p.check_resolution(res):
+                return "--resolutions: " + p.check_resolution(res)
+        if p.family not in GENERIC_PROCESSORS and args.attention != ["sdpa"]:
+            return (f"--attention: {p.name} runs its own attention processors (on PyTorch's SDPA); use --attention "
+                    "sdpa for it")
+        if args.steps and p.family not in GENERATION_FAMILIES:
+            return (f"--steps: whole generations are timed for the UNet, PixArt, SD3 and Flux.1 presets; {p.name} "
+                    "times denoiser steps only (leave --steps out)")
+        rank = 3 if p.video else 2
+        for m in modes:
+            if m.options and dict(m.options).get("st", 1) != 1 and not p.video:
+                return f"{m.text}: st (the window along the frame axis) applies to video presets; {p.name} is an image"
+            if isinstance(m.value, tuple) and m.is_factor and len(m.value) != rank:
+                return (f"{m.text}: {len(m.value)} factors, but {p.name}'s token grid has {rank} axes "
+                        f"({'frames, height, width' if rank == 3 else 'height, width'})")
+    return None
 
 
 def run(args, parser) -> int:
     import torch
 
     from ..bench import cell, report, runner
-    from ..bench.presets import PRESETS
+    from ..bench.presets import ALIASES, PRESETS
     from ..tools.outputs import Outputs
 
     device = pick_device(args.device, parser)
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "float16"))
+    chosen = [PRESETS[ALIASES.get(n, n)] for n in args.preset] if not args.model else []
+    if args.modes is None:  # tomesd patches UNets only
+        unets = all(p.family == "unet" for p in chosen)
+        args.modes = ["vanilla", "tokenmerge"] + (["tomesd"] if unets else []) + ["limit"]
     modes = _modes(args)
     names = {m.name for m in modes}
     if "tomesd" in names:
@@ -167,15 +244,12 @@ def run(args, parser) -> int:
             import tomesd  # noqa: F401
         except ImportError:
             parser.error("--modes tomesd needs the tomesd package (pip install tomesd==0.1.3), or leave it out")
-    families = {PRESETS[n].family for n in args.preset} if not args.model else {"unet"}
+    families = {p.family for p in chosen} if not args.model else {"unet"}
     if "tomesd" in names and families - {"unet"}:
         parser.error("--modes tomesd: tomesd patches UNets only; leave it out for the transformer presets")
-    if "limit" in names and "flux" in families:
-        parser.error("--modes limit: not available for Flux (its merged tokens carry rotary positions)")
-    joint = families & {"sd3", "flux"}
-    if joint and (names & {"todo", "todo-limit"} or args.attention != ["sdpa"]):
-        parser.error(f"--preset {' '.join(sorted(joint))}: joint attention runs with --attention sdpa only, and "
-                     "ToDo cannot apply to it (--modes todo / todo-limit)")
+    problem = _check_presets(args, chosen, modes)
+    if problem:
+        parser.error(problem)
     missing = [a for a in args.attention if a not in cell.available_attention()]
     if missing:
         parser.error(f"--attention {' '.join(missing)}: not available here (xformers is not installed)")
@@ -196,7 +270,7 @@ def run(args, parser) -> int:
                                     args.repeats, device, dtype, memory=args.memory,
                                     memory_limit_mb=args.memory_limit, progress=not args.no_progress,
                                     breakdown=args.breakdown, steps=args.steps, compile=args.compile,
-                                    warmup=args.warmup)
+                                    warmup=args.warmup, frames=args.frames, breakdown_repeats=args.breakdown_repeats)
     command = "tokenmerge bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
         else "tokenmerge bench ..."
     paths = report.write_outputs(records, meta, outputs, command, args.stem)

@@ -1,0 +1,97 @@
+"""Step inputs of the video and 2025-2026 image transformer presets, as their diffusers pipelines make them.
+
+Each builder takes the preset, the batch the denoiser sees per call ``n``, the pixel size, the pixel frames
+(video), the timestep tensor, a seeded ``randn`` and the device, and returns the calls of one denoising step
+(one dict, or the conditional and unconditional calls of pipelines that run guidance as two calls).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["BUILDERS"]
+
+
+def _mask(preset, n: int, tokens: int, device):
+    """The pipeline's text mask: the prompt's tokens, then padding (``prompt_tokens`` of ``tokens`` are real)."""
+    mask = torch.zeros(n, tokens, dtype=torch.long, device=device)
+    mask[:, : min(tokens, preset.prompt_tokens or tokens)] = 1
+    return mask
+
+
+def _texts(preset) -> list[int]:
+    """Text tokens of each call of a step: the prompt's, and the negative prompt's when guidance is two calls."""
+    if preset.guidance == "calls":
+        return [preset.text_tokens, preset.negative_tokens or preset.text_tokens]
+    return [preset.text_tokens]
+
+
+def _wan(preset, n, h, w, frames, t, randn, device):
+    """WanPipeline: latent (B, 16, F, H/8, W/8), umT5 embeddings zero-padded to 512 tokens (no mask), timestep on
+    0..1000; the conditional and unconditional predictions are two calls."""
+    c = preset.unet["in_channels"]
+    latent = randn(n, c, preset.latent_frames(frames), h // preset.vae_scale, w // preset.vae_scale)
+    return [dict(hidden_states=latent, timestep=t, encoder_hidden_states=randn(n, tokens, preset.text_dim))
+            for tokens in _texts(preset)]
+
+
+def _hunyuan_video(preset, n, h, w, frames, t, randn, device):
+    """HunyuanVideoPipeline: latent (B, 16, F, H/8, W/8), LLaMA embeddings padded to 256 tokens with their mask,
+    CLIP pooled embeddings, embedded guidance (scale x 1000); one call."""
+    c = preset.unet["in_channels"]
+    latent = randn(n, c, preset.latent_frames(frames), h // preset.vae_scale, w // preset.vae_scale)
+    tokens = preset.text_tokens
+    return [dict(hidden_states=latent, timestep=t, encoder_hidden_states=randn(n, tokens, preset.text_dim),
+                 encoder_attention_mask=_mask(preset, n, tokens, device),
+                 pooled_projections=randn(n, preset.unet["pooled_projection_dim"]),
+                 guidance=torch.full((n,), 6000.0, device=device))]
+
+
+def _ltx(preset, n, h, w, frames, t, randn, device):
+    """LTXPipeline: packed tokens (B, F*H/32*W/32, 128), T5 embeddings padded to 128 tokens with their mask,
+    the batch doubled for guidance, the grid and the rope scale (8 / 25 fps, 32, 32) as arguments."""
+    f, lh, lw = preset.latent_frames(frames), h // preset.vae_scale, w // preset.vae_scale
+    tokens = preset.text_tokens
+    return [dict(hidden_states=randn(n, f * lh * lw, preset.unet["in_channels"]), timestep=t,
+                 encoder_hidden_states=randn(n, tokens, preset.text_dim),
+                 encoder_attention_mask=_mask(preset, n, tokens, device), num_frames=f, height=lh, width=lw,
+                 rope_interpolation_scale=(preset.frames_per_latent / 25, preset.vae_scale, preset.vae_scale))]
+
+
+def _flux2(preset, n, h, w, frames, t, randn, device):
+    """Flux2Pipeline (dev): packed 2x2 tokens (B, H/16*W/16, 128), ids (t, row, col, layer), Mistral embeddings
+    (3 layers stacked: 15360 wide) padded to 512 tokens, guidance embedded; timestep t / 1000; one call."""
+    rows, cols = h // (preset.vae_scale * 2), w // (preset.vae_scale * 2)
+    tokens = preset.text_tokens
+    img_ids = torch.zeros(rows, cols, 4)
+    img_ids[..., 1], img_ids[..., 2] = torch.arange(rows)[:, None], torch.arange(cols)[None, :]
+    txt_ids = torch.zeros(tokens, 4)
+    txt_ids[:, 3] = torch.arange(tokens)
+    return [dict(hidden_states=randn(n, rows * cols, preset.unet["in_channels"]),
+                 encoder_hidden_states=randn(n, tokens, preset.text_dim), timestep=t / 1000,
+                 img_ids=img_ids.reshape(1, -1, 4).expand(n, -1, -1).to(device),
+                 txt_ids=txt_ids.unsqueeze(0).expand(n, -1, -1).to(device),
+                 guidance=torch.full((n,), 4.0, device=device))]
+
+
+def _qwen_image(preset, n, h, w, frames, t, randn, device):
+    """QwenImagePipeline: packed 2x2 tokens (B, H/16*W/16, 64), img_shapes, Qwen2.5-VL embeddings of the prompt's
+    length (no padding at batch 1, so no mask); true classifier-free guidance: two calls, the negative prompt
+    with its own length; timestep t / 1000."""
+    rows, cols = h // (preset.vae_scale * 2), w // (preset.vae_scale * 2)
+    latent = randn(n, rows * cols, preset.unet["in_channels"])
+    return [dict(hidden_states=latent, encoder_hidden_states=randn(n, tokens, preset.text_dim), timestep=t / 1000,
+                 img_shapes=[[(1, rows, cols)]] * n) for tokens in _texts(preset)]
+
+
+def _sana(preset, n, h, w, frames, t, randn, device):
+    """SanaPipeline: latent (B, 32, H/32, W/32), Gemma-2 embeddings padded to 300 tokens with their mask, the
+    batch doubled for guidance, timestep on 0..1000."""
+    tokens = preset.text_tokens
+    return [dict(hidden_states=randn(n, preset.unet["in_channels"], h // preset.vae_scale, w // preset.vae_scale),
+                 encoder_hidden_states=randn(n, tokens, preset.text_dim), timestep=t,
+                 encoder_attention_mask=_mask(preset, n, tokens, device))]
+
+
+BUILDERS = {"wan": _wan, "hunyuan-video": _hunyuan_video, "ltx": _ltx, "flux2": _flux2, "qwen-image": _qwen_image,
+             "sana": _sana}
