@@ -25,10 +25,11 @@ from ..merge import bipartite_soft_matching, downsample, num_windows, random_off
 from ..merge.bipartite import _MASK32, _mix32
 from .discover import DenoiserSite
 from .grids import GridReader
-from .inside import PoolKeys
 from .guards import on_call
-from .layout import image_part, join, sides, take_mask, take_rotary
+from .layout import image_part, sides
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
+from .targets import Bound, TargetHooks
+from .whole import WholeBlocks
 
 __all__ = ["DenoiserPatch", "PATCH_ATTR"]
 
@@ -52,21 +53,11 @@ class _Hook:
         return getattr(self.patch, self.method)(self.block, self.target, module, *hook_args)
 
 
-class _Bound:
-    """A target of one block, bound to its sub-module's signature."""
-
-    __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside")
-
-    def __init__(self, spec, arg, context, rotary, mask, inside=False):
-        self.spec, self.arg, self.context, self.rotary, self.mask = spec, arg, context, rotary, mask
-        self.inside = inside  # ToDo pools the keys inside the attention call (engine/inside.py)
-
-
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 _CONTEXT = Arg("encoder_hidden_states", also=("context",))
 
 
-class DenoiserPatch:
+class DenoiserPatch(TargetHooks, WholeBlocks):
     """The installed patch of one denoiser: its config, the selected blocks, and the hook handles.
 
     Args:
@@ -96,7 +87,7 @@ class DenoiserPatch:
         self.factors = config.factors(self.rank) if isinstance(config, ToDoConfig) else None
         self._local, self._traced = threading.local(), CallState()
         self._handles: list = []
-        self._targets: list[list[_Bound]] = []
+        self._targets: list[list[Bound]] = []
         self._wholes: list = []  # scope="block": per block, its bound (rotary, mask, per-token) arguments
         self._inputs: list = []  # where each block's forward takes its tokens
         self._grid_reader = GridReader(site.family.grid, site.module)
@@ -171,7 +162,7 @@ class DenoiserPatch:
                                  "cannot be merged as well; use ratio=0 (or ToMe alone)")
             rotary = Arg(spec.rotary.kwarg, also=spec.rotary.also).bind(sub) if spec.rotary is not None else None
             mask = Arg(spec.mask.kwarg if spec.mask is not None else "attention_mask").bind(sub)
-            targets.append(_Bound(spec, _HIDDEN.bind(sub), context, rotary, mask, inside))
+            targets.append(Bound(spec, _HIDDEN.bind(sub), context, rotary, mask, inside))
         self._targets.append(targets)
         self._inputs.append(_HIDDEN.bind(block))
         self._handles.append(block.register_forward_pre_hook(_Hook(self, "_block_pre", index), with_kwargs=True))
@@ -312,161 +303,6 @@ class DenoiserPatch:
         if call is not None and call.entry is not None and output is not None:
             return self._unmerge_block(call, self.blocks[index], output)
         return None
-
-    # ---- whole blocks (scope="block") ---------------------------------------------------------------------
-    def _merge_block(self, index: int, site: BlockSite, call: BlockCall, args, kwargs):
-        """Merge the block's input (its image part) and the per-token arguments that follow it."""
-        plan, image = call.plan, call.plan.num_tokens
-        rotary, mask, per_token, refuse_if = self._wholes[index]
-        full = self._inputs[index].read(args, kwargs)
-        for bound in refuse_if:
-            if bound.read(args, kwargs) is not None:
-                raise RuntimeError(f"tokenmerge: {site.path} got {bound.name!r}, which a whole-block merge would make "
-                                   "wrong; use scope='attention' for this model")
-        for bound in per_token:
-            value = bound.read(args, kwargs)
-            # per-token modulation: (B, N, 6, D) (Wan 2.2 TI2V) or (B, 6, N, D) (SkyReels-V2 diffusion forcing)
-            if isinstance(value, torch.Tensor) and value.dim() >= 2 and (value.shape[1] in (image, full.shape[1]) or (
-                    value.dim() >= 4 and value.shape[2] in (image, full.shape[1]))):
-                raise RuntimeError(f"tokenmerge: {site.path} got a per-token {bound.name!r} (one entry per token), "
-                                   "which a whole-block merge does not follow; use scope='attention' for this model")
-        before, after = sides(full.shape[1], image, site.text, self.state.trailing)
-        part = image_part(full, image, before)
-        merged = plan.merge(part)
-        call.entry = (part, merged, before, after)
-        args, kwargs = self._inputs[index].replace(args, kwargs, join(full, merged, before, after))
-        for bound, spec, take in ((rotary, site.whole.rotary, take_rotary), (mask, site.whole.mask, take_mask)):
-            value = bound.read(args, kwargs) if bound is not None else None
-            if value is not None:
-                if not isinstance(plan, SharedPlan):
-                    raise RuntimeError(f"tokenmerge: {site.path} takes per-token positions or masks, which need one "
-                                       f"merge pattern for the batch: family {self.family.name!r} must set "
-                                       "shared_plan=True")
-                args, kwargs = bound.replace(args, kwargs, take(spec, value, image, plan.representatives(),
-                                                                self.state.trailing))
-        return args, kwargs
-
-    def _unmerge_block(self, call: BlockCall, site: BlockSite, output):
-        """``x + unmerge(block(merge(x)) - merge(x))`` on the image tokens; the rest of the output as computed."""
-        part, merged, before, after = call.entry
-        index = None if isinstance(output, torch.Tensor) else site.whole.output  # a tuple: the image stream's
-        seq = output if index is None else output[index]
-        update = image_part(seq, merged.shape[1], before) - merged
-        seq = join(seq, part + call.plan.unmerge(update), before, after)
-        if index is None:
-            return seq
-        parts = list(output)
-        parts[index] = seq
-        return type(output)(parts)
-
-    # ---- targets ------------------------------------------------------------------------------------------
-    def _merge_input(self, index: int, t: int, module, args, kwargs):
-        if self.observer is None:
-            return self._merge_now(index, t, args, kwargs)
-        self.observer.begin("merge")
-        out = self._merge_now(index, t, args, kwargs)
-        self.observer.end("merge")
-        self.observer.begin(self._targets[index][t].spec.kind)
-        return out
-
-    def _merge_now(self, index: int, t: int, args, kwargs):
-        call = self.state.blocks.get(index)
-        if call is None:
-            return None
-        plan, target = call.plan, self._targets[index][t]
-        kind = target.spec.kind
-        if target.inside:  # ToDo after the rotary embedding: pool inside the attention call (ratio is 0 here)
-            call.inside[t] = mode = PoolKeys(plan.num_tokens if plan.num_merged else math.prod(call.grid), call.grid,
-                                             self.factors, self.config.mode, target.spec.keys, self.state.trailing,
-                                             self.downsampler)
-            mode.__enter__()
-            return None
-        context = target.context.read(args, kwargs) if target.context is not None else None
-        pool = self.todo and kind == SELF and context is None
-        if plan.num_merged == 0 and not pool:
-            return None
-        masked = target.mask is not None and kind in (SELF, JOINT) and target.mask.read(args, kwargs) is not None
-        if masked and (target.spec.mask is None or pool or (kind == SELF and context is not None)):
-            raise RuntimeError(
-                f"tokenmerge: {target.spec.attr} got an attention mask over image tokens, which "
-                + ("ToDo cannot pool" if pool else f"the {self.family.name} family does not declare to follow")
-                + "; apply the patch with merge_attn=False for this model")
-        x = target.arg.read(args, kwargs)
-        if kind == JOINT or (plan.num_merged and x.shape[1] != plan.num_tokens):  # text or references beside it
-            return self._merge_joint(call, t, target, x, args, kwargs)
-        if pool:  # ToDo: keys and values from the pooled grid of the full (unmerged) tokens
-            pooled = self.downsampler(x, call.grid, self.factors, self.config.mode)
-            args, kwargs = target.context.replace(args, kwargs, pooled)
-        if plan.num_merged:
-            args, kwargs = target.arg.replace(args, kwargs, plan.merge(x))
-            args, kwargs = self._follow_rotary(plan, target, args, kwargs)
-        return args, kwargs
-
-    def _merge_joint(self, call: BlockCall, t: int, target: _Bound, x: torch.Tensor, args, kwargs):
-        """A sequence of image and text tokens (joint attention, or a feed-forward run on both): merge the image
-        tokens (the text passes whole) and the rotary rows with them."""
-        plan, spec = call.plan, target.spec
-        before, after = call.text[t] = sides(x.shape[1], plan.num_tokens, spec.text, self.state.trailing)
-        image = image_part(x, plan.num_tokens, before)
-        args, kwargs = target.arg.replace(args, kwargs, join(x, plan.merge(image), before, after))
-        return self._follow_rotary(plan, target, args, kwargs)
-
-    def _follow_rotary(self, plan, target: _Bound, args, kwargs):
-        """The target's rotary embedding and attention mask at the merged tokens (each keeps its first token's)."""
-        for bound, spec, take in ((target.rotary, target.spec.rotary, take_rotary),
-                                  (target.mask, target.spec.mask, take_mask)):
-            value = bound.read(args, kwargs) if bound is not None and spec is not None else None
-            if value is None:
-                continue
-            if not isinstance(plan, SharedPlan):
-                raise RuntimeError(f"tokenmerge: {target.spec.attr} takes per-token positions or masks, which need "
-                                   f"one merge pattern for the batch: family {self.family.name!r} must set "
-                                   "shared_plan=True")
-            value = take(spec, value, plan.num_tokens, plan.representatives(), self.state.trailing)
-            args, kwargs = bound.replace(args, kwargs, value)
-        return args, kwargs
-
-    def _unmerge_output(self, index: int, t: int, module, args, output):
-        if self.observer is None:
-            return self._unmerge_now(index, t, output)
-        self.observer.end(self._targets[index][t].spec.kind)
-        self.observer.begin("unmerge")
-        out = self._unmerge_now(index, t, output)
-        self.observer.end("unmerge")
-        return out
-
-    def _unmerge_now(self, index: int, t: int, output):
-        call = self.state.blocks.get(index)
-        if call is not None and t in call.inside:
-            mode = call.inside.pop(t)
-            mode.__exit__(None, None, None)
-            if mode.calls == 0:
-                raise RuntimeError(
-                    f"tokenmerge: ToDo found no scaled_dot_product_attention call in {self._targets[index][t].spec.attr}"
-                    " to pool the keys of: its attention backend computes attention another way (ToDo pools keys "
-                    "inside the call only with PyTorch's SDPA, diffusers' default 'native' backend)")
-        if call is None or call.plan.num_merged == 0:
-            return None
-        plan, spec = call.plan, self._targets[index][t].spec
-        around = call.text.pop(t, None)
-        if around is not None:
-            if isinstance(output, (tuple, list)):  # (image stream, text[, ...]): only the image part is unmerged
-                parts = list(output)
-                parts[spec.output_image] = _unmerge_part(plan, parts[spec.output_image], *around)
-                return type(output)(parts)
-            return _unmerge_part(plan, output, *around)
-        if not isinstance(output, torch.Tensor):
-            raise RuntimeError(f"tokenmerge: {spec.attr} returned a {type(output).__name__}, expected a tensor "
-                               "to unmerge")
-        return plan.unmerge(output)
-
-
-def _unmerge_part(plan, x: torch.Tensor, before: int, after: int) -> torch.Tensor:
-    """Unmerge the image tokens of a sequence that also holds ``before`` / ``after`` other tokens."""
-    if not (before or after):
-        return plan.unmerge(x)
-    return join(x, plan.unmerge(image_part(x, x.shape[1] - before - after, before)), before, after)
-
 
 def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
     """The grid ``level`` 2x downsamplings below ``grid`` (its last two axes; ``ceil``, as the UNets pad)."""
