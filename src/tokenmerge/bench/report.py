@@ -201,7 +201,8 @@ def markdown(records: list[dict], meta: dict, command: str) -> str:
     for (preset, attention, res, batch, frames), rows in parts.items():
         video = f", {frames} frames" if frames else ""
         lines += [f"#### Inside the patched blocks: {preset}, {attention} attention, {res} px{video}, batch {batch} "
-                  f"(seconds per step, medians of {rounds} rounds; synchronised at every phase, so slower than the "
+                  f"(seconds per step, medians of {rounds} rounds after the step rounds; synchronised at every phase, "
+                  "so slower than the "
                   "step above; 'share of the limit's saving': unmerged blocks minus these blocks, over unmerged "
                   "blocks minus the limit's)", ""]
         lines += _breakdown_lines(rows)

@@ -91,9 +91,9 @@ def _run_cell(unet, preset, cell: Cell, modes, repeats, device, dtype, dtype_nam
             ts = None if r.get("compiled") else gen.get(r["spec"])
             if ts:
                 r["generate_s"], r["generate_times_s"] = statistics.median(ts), ts
-    if breakdown and ok:
+    if breakdown and ok:  # no warm-up round of its own: the step rounds just ran every mode on this cell
         cell_records += [dict(r, kind="breakdown", status="ok")
-                         for r in breakdown_cell(unet, preset, cell, ok, breakdown_repeats, device, dtype, warmup)]
+                         for r in breakdown_cell(unet, preset, cell, ok, breakdown_repeats, device, dtype, 0)]
     return cell_records
 
 

@@ -160,8 +160,9 @@ def add_parser(sub) -> None:
                         "for this library's modes, against the same blocks unmerged; the device is synchronised at "
                         "every phase boundary, so read shares, not step times")
     p.add_argument("--breakdown-repeats", type=positive_int, default=None, metavar="N",
-                   help="timed rounds of the breakdown (default: --repeats); its phases' shares settle in fewer "
-                        "rounds than step times")
+                   help="timed rounds of the breakdown (default: --repeats; no warm-up round of its own: the step "
+                        "rounds of the cell warmed every mode); its phases' shares settle in fewer rounds than step "
+                        "times")
     p.add_argument("--memory", action="store_true",
                    help="measure peak memory on a CPU too (one isolated process per mode and cell: slow); "
                         "on CUDA the allocator's peak is always reported")
