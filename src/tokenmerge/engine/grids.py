@@ -27,6 +27,7 @@ class GridReader:
         self.bound = [arg.bind(module) for arg in self._args(source)]
         self.patch = source.patch_sizes(module) if isinstance(source, LatentGrid) else None
         self._cache: tuple = (None, None)
+        self._by_shape: dict = {}  # (ids shape, device) -> what the last eager read of such ids gave
         missing = [a.name for a, b in zip(self._args(source), self.bound) if b is None]
         if missing:
             raise TypeError(f"tokenmerge: {self.owner}.forward takes no {', '.join(missing)} argument to read its "
@@ -91,6 +92,10 @@ class GridReader:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' tensor (tokens, {width}) "
                             f"to read the image grid from; got {_describe(ids)}")
         key = (ids.data_ptr(), tuple(ids.shape), ids.device, lead)
+        if torch.compiler.is_compiling():  # traced code cannot compare data pointers: the grid seen for this shape
+            cached = self._by_shape.get((tuple(ids.shape), ids.device))
+            if cached is not None:
+                return cached
         if self._cache[0] != key:
             rows = ids.reshape(-1, ids.shape[-1])[lead: ids.shape[-2]]
             if rows.shape[0] == 0:
@@ -109,6 +114,7 @@ class GridReader:
                 raise RuntimeError(f"tokenmerge: {source.arg.name} of {rows.shape[0]} tokens do not form a "
                                    f"{'x'.join(map(str, grid))} grid")
             self._cache = (key, (grid, total - rows.shape[0]))
+            self._by_shape[(tuple(ids.shape), ids.device)] = self._cache[1]
         return self._cache[1]
 
     def _shapes(self, shapes, source: ShapesGrid) -> tuple[tuple[int, ...], int]:

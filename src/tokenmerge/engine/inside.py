@@ -34,7 +34,6 @@ class PoolKeys(TorchFunctionMode):
     """
 
     def __init__(self, image: int, grid, factors, mode: str, keys: str, trailing: int, downsample):
-        super().__init__()
         self.image, self.grid, self.factors, self.mode = image, grid, factors, mode
         self.keys, self.trailing, self.downsample = keys, trailing, downsample
         self.calls = 0

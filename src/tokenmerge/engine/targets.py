@@ -12,7 +12,11 @@ from .inside import PoolKeys
 from .layout import image_part, join, sides, take_mask, take_rotary
 from .state import BlockCall, SharedPlan
 
-__all__ = ["Bound", "TargetHooks"]
+__all__ = ["Bound", "TargetHooks", "COMPILE_REFUSED"]
+
+COMPILE_REFUSED = (
+    "tokenmerge: ToDo that pools keys inside the attention call (this family's) does not work under torch.compile "
+    "yet; run the model eagerly, or use ToMe (apply_patch), which compiles")
 
 
 class Bound:
@@ -42,6 +46,8 @@ class TargetHooks:
             return None
         plan, target = call.plan, self._targets[index][t]
         kind = target.spec.kind
+        if target.inside and torch.compiler.is_compiling():
+            raise RuntimeError(COMPILE_REFUSED)
         if target.inside:  # ToDo after the rotary embedding: pool inside the attention call (ratio is 0 here)
             call.inside[t] = mode = PoolKeys(plan.num_tokens if plan.num_merged else math.prod(call.grid), call.grid,
                                              self.factors, self.config.mode, target.spec.keys, self.state.trailing,
