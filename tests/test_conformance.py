@@ -15,7 +15,7 @@ import torch
 import tokenmerge
 from tiny_denoisers import CATALOGUE as _CATALOGUE
 from tiny_denoisers import TinyDenoiser, available as _available, output_tensor
-from tiny_models import ToyVideoDiT, ldm_unet, toy_video_family, toy_video_inputs
+from tiny_models import ToyVideoDiT, ldm_unet, permuting_matcher, toy_video_family, toy_video_inputs
 from tokenmerge.families import BUILTIN, match_family, registered_families
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
@@ -289,9 +289,35 @@ def test_whole_block_merging_or_its_refusal(name):
     try:
         merged = _run(model, inputs)
     except RuntimeError as err:  # a call whose per-token arguments the merge does not follow: a clear refusal
-        assert "per-token" in str(err)
+        assert "per-token" in str(err) or "would make" in str(err), str(err)
         merged = None
     tokenmerge.remove_patch(model)
     if merged is not None:
         assert merged.shape == plain.shape and torch.isfinite(merged).all() and not torch.equal(merged, plain)
     assert torch.equal(_run(model, inputs), plain), "removal must be bit-identical"
+
+
+@pytest.mark.parametrize("name", _entries())
+@pytest.mark.parametrize("scope", ["attention", "block"])
+def test_a_permutation_of_the_image_tokens_changes_nothing(name, scope):
+    """A "merge" that only reorders the image tokens (and the rows that follow them) must leave every output
+    unchanged up to rounding: it fails if a family's rotary rows, text side, mask or output layout is wrong."""
+    entry, model, _ = _setup(name)
+    inner = getattr(model, "_orig_mod", model)
+    family = match_family(inner)
+    if scope == "block" and not all(s.whole is not None for s in family.find_blocks(inner, "")):
+        pytest.skip("the family does not declare scope='block'")
+    refused = {t.kind for b in family.blocks for t in b.targets if t.refuse is not None}
+    inputs = entry.inputs(batch=2, seed=3)
+    plain = _run(model, inputs)
+    config = tokenmerge.ToMeConfig(ratio=0.5, merge_crossattn=True, merge_mlp="mlp" not in refused, scope=scope)
+    tokenmerge.apply_config(model, config, matcher=permuting_matcher)
+    try:
+        permuted = _run(model, inputs)
+    except RuntimeError as err:  # a call the family refuses (per-token arguments of a whole-block merge)
+        assert "per-token" in str(err) or "would make" in str(err), str(err)
+        return
+    finally:
+        tokenmerge.remove_patch(model)
+    scale = plain.abs().max()
+    torch.testing.assert_close(permuted / scale, plain / scale, rtol=0, atol=2e-5)

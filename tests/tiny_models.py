@@ -466,3 +466,23 @@ def toy_video_inputs(batch: int = 2, grid=None, seed: int = 0) -> dict:
     f, h, w = grid or (3, 4, 4)
     g = torch.Generator().manual_seed(seed)
     return dict(latent=torch.randn(batch, 4, f, 2 * h, 2 * w, generator=g), t=torch.full((batch,), 500.0))
+
+
+# ---- a "merge" that only reorders the tokens: every layout fact of a family (rotary rows, text beside the image,
+# masks, outputs) must then leave the model's outputs unchanged up to rounding ---------------------------------
+def permuting_matcher(metric, shape, windows, r, offsets=None, radius=None):
+    """A matcher whose plan moves every token to another slot and merges none (it claims one merged token, so
+    the engine applies it)."""
+    from tokenmerge.merge.plan import MergePlan
+
+    class Permutation(MergePlan):
+        def __init__(self, dest, slots):
+            super().__init__(dest, slots)
+            self.num_merged = 1
+
+        def expand(self, batch: int):
+            return self if batch == 1 else Permutation(self.dest.expand(batch, -1), self.num_slots)
+
+    batch, tokens = metric.shape[:2]
+    dest = torch.randperm(tokens, generator=torch.Generator().manual_seed(tokens)).to(metric.device)
+    return Permutation(dest.expand(batch, -1), tokens)

@@ -47,7 +47,7 @@ _HUNYUAN_ATTN = Target("attn", JOINT, rotary=Rotary("image_rotary_emb", text=TEX
 def _hunyuan_whole(rotary: str) -> Whole:  # blocks return (video, text); token-replace counts frame-0 tokens
     return Whole(output=0, rotary=Rotary(rotary, text=TEXT_NONE, also=("image_rotary_emb",)),
                  mask=Mask("attention_mask", text=TEXT_AFTER),
-                 refuse_if=("first_frame_num_tokens",))
+                 refuse_if=("first_frame_num_tokens", "num_tokens"))
 
 
 HUNYUAN_VIDEO = Family(
