@@ -61,7 +61,7 @@ class TargetHooks:
         masked = target.mask is not None and kind in (SELF, JOINT) and target.mask.read(args, kwargs) is not None
         if masked and (target.spec.mask is None or pool or (kind == SELF and context is not None)):
             raise RuntimeError(
-                f"tokenmerge: {target.spec.attr} got an attention mask over image tokens, which "
+                f"tokenmerge: {target.spec.attr} got an attention mask ({target.mask.name}) over image tokens, which "
                 + ("ToDo cannot pool" if pool else f"the {self.family.name} family does not declare to follow")
                 + "; apply the patch with merge_attn=False for this model")
         x = target.arg.read(args, kwargs)
