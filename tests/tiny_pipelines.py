@@ -412,19 +412,31 @@ _add(PipelineCase("cogvideox", "CogVideoXPipeline", _cogvideox, video=True, grid
                   notes="CogVideoX 1.0 (sin-cos positions); its DDIM scheduler (timesteps 0..1000, not flow)"))
 
 
-# ---- refused: built only to show the refusal ----------------------------------------------------------------------
-def _refused(cls: str, denoiser: str, vae):
-    def build():
-        pipe = _pipe(cls, scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=vae(), text_encoder=None,
-                     tokenizer=None, transformer=CATALOGUE[denoiser].build())
-        return pipe, {}
+def _zimage():
+    g = torch.Generator().manual_seed(1)
+    pipe = _pipe("ZImagePipeline", scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=_vae_kl(16, shift_factor=0.0),
+                 text_encoder=None, tokenizer=None, transformer=CATALOGUE["z-image"].build())
+    # per-sample caption lists; the negative prompt is shorter, so guidance's batch has sequences of two lengths
+    # (a key mask over the unified stream)
+    return pipe, dict(prompt_embeds=[_randn(g, TXT, 16)], negative_prompt_embeds=[_randn(g, 3, 16)],
+                      height=32, width=32, num_inference_steps=2, guidance_scale=4.0, output_type="pt")
 
-    return build
+
+_add(PipelineCase("z-image", "ZImagePipeline", _zimage, denoiser="z-image", guidance=dict(guidance_scale=0.0),
+                  notes="cond + uncond in one call with captions of two lengths (a key mask); t passed as "
+                        "(1000 - t) / 1000"))
 
 
-REFUSED: dict[str, PipelineCase] = {
-    "z-image": PipelineCase("z-image", "ZImagePipeline", _refused("ZImagePipeline", "z-image", lambda: _vae_kl(16)),
-                            denoiser="z-image"),
-    "lumina2": PipelineCase("lumina2", "Lumina2Pipeline", _refused("Lumina2Pipeline", "lumina2", _vae_kl),
-                            denoiser="lumina2"),
-}
+def _lumina2():
+    g = torch.Generator().manual_seed(1)
+    pipe = _pipe("Lumina2Pipeline", scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=_vae_kl(shift_factor=0.0),
+                 text_encoder=None, tokenizer=None, transformer=CATALOGUE["lumina2"].build())
+    pipe.vae_scale_factor = 2  # fixed at 8 by the pipeline; the tiny VAE compresses 2x
+    mask = torch.ones(1, TXT, dtype=torch.long)
+    return pipe, dict(prompt_embeds=_randn(g, 1, TXT, 16), prompt_attention_mask=mask,
+                      negative_prompt_embeds=_randn(g, 1, TXT, 16), negative_prompt_attention_mask=mask,
+                      height=32, width=32, num_inference_steps=2, guidance_scale=4.0, output_type="pt")
+
+
+_add(PipelineCase("lumina2", "Lumina2Pipeline", _lumina2, denoiser="lumina2", guidance=dict(guidance_scale=1.0),
+                  notes="cond and uncond as separate calls (one caption length per call); timestep 1 - t/1000"))

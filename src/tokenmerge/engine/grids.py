@@ -7,9 +7,21 @@ import math
 import torch
 from torch import nn
 
-from ..families.spec import ArgsGrid, IdsGrid, LatentGrid, ShapesGrid
+from ..families.predicates import params
+from ..families.spec import Arg, ArgsGrid, IdsGrid, LatentGrid, ShapesGrid
 
 __all__ = ["GridReader"]
+
+
+def _default(module: nn.Module, arg: Arg) -> int | None:
+    """The default of the ``forward`` parameter ``arg`` names (a patch size chosen per call)."""
+    import inspect
+
+    for p in params(module):
+        if p.name in (arg.name, *arg.also) and p.default is not inspect.Parameter.empty:
+            return p.default
+    raise TypeError(f"tokenmerge: {type(module).__name__}.forward has no {arg.name} argument with a default to read "
+                    "its patch size from")
 
 
 def _describe(value) -> str:
@@ -26,6 +38,9 @@ class GridReader:
         self.source, self.owner = source, type(module).__name__
         self.bound = [arg.bind(module) for arg in self._args(source)]
         self.patch = source.patch_sizes(module) if isinstance(source, LatentGrid) else None
+        # patch sizes chosen per call by an argument (Z-Image's ``patch_size``): (axis, bound, signature default)
+        self._patch_args = [(axis, p.bind(module), _default(module, p)) for axis, p in enumerate(self.patch or ())
+                            if isinstance(p, Arg)]
         self._cache: tuple = (None, None)
         self._by_shape: dict = {}  # (ids shape, device) -> what the last eager read of such ids gave
         missing = [a.name for a, b in zip(self._args(source), self.bound) if b is None]
@@ -36,8 +51,6 @@ class GridReader:
     @staticmethod
     def _args(source):
         if isinstance(source, ArgsGrid):
-            from ..families.spec import Arg
-
             return [source.tokens] + [Arg(n) for n in source.names]
         if isinstance(source, IdsGrid):
             return [source.arg] + [a for a in (source.leading, source.refs) if a is not None]
@@ -47,10 +60,11 @@ class GridReader:
         """``(grid, device, trailing)``: ``trailing`` reference tokens follow the image's (ids beyond its grid)."""
         values = [b.read(args, kwargs) for b in self.bound]
         first = values[0]
-        device = first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
+        lead = first[0] if isinstance(first, (list, tuple)) and first else first
+        device = lead.device if isinstance(lead, torch.Tensor) else torch.device("cpu")
         source = self.source
         if isinstance(source, LatentGrid):
-            return self._latent(first, source), device, 0
+            return self._latent(first, source, self._patches(args, kwargs)), device, 0
         if isinstance(source, IdsGrid):
             counts = iter(values[1:])
             lead = self._count(next(counts), source.leading) if source.leading is not None else 0
@@ -65,14 +79,34 @@ class GridReader:
         grid, trailing = self._shapes(first, source)
         return grid, device, trailing
 
-    def _latent(self, sample, source: LatentGrid) -> tuple[int, ...]:
+    def _patches(self, args: tuple, kwargs: dict) -> tuple[int, ...]:
+        if not self._patch_args:
+            return self.patch
+        patch = list(self.patch)
+        for axis, bound, default in self._patch_args:
+            value = bound.read(args, kwargs) if bound is not None else None
+            patch[axis] = int(default if value is None else value)
+        return tuple(patch)
+
+    def _latent(self, sample, source: LatentGrid, patch: tuple[int, ...]) -> tuple[int, ...]:
+        if isinstance(sample, (list, tuple)):  # per-sample latents (Z-Image): one grid for the batch
+            shapes = {tuple(s.shape) if isinstance(s, torch.Tensor) else None for s in sample}
+            if None in shapes or not shapes:
+                raise TypeError(f"tokenmerge: {self.owner}.forward got a list '{source.arg.name}' that is not a list "
+                                "of latent tensors (a list of lists: condition images beside each sample, the Omni "
+                                "layout, is not supported)")
+            if len(shapes) > 1:
+                raise RuntimeError(f"tokenmerge: {self.owner}.forward got latents of different sizes in one call "
+                                   f"({', '.join('x'.join(map(str, s)) for s in sorted(shapes))}): the engine merges "
+                                   "one grid per call; call the model once per size")
+            sample = sample[0][None]
         if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1 \
                 or (source.axes is not None and sample.dim() <= max(source.axes)):
             axes = ("frames, " if source.rank == 3 else "") + "height, width"
             raise TypeError(f"tokenmerge: {self.owner}.forward got no latent tensor '{source.arg.name}' "
                             f"(batch, channels, {axes}); got {_describe(sample)}")
         dims = source.axes or tuple(range(sample.dim() - source.rank, sample.dim()))
-        return tuple(int(sample.shape[d]) // p for d, p in zip(dims, self.patch))
+        return tuple(int(sample.shape[d]) // p for d, p in zip(dims, patch))
 
     def _count(self, value, arg) -> int:
         """The token count of an argument named by ``IdsGrid.leading`` / ``refs`` (``None``: 0)."""

@@ -85,7 +85,9 @@ def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor, tr
         return mask
     if not isinstance(mask, torch.Tensor):
         raise RuntimeError(f"token merging: attention mask {spec.kwarg!r} is a {type(mask).__name__}")
-    for axis in (-2, -1):
+    for axis in (-2, -1):  # a (B, S) key mask's axis -2 is the batch, never tokens
+        if axis == -2 and mask.dim() == 2 and mask.shape[0] != mask.shape[1]:
+            continue
         if mask.dim() >= -axis and mask.shape[axis] >= image and mask.shape[axis] > 1:
             index = keep_index(mask.shape[axis], image, reps.to(mask.device), spec.text, trailing)
             mask = mask.index_select(axis, index)

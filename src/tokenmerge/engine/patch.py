@@ -90,6 +90,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         self._targets: list[list[Bound]] = []
         self._wholes: list = []  # scope="block": per block, its bound (rotary, mask, per-token) arguments
         self._inputs: list = []  # where each block's forward takes its tokens
+        self._refusals: list = []  # per block, its (bound argument, reason) pairs that refuse a call (Blocks.refuse_if)
         self._grid_reader = GridReader(site.family.grid, site.module)
         self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
 
@@ -162,8 +163,11 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
                                  "cannot be merged as well; use ratio=0 (or ToMe alone)")
             rotary = Arg(spec.rotary.kwarg, also=spec.rotary.also).bind(sub) if spec.rotary is not None else None
             mask = Arg(spec.mask.kwarg if spec.mask is not None else "attention_mask").bind(sub)
-            targets.append(Bound(spec, _HIDDEN.bind(sub), context, rotary, mask, inside))
+            same = tuple(b for b in (Arg(n).bind(sub) for n in spec.same) if b is not None)
+            targets.append(Bound(spec, _HIDDEN.bind(sub), context, rotary, mask, inside, same))
         self._targets.append(targets)
+        self._refusals.append(tuple((b, reason) for b, reason in ((Arg(n).bind(block), r) for n, r in site.refuse_if)
+                                    if b is not None))
         self._inputs.append(_HIDDEN.bind(block))
         self._handles.append(block.register_forward_pre_hook(_Hook(self, "_block_pre", index), with_kwargs=True))
         self._handles.append(block.register_forward_hook(_Hook(self, "_block_post", index), always_call=True))
@@ -179,6 +183,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         self._targets.clear()
         self._wholes.clear()
         self._inputs.clear()
+        self._refusals.clear()
         self.state.reset(self.blocks)
         if getattr(self.site.module, PATCH_ATTR, None) is self:
             delattr(self.site.module, PATCH_ATTR)
@@ -225,6 +230,9 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
                 "is unknown; call the denoiser (or remove the patch first)")
         if not state.active:
             return None
+        for bound, reason in self._refusals[index]:
+            if bound.read(args, kwargs) is not None:
+                raise RuntimeError(f"tokenmerge: {site.path} got {bound.name!r}: {reason}")
         grid = coarsen(state.grid, site.level)
         image = math.prod(grid)
         x = self._inputs[index].read(args, kwargs)

@@ -22,11 +22,12 @@ COMPILE_REFUSED = (
 class Bound:
     """A target of one block, bound to its sub-module's signature."""
 
-    __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside")
+    __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside", "same")
 
-    def __init__(self, spec, arg, context, rotary, mask, inside=False):
+    def __init__(self, spec, arg, context, rotary, mask, inside=False, same=()):
         self.spec, self.arg, self.context, self.rotary, self.mask = spec, arg, context, rotary, mask
         self.inside = inside  # ToDo pools the keys inside the attention call (engine/inside.py)
+        self.same = same  # bound arguments that carry the input's very tokens (``Target.same``)
 
 
 class TargetHooks:
@@ -81,7 +82,15 @@ class TargetHooks:
         plan, spec = call.plan, target.spec
         before, after = call.text[t] = sides(x.shape[1], plan.num_tokens, spec.text, self.state.trailing)
         image = image_part(x, plan.num_tokens, before)
-        args, kwargs = target.arg.replace(args, kwargs, join(x, plan.merge(image), before, after))
+        merged = join(x, plan.merge(image), before, after)
+        args, kwargs = target.arg.replace(args, kwargs, merged)
+        for bound in target.same:  # the same tokens passed again (Lumina's keys): the same merged tokens
+            value = bound.read(args, kwargs)
+            if value is x:
+                args, kwargs = bound.replace(args, kwargs, merged)
+            elif value is not None:
+                raise RuntimeError(f"tokenmerge: {spec.attr} got a {bound.name} that is not its hidden_states, "
+                                   f"which the {self.family.name} family declares it to be")
         return self._follow_rotary(plan, target, args, kwargs)
 
     def _follow_rotary(self, plan, target: Bound, args, kwargs):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import dit, image, image2, refused, unet, video, video2
+from . import dit, image, image2, image3, refused, unet, video, video2
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, Blocks, BlockSite,
                    Family, IdsGrid, LatentGrid, Mask, Predicate, Refused, Rotary, Target, block_has, config_has, config_is, has, has_list,
                    takes)
@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 # Each group module lists its families (FAMILIES) and the models it recognises and refuses (REFUSED, optional).
-_GROUPS = (unet, dit, image, video, image2, video2, refused)
+_GROUPS = (unet, dit, image, video, image2, image3, video2, refused)
 BUILTIN: tuple[Family, ...] = tuple(f for group in _GROUPS for f in group.FAMILIES)
 # Models recognised and refused with their own reason (checked before the families).
 REFUSED: tuple[Refused, ...] = tuple(r for group in _GROUPS for r in getattr(group, "REFUSED", ()))

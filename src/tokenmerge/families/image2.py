@@ -322,28 +322,17 @@ FAMILIES: tuple = (COGVIEW3PLUS, COGVIEW4, GLM_IMAGE, AURAFLOW, HUNYUAN_DIT, HUN
                    KREA2, JOYIMAGE_EDIT, JOYIMAGE_EDIT_PLUS, FLUX3, CONTROLNET_XS)
 
 # ---- recognised and refused -----------------------------------------------------------------------------------
-_SAME_TOKENS_TWICE = (
-    "passes the same tokens to its attention as hidden_states and as encoder_hidden_states (queries and keys), with "
-    "one rotary table for both; the engine merges only the first")
-
 REFUSED: tuple = (
-    Refused("lumina2", has("rope_embedder", "time_caption_embed") & has_list("noise_refiner", "context_refiner", "layers"),
-            "Lumina-Image 2.0 " + _SAME_TOKENS_TWICE + ", and its joint layers put each sample's image after that "
-            "sample's valid caption length (per-sample offsets); not supported yet"),
     Refused("lumina-next", has("patch_embedder", "time_caption_embed") & has_list("layers")
             & takes("encoder_mask", "image_rotary_emb"),
-            "Lumina-Next " + _SAME_TOKENS_TWICE + ", gives its rotary table as two arguments (query and key), and its "
-            "attentions return per-head outputs (B, N, heads, head_dim) that the block projects itself; not "
-            "supported yet"),
+            "Lumina-Next passes the same tokens to its attention as queries and keys, gives its rotary table as two "
+            "arguments (query and key), and its attentions return per-head outputs (B, N, heads, head_dim) that the "
+            "block projects itself; not supported yet"),
     Refused("omnigen", has("patch_embedding", "embed_tokens", "time_token") & has_list("layers")
             & takes("input_ids", "input_img_latents"),
-            "OmniGen (a Phi-3 LLM over [text with input-image tokens | time token | image]) " + _SAME_TOKENS_TWICE
-            + "; not supported yet"),
-    Refused("z-image", has_list("noise_refiner", "context_refiner") & has("all_x_embedder", "cap_embedder")
-            & takes("cap_feats"),
-            "Z-Image (and its ControlNet) takes lists of per-sample latents and pads each sample's image tokens to a "
-            "multiple of 32 with a learned pad token inside its sequence, so the image grid's tokens are not a "
-            "contiguous raster in every sample; not supported yet"),
+            "OmniGen (a Phi-3 LLM over one sequence [text with input-image latents spliced in | time token | image]) "
+            "takes a (B, S, S) attention mask and position ids built by its processor for that whole sequence; not "
+            "supported yet"),
     Refused("qwen-image-2.1", has("img_in", "txt_in", "modulation") & has_list("transformer_blocks")
             & takes("img_mask", "img_shapes"),
             "Qwen-Image 2.1 runs one VLM sequence in which each image slot holds a 2x2 group of latent tokens (the "

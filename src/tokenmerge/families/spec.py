@@ -156,6 +156,8 @@ class Target:
             rotary embedding (``engine/inside.py``). ``None``: a ``SELF`` target takes pooled tokens as its
             ``encoder_hidden_states``; a ``JOINT`` one refuses ToDo.
         output_image: for ``JOINT`` returning a tuple: the index of the image output (the rest passes whole).
+        same: arguments that carry the very tokens of its input (Lumina's attention is called with
+            ``encoder_hidden_states=hidden_states``): they are given the merged input too.
         refuse: a reason this sub-module cannot take merged tokens (e.g. a feed-forward that reshapes tokens
             to the grid); asking to merge it is an error that gives the reason.
     """
@@ -167,6 +169,7 @@ class Target:
     mask: Mask | None = None
     keys: str | None = None
     output_image: int = 0
+    same: tuple[str, ...] = ()
     refuse: str | None = None
 
 
@@ -182,6 +185,9 @@ class Blocks:
         requires: sub-modules every block must have for this family (a block without them: not this family).
         whole: how the block's call is laid out, for ``scope="block"`` (merging the whole block); ``None``: that
             scope is refused for these blocks.
+        refuse_if: ``(argument, reason)`` pairs: a call of the block that gets the argument (not ``None``) is
+            refused with the reason, in every scope (Lumina2's joint blocks get a mask only when the samples'
+            captions differ in length, and then each sample's image sits at its own offset).
     """
 
     attr: str
@@ -189,6 +195,7 @@ class Blocks:
     text: str = TEXT_NONE
     requires: tuple[str, ...] = ()
     whole: "Whole | None" = None
+    refuse_if: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,6 +231,7 @@ class BlockSite:
     targets: tuple[Target, ...]
     text: str = TEXT_NONE
     whole: Whole | None = None
+    refuse_if: tuple[tuple[str, str], ...] = ()
 
     @property
     def downsample(self) -> int:
@@ -235,8 +243,10 @@ class BlockSite:
 class LatentGrid:
     """The grid from a latent tensor's trailing ``rank`` axes, divided by the patch size per axis.
 
-    ``patch``: per axis, an int or a config key (its value an int, or a tuple indexed by axis from the end);
-    ``None`` reads 1. For video, ``rank=3`` over (frames, height, width).
+    ``patch``: per axis, an int, a config key (its value an int, or a tuple indexed by axis from the end;
+    ``None`` reads 1) or an ``Arg``: a forward argument that chooses the patch size per call (Z-Image's
+    ``patch_size``; its signature's default when not given). For video, ``rank=3`` over (frames, height, width).
+    The latent may be a list of per-sample tensors of one shape (Z-Image).
     """
 
     arg: Arg = Arg("hidden_states", fallback_index=0)
@@ -244,10 +254,13 @@ class LatentGrid:
     patch: tuple = (1, 1)
     axes: tuple[int, ...] | None = None  # the latent's grid dims; None: its trailing ``rank`` dims
 
-    def patch_sizes(self, module: nn.Module) -> tuple[int, ...]:
+    def patch_sizes(self, module: nn.Module) -> tuple:
         cfg = config(module)
         sizes = []
         for axis, p in enumerate(self.patch):
+            if isinstance(p, Arg):  # read per call (engine/grids.py)
+                sizes.append(p)
+                continue
             if isinstance(p, str):
                 value = cfg.get(p)
                 if isinstance(value, (tuple, list)):
@@ -354,7 +367,7 @@ class Family:
                     return None
                 targets = tuple(t for t in spec.targets if isinstance(getattr(block, t.attr, None), nn.Module))
                 sites.append(BlockSite(f"{path}.{spec.attr}.{i}" if path else f"{spec.attr}.{i}", block, 0,
-                                       targets, spec.text, spec.whole))
+                                       targets, spec.text, spec.whole, spec.refuse_if))
         return sites
 
 

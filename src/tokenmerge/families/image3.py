@@ -1,0 +1,72 @@
+"""Image transformers with one unified stream of image and caption tokens (layout facts: docs/family-facts.md).
+
+- Z-Image: ``forward(x=[(C, 1, H, W)] per sample, t, cap_feats=[(L, D)] per sample)``; the noise refiner runs on
+  the image tokens (padded with a learned token to a multiple of 32), the main layers on ``[image | padding |
+  caption | batch padding]`` with a per-token complex rotary table ``freqs_cis`` ``(B, S, d/2)`` and, when the
+  samples' sequences differ in length (a batch of prompts, or guidance's cond + uncond), a key mask ``(B, S)``.
+  The image comes first in every sample and all samples have one size, so it is one contiguous grid at 0; the
+  padding and caption pass whole. Omni (condition images per sample, ``x`` a list of lists) is refused per call.
+- Lumina-Image 2.0: the noise refiner on the image tokens alone, then ``[caption | image]`` joint layers. Its
+  attention is called with ``encoder_hidden_states=hidden_states``: both get the merged tokens. When the samples'
+  captions differ in length, each sample's image starts at its own offset and a mask is passed: refused.
+"""
+
+from __future__ import annotations
+
+from .spec import (JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, Arg, Blocks, Family, LatentGrid, Mask, Refused, Rotary, Target,
+                   Whole, has, has_list, takes)
+
+__all__ = ["Z_IMAGE", "LUMINA2", "FAMILIES", "REFUSED"]
+
+_Z_ROTARY = Rotary("freqs_cis", token_axis=1, text=TEXT_AFTER)
+_Z_TARGETS = (Target("attention", JOINT, text=TEXT_AFTER, rotary=_Z_ROTARY, mask=Mask("attention_mask", text=TEXT_AFTER),
+                     keys=TEXT_AFTER),
+              Target("feed_forward", MLP, text=TEXT_AFTER))
+_Z_WHOLE = Whole(rotary=_Z_ROTARY, mask=Mask("attn_mask", text=TEXT_AFTER), per_token=("noise_mask",))
+
+Z_IMAGE = Family(
+    "z-image",
+    match=has_list("noise_refiner", "context_refiner", "layers") & has("all_x_embedder", "cap_embedder")
+    & ~has_list("control_layers") & takes("cap_feats"),
+    grid=LatentGrid(Arg("x", fallback_index=0), rank=2, patch=(Arg("patch_size"), Arg("patch_size"))),
+    blocks=(Blocks("noise_refiner", _Z_TARGETS, text=TEXT_AFTER, requires=("attention", "feed_forward"),
+                   whole=_Z_WHOLE),
+            Blocks("layers", _Z_TARGETS, text=TEXT_AFTER, requires=("attention", "feed_forward"), whole=_Z_WHOLE)),
+    timestep=Arg("t", scale=1000.0, reverse=True),  # the pipeline passes (1000 - t) / 1000: 0 = noise
+    shared_plan=True,
+    description="Z-Image (Turbo, Base): noise refiner and unified [image | caption] layers",
+    examples=("z-image",),
+)
+
+_L_ROTARY = Rotary("image_rotary_emb", token_axis=1, text=TEXT_BEFORE)
+_L_TARGETS = (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_L_ROTARY, keys=TEXT_BEFORE,
+                     same=("encoder_hidden_states",)),
+              Target("feed_forward", MLP, text=TEXT_BEFORE))
+_L_WHOLE = Whole(rotary=_L_ROTARY)
+_L_OFFSETS = (("attention_mask",
+               "the samples' captions differ in length (Lumina2 passes a mask only then), so each sample's image "
+               "starts at its own offset in the joint sequence, which one merge cannot follow; call the model with "
+               "captions of one length (Lumina2Pipeline calls it once per prompt, cond and uncond apart)"),)
+
+LUMINA2 = Family(
+    "lumina2",
+    match=has("rope_embedder", "time_caption_embed") & has_list("noise_refiner", "context_refiner", "layers"),
+    grid=LatentGrid(patch=("patch_size", "patch_size")),
+    blocks=(Blocks("noise_refiner", _L_TARGETS, requires=("attn", "feed_forward"), whole=_L_WHOLE),
+            Blocks("layers", _L_TARGETS, text=TEXT_BEFORE, requires=("attn", "feed_forward"), whole=_L_WHOLE,
+                   refuse_if=_L_OFFSETS)),
+    timestep=Arg("timestep", scale=1000.0, reverse=True),  # the pipeline passes 1 - t / 1000: 0 = noise
+    shared_plan=True,
+    description="Lumina-Image 2.0: noise refiner and joint [caption | image] layers",
+    examples=("lumina2",),
+)
+
+FAMILIES: tuple = (Z_IMAGE, LUMINA2)
+
+REFUSED: tuple = (
+    Refused("z-image-controlnet", has_list("control_layers", "noise_refiner") & has("cap_embedder")
+            & takes("control_context"),
+            "Z-Image's ControlNet runs its control blocks on the control image's tokens added to the transformer's "
+            "unified sequence and returns a residual per transformer layer over that whole sequence; merging it is "
+            "not supported yet (patch the Z-Image transformer it feeds, which is merged)"),
+)

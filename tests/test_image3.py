@@ -1,0 +1,183 @@
+"""Z-Image and Lumina-Image 2.0: one unified stream of image and caption tokens (families/image3.py).
+
+The conformance suite runs both (off / on / removed, ToDo, scope="block", a permutation of the image tokens). Here:
+the layouts the catalogue's default inputs do not reach: Z-Image's padded image (tokens not a multiple of 32) and
+cond + uncond captions of different lengths in one call (a key mask), Lumina2's captions of different lengths
+(refused), per-sample latents of different sizes (refused), and the patch size chosen per call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokenmerge
+from tiny_denoisers import CATALOGUE, available, output_tensor
+from tiny_models import permuting_matcher
+
+pytestmark = pytest.mark.usefixtures("fast_cpu")
+
+
+def _need(name):
+    if available(name) is not None:
+        pytest.skip(available(name))
+    entry = CATALOGUE[name]
+    return entry, entry.build()
+
+
+def _run(model, kwargs):
+    with torch.no_grad():
+        return output_tensor(model(**kwargs))
+
+
+def _permuted(model, kwargs, scope):
+    """The output with a "merge" that only reorders the image tokens (must equal the unpatched output)."""
+    config = tokenmerge.ToMeConfig(ratio=0.5, merge_crossattn=True, merge_mlp=True, scope=scope)
+    tokenmerge.apply_config(model, config, matcher=permuting_matcher)
+    try:
+        return _run(model, kwargs)
+    finally:
+        tokenmerge.remove_patch(model)
+
+
+def _zimage_long_captions():
+    """The catalogue's tiny Z-Image with room in its rotary tables for captions padded to 64 tokens."""
+    from tiny_denoisers import _ZIMAGE, _cls
+
+    entry, _ = _need("z-image")
+    torch.manual_seed(0)
+    return entry, _cls("ZImageTransformer2DModel")(**{**_ZIMAGE, "axes_lens": [128, 32, 32]}).eval()
+
+
+def _zimage_inputs(entry, grid, caption_lengths, seed=0):
+    kw = entry.inputs(batch=len(caption_lengths), grid=grid, seed=seed)
+    g = torch.Generator().manual_seed(seed + 11)
+    kw["cap_feats"] = [torch.randn(n, kw["cap_feats"][0].shape[1], generator=g) for n in caption_lengths]
+    return kw
+
+
+@pytest.mark.parametrize("scope", ["attention", "block"])
+@pytest.mark.parametrize("grid,caps", [((3, 5), (7, 7)), ((3, 5), (7, 40)), ((4, 8), (5, 3))])
+def test_zimage_padded_image_and_captions_of_different_lengths(grid, caps, scope):
+    """(3, 5): 15 image tokens padded to 32 (the padding passes whole, after the image); captions of 7 and 40
+    tokens (padded to 32 and 64): the samples' sequences differ in length, so a (B, S) key mask is passed and must
+    follow the merge."""
+    entry, model = _zimage_long_captions()
+    kw = _zimage_inputs(entry, grid, caps)
+    plain = _run(model, kw)
+    scale = plain.abs().max()
+    torch.testing.assert_close(_permuted(model, kw, scope) / scale, plain / scale, rtol=0, atol=2e-5)
+    tokenmerge.apply_patch(model, ratio=0.5, scope=scope)
+    merged = _run(model, kw)
+    tokenmerge.remove_patch(model)
+    assert torch.isfinite(merged).all() and not torch.equal(merged, plain)
+    assert torch.equal(_run(model, kw), plain)
+
+
+def test_zimage_todo_pools_image_keys_with_a_key_mask():
+    entry, model = _zimage_long_captions()
+    kw = _zimage_inputs(entry, (4, 6), (7, 40))
+    plain = _run(model, kw)
+    tokenmerge.apply_todo(model, downsample=2)
+    pooled = _run(model, kw)
+    tokenmerge.remove_patch(model)
+    assert torch.isfinite(pooled).all() and not torch.equal(pooled, plain)
+    tokenmerge.apply_todo(model, downsample=1)  # nothing pooled: the very same output
+    same = _run(model, kw)
+    tokenmerge.remove_patch(model)
+    assert torch.equal(same, plain)
+
+
+def test_zimage_latents_of_different_sizes_in_one_call_are_refused():
+    entry, model = _need("z-image")
+    kw = entry.inputs(batch=2)
+    kw["x"] = [kw["x"][0], torch.randn(kw["x"][0].shape[0], 1, 6, 8)]
+    tokenmerge.apply_patch(model, ratio=0.5)
+    try:
+        with pytest.raises(RuntimeError, match="different sizes"):
+            _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+
+
+def test_zimage_omni_layout_is_refused_by_name():
+    from tokenmerge.engine.grids import GridReader
+    from tokenmerge.families.image3 import Z_IMAGE
+
+    _, model = _need("z-image")
+    reader = GridReader(Z_IMAGE.grid, model)
+    with pytest.raises(TypeError, match="Omni"):
+        reader.read((), {"x": [[torch.zeros(16, 1, 8, 8)], [torch.zeros(16, 1, 8, 8)]]})
+    assert reader.read((), {"x": [torch.zeros(16, 1, 8, 12)] * 3})[0] == (4, 6)
+    assert reader.read((), {"x": [torch.zeros(16, 1, 8, 12)], "patch_size": 4})[0] == (2, 3)  # chosen per call
+
+
+@pytest.mark.parametrize("scope", ["attention", "block"])
+def test_lumina2_captions_of_one_length_merge_and_of_different_lengths_are_refused(scope):
+    entry, model = _need("lumina2")
+    kw = entry.inputs(batch=2)
+    kw["encoder_attention_mask"][:, -3:] = False  # padded captions of one valid length: no joint mask
+    plain = _run(model, kw)
+    scale = plain.abs().max()
+    torch.testing.assert_close(_permuted(model, kw, scope) / scale, plain / scale, rtol=0, atol=2e-5)
+    kw["encoder_attention_mask"][1, -5:] = False  # sample 1's caption is shorter: its image sits elsewhere
+    tokenmerge.apply_patch(model, ratio=0.5, scope=scope)
+    try:
+        with pytest.raises(RuntimeError, match="differ in length"):
+            _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+
+
+def test_lumina2_keys_are_the_merged_tokens():
+    """Lumina's attention gets ``encoder_hidden_states=hidden_states``: with the merge, both are the merged tokens
+    (the very same tensor), never the merged queries against unmerged keys."""
+    entry, model = _need("lumina2")
+    kw = entry.inputs(batch=2)
+    seen = []
+
+    def look(module, args, kwargs):
+        seen.append((kwargs["hidden_states"].shape[1], kwargs["encoder_hidden_states"] is kwargs["hidden_states"]))
+
+    tokenmerge.apply_patch(model, ratio=0.5)  # its hooks first: this one sees what the attention gets
+    handles = [layer.attn.register_forward_pre_hook(look, with_kwargs=True)
+               for layer in (*model.noise_refiner, *model.layers)]
+    try:
+        _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+        for h in handles:
+            h.remove()
+    plain_tokens = [16, 16 + kw["encoder_hidden_states"].shape[1]]
+    assert len(seen) == len(model.noise_refiner) + len(model.layers)
+    assert all(same for _, same in seen)
+    assert seen[0][0] < plain_tokens[0] and seen[-1][0] < plain_tokens[1]
+
+
+def _pairs_matcher(metric, shape, windows, r, offsets=None, radius=None):
+    """A real merge that does not look at the tokens: token i goes to slot i // 2 (so the plan is the same for
+    any batch, and a sample's output can be compared across batches)."""
+    from tokenmerge.merge.plan import MergePlan
+
+    batch, tokens = metric.shape[:2]
+    dest = torch.arange(tokens, device=metric.device) // 2
+    return MergePlan(dest.expand(batch, -1), int(dest[-1]) + 1)
+
+
+@pytest.mark.parametrize("scope", ["attention", "block"])
+def test_zimage_key_mask_follows_a_real_merge(scope):
+    """The short sample of a batch whose sequences differ in length (a key mask hides the batch padding) gives, with
+    tokens merged, what it gives alone (no mask): a key mask that did not follow the merge lets it attend to the
+    padding (this test fails if the mask's image part is declared on the wrong side)."""
+    entry, model = _zimage_long_captions()
+    both = _zimage_inputs(entry, (3, 5), (7, 40))
+    alone = {**both, "x": both["x"][:1], "cap_feats": both["cap_feats"][:1], "t": both["t"][:1]}
+    config = tokenmerge.ToMeConfig(ratio=0.5, merge_mlp=True, scope=scope)
+    tokenmerge.apply_config(model, config, matcher=_pairs_matcher)
+    try:
+        in_batch, by_itself = _run(model, both)[:1], _run(model, alone)
+    finally:
+        tokenmerge.remove_patch(model)
+    assert not torch.equal(by_itself, _run(model, alone))  # the merge changed it
+    scale = by_itself.abs().max()
+    torch.testing.assert_close(in_batch / scale, by_itself / scale, rtol=0, atol=2e-5)
