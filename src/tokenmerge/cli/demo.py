@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .common import check_outputs
-from .quality import _check_methods, add_common, load
+from .quality import _check_methods, add_common, embedded, load
 
 HELP = """\
 Generate the same prompts and seeds with the vanilla model and with a few token-merging settings, print a
@@ -41,7 +41,7 @@ def run(args, parser) -> int:
     outputs = Outputs(args.out, output_names("demo"), stem_option=None)
     check_outputs(parser, outputs, (args.out / "cache", "--out"))  # before any work
     pipe, key, device = load(args, parser)
-    prompts = load_prompts("classes") if args.model is None else load_prompts("parti", count=4)
+    prompts = load_prompts("classes") if embedded(args) else load_prompts("parti", count=4)
     seeds = [0]
     job = QualityJob(key, prompts, seeds, args.methods, args.steps, args.guidance, args.size, args.out / "cache")
     report = run_job(pipe, job, device, progress=not args.no_progress)
@@ -50,7 +50,7 @@ def run(args, parser) -> int:
     paths = write_report(report, outputs, "demo", "tokenmerge demo", grid_rows=len(prompts) * len(seeds))
     print(markdown(report))
     print(f"grid: {paths['grid']}\nreport: {paths['markdown']}")
-    if args.model is None:
+    if embedded(args):
         print("Speed on this small model is not what a real one gets: its attention over 1024 tokens of 32 channels is "
               "cheap, so merging has little to save. `tokenmerge bench --preset sd15` measures speed at real sizes.")
     return 0

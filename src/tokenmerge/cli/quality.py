@@ -37,8 +37,9 @@ def _spec(text: str):
 def add_common(p, default_methods: list[str], default_steps: int) -> None:
     """Options shared by ``quality`` and ``demo``."""
     p.add_argument("--model", default=None, metavar="PATH_OR_ID",
-                   help="a real diffusers pipeline: a local folder (with model_index.json) or a cached hub id. "
-                        "Default: the embedded Fashion-MNIST model. Nothing is downloaded.")
+                   help="an embedded model: fashion-unet (the default; a diffusers UNet), fashion-dit (a Flux.1-style "
+                        "transformer), fashion-video (a Wan-style video transformer, 8-frame clips); or a real diffusers pipeline: a local folder (with model_index.json) or a "
+                        "cached hub id. Nothing is downloaded.")
     p.add_argument("--methods", nargs="+", type=_spec, default=[_spec(m) for m in default_methods], metavar="SPEC",
                    help=f"methods to compare with vanilla (default: {' '.join(default_methods)})")
     p.add_argument("--steps", type=positive_int, default=default_steps,
@@ -83,21 +84,33 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+# the embedded models: --model name -> (loader in tokenmerge.fashion, cache key)
+EMBEDDED = {"fashion-unet": ("load_fashion_pipeline", "embedded Fashion-MNIST"),
+            "fashion-dit": ("load_fashion_dit", "embedded Fashion-MNIST DiT"),
+            "fashion-video": ("load_fashion_video", "embedded moving Fashion-MNIST video DiT")}
+
+
+def embedded(args) -> bool:
+    """Whether ``--model`` names one of the embedded models (no ``--model``: the UNet)."""
+    return args.model is None or args.model in EMBEDDED
+
+
 def load(args, parser):
     """(pipeline, model key, device) for ``--model`` or the embedded model, moved to the chosen device."""
     import torch
 
     device = pick_device(args.device, parser)
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "float16"))
-    if args.model is None:
-        from ..fashion import load_fashion_pipeline
+    if embedded(args):
+        from .. import fashion
 
+        loader, key = EMBEDDED[args.model or "fashion-unet"]
         try:
-            pipe, key = load_fashion_pipeline(), "embedded Fashion-MNIST"
+            pipe = getattr(fashion, loader)()
         except FileNotFoundError as err:
             parser.error(str(err))
         if args.size is not None:
-            parser.error("--size applies to --model pipelines; the embedded model makes 32x32 images")
+            parser.error("--size applies to --model pipelines; the embedded models make 32x32 images")
     else:
         from ..tools.pipelines import PipelineLoadError, load_pipeline
 
@@ -143,15 +156,16 @@ def run(args, parser) -> int:
     outputs = Outputs(args.out, output_names(args.stem))
     check_outputs(parser, outputs, (cache, "--cache" if args.cache else "--out"))  # before any work
     try:
-        items = load_prompt_items(args.prompts or ("classes" if args.model is None else "parti"), args.category,
+        items = load_prompt_items(args.prompts or ("classes" if embedded(args) else "parti"), args.category,
                                   args.count)
     except ValueError as err:
         parser.error(f"--prompts/--category/--count: {err}")
-    if args.model is None:
+    if embedded(args):
         check_class_names(items, parser)
     prompts = [prompt for prompt, _ in items]
     pipe, key, device = load(args, parser)
-    job = QualityJob(key, prompts, args.seeds, args.methods, args.steps, args.guidance, args.size, cache)
+    job = QualityJob(key, prompts, args.seeds, args.methods, args.steps, args.guidance, args.size, cache,
+                     frames=getattr(pipe, "frames", 0))
     extra = make_extra_metrics(args.metrics, args.clip_model) if args.metrics else None
     report = run_job(pipe, job, device, progress=not args.no_progress, extra_metrics=extra)
     if report is None:  # a worker process of a data-parallel run: the main process reports

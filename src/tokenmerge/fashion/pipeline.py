@@ -12,7 +12,7 @@ from torch import nn
 
 from .model import CLASS_NAMES, CONTEXT_DIM, CONTEXT_TOKENS, NULL_CLASS, WEIGHTS, build_unet, class_ids
 
-__all__ = ["ClassEncoder", "FashionPipeline", "load_fashion_pipeline"]
+__all__ = ["ClassEncoder", "FashionPipeline", "load_fashion_pipeline", "as_output"]
 
 
 class ClassEncoder(ModelMixin, ConfigMixin):
@@ -75,7 +75,6 @@ class FashionPipeline(DiffusionPipeline):
         latents: torch.Tensor | None = None,
         output_type: str = "pil",
     ):
-        from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
         from diffusers.utils.torch_utils import randn_tensor
 
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
@@ -100,12 +99,18 @@ class FashionPipeline(DiffusionPipeline):
                 eps_u, eps_c = eps.chunk(2)
                 eps = eps_u + guidance_scale * (eps_c - eps_u)
             x = self.scheduler.step(eps, t, x).prev_sample
-        images = (x.float().clamp(-1, 1) + 1) / 2  # (B, 1, H, W) in [0, 1]
-        if output_type == "pt":
-            return ImagePipelineOutput(images=images)
-        arrays = images.permute(0, 2, 3, 1).cpu().numpy()
-        if output_type == "np":
-            return ImagePipelineOutput(images=arrays)
-        from PIL import Image
+        return as_output((x.float().clamp(-1, 1) + 1) / 2, output_type)  # (B, 1, H, W) in [0, 1]
 
-        return ImagePipelineOutput(images=[Image.fromarray((a[..., 0] * 255).round().astype("uint8"), "L") for a in arrays])
+
+def as_output(images: torch.Tensor, output_type: str):
+    """``(B, 1, H, W)`` in [0, 1] as a pipeline output of ``output_type`` ("pt", "np" or "pil")."""
+    from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
+
+    if output_type == "pt":
+        return ImagePipelineOutput(images=images)
+    arrays = images.permute(0, 2, 3, 1).cpu().numpy()
+    if output_type == "np":
+        return ImagePipelineOutput(images=arrays)
+    from PIL import Image
+
+    return ImagePipelineOutput(images=[Image.fromarray((a[..., 0] * 255).round().astype("uint8"), "L") for a in arrays])

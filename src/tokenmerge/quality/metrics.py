@@ -80,3 +80,12 @@ def mean_ci(values) -> tuple[float, float]:
     df = len(values) - 1
     t = _T975[df - 1] if df <= len(_T975) else 1.96
     return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def video_scores(a: torch.Tensor, b: torch.Tensor, frames: int) -> tuple[float, float, float]:
+    """For clips stored as frame strips ``(C, H, frames * W)``: (mean per-frame PSNR, mean per-frame SSIM,
+    temporal PSNR: the PSNR of ``a``'s frame-to-frame differences against ``b``'s, which falls when motion
+    differs even if each frame is close)."""
+    fa, fb = torch.stack(a.chunk(frames, -1)), torch.stack(b.chunk(frames, -1))  # (F, C, H, W)
+    temporal = float(psnr((fa[1:] - fa[:-1]).flatten(0, 1)[None], (fb[1:] - fb[:-1]).flatten(0, 1)[None]))
+    return float(psnr(fa, fb).mean()), float(ssim(fa, fb).mean()), temporal

@@ -23,11 +23,21 @@ def markdown(report: dict, command: str | None = None) -> str:
               f"{report['steps']} steps; fidelity is to the vanilla image from the same noise "
               "(mean with 95% confidence interval; PSNR in dB, inf = identical).", "",
               "| method | PSNR (dB) | SSIM | s / image (median) | speed-up |", "|---|---|---|---|---|"]
+    video = bool(report.get("frames"))
+    if video:
+        lines[-3] += (f" Each sample is a clip of {report['frames']} frames: PSNR over the clip, per frame (mean), "
+                      "SSIM per frame (mean), and temporal PSNR (of the frame-to-frame differences: motion).")
+        lines[-2:] = ["| method | PSNR (dB) | per-frame PSNR | SSIM (per frame) | temporal PSNR | s / clip (median) "
+                      "| speed-up |", "|---|---|---|---|---|---|---|"]
     for m in report["methods"]:
         ci = lambda v, f: "" if not isinstance(v, float) else f" ± {v:{f}}"  # noqa: E731
-        lines.append(f"| {m['label']} | {_num(m['psnr_mean'], '.2f')}{ci(m['psnr_ci95'], '.2f')} "
-                     f"| {_num(m['ssim_mean'], '.4f')}{ci(m['ssim_ci95'], '.4f')} "
-                     f"| {m['seconds_median']:.3f} | {m['speedup']:.2f}x |")
+        cells = [f"{_num(m['psnr_mean'], '.2f')}{ci(m['psnr_ci95'], '.2f')}"]
+        if video:
+            cells.append(f"{_num(m['frame_psnr_mean'], '.2f')}{ci(m['frame_psnr_ci95'], '.2f')}")
+        cells.append(f"{_num(m['ssim_mean'], '.4f')}{ci(m['ssim_ci95'], '.4f')}")
+        if video:
+            cells.append(f"{_num(m['temporal_psnr_mean'], '.2f')}{ci(m['temporal_psnr_ci95'], '.2f')}")
+        lines.append(f"| {m['label']} | " + " | ".join(cells) + f" | {m['seconds_median']:.3f} | {m['speedup']:.2f}x |")
     for name, value in (report.get("extra") or {}).items():
         lines += ["", f"- {name}: {value}"]
     return "\n".join(lines) + "\n"
@@ -40,15 +50,20 @@ def make_grid(images: list[list], row_labels: list[str], col_labels: list[str], 
     # column heads wrapped, not cut: "tome 0.5 match_radius=1" and "tome 0.5 share_plans=True" must differ
     heads = ["\n".join(textwrap.wrap(text, 20, break_on_hyphens=False)[:4]) for text in col_labels]
     label_w, head_h = 150, 12 + 14 * max([h.count("\n") + 1 for h in heads] or [1])
-    grid = Image.new("RGB", (label_w + cell * len(col_labels), head_h + cell * len(row_labels)), "white")
+    first = next((img for row in images for img in row), None)
+    aspect = max(1, round(first.width / first.height)) if first is not None else 1  # clips: frame strips
+    if aspect > 1:
+        cell = max(48, cell // 2)
+    width = cell * aspect
+    grid = Image.new("RGB", (label_w + width * len(col_labels), head_h + cell * len(row_labels)), "white")
     draw = ImageDraw.Draw(grid)
     for c, text in enumerate(heads):
-        draw.multiline_text((label_w + c * cell + 4, 4), text, fill="black")
+        draw.multiline_text((label_w + c * width + 4, 4), text, fill="black")
     for r, (row, text) in enumerate(zip(images, row_labels)):
         wrapped = "\n".join(textwrap.wrap(text, 22)[:5])
         draw.multiline_text((4, head_h + r * cell + 4), wrapped, fill="black")
         for c, img in enumerate(row):
-            grid.paste(img.convert("RGB").resize((cell, cell), Image.NEAREST), (label_w + c * cell, head_h + r * cell))
+            grid.paste(img.convert("RGB").resize((width, cell), Image.NEAREST), (label_w + c * width, head_h + r * cell))
     return grid
 
 

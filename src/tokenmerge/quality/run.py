@@ -18,7 +18,7 @@ import torch
 from ..tools.methods import MethodSpec
 from ..tools.timing import timed
 from .cache import ImageCache
-from .metrics import mean_ci, psnr, ssim, to_tensor
+from .metrics import mean_ci, psnr, ssim, to_tensor, video_scores
 
 __all__ = ["QualityJob", "run_job", "VANILLA"]
 
@@ -36,6 +36,7 @@ class QualityJob:
     size: int | None = None
     cache: Path = Path("tokenmerge-quality/cache")
     extra_call_kwargs: dict = field(default_factory=dict)
+    frames: int = 0  # > 0: each image is a clip's frames side by side (per-frame and temporal scores too)
 
     @property
     def all_specs(self) -> list[MethodSpec]:
@@ -97,22 +98,28 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -
                                "damaged after generation; run the command again to regenerate it")
         return key, found[0], found[1]
 
-    rows, per_spec = [], {s.label: {"psnr": [], "ssim": [], "seconds": []} for s in job.all_specs}
+    video = ("frame_psnr", "ssim", "temporal_psnr") if job.frames else ()
+    rows, per_spec = [], {s.label: {"psnr": [], "ssim": [], "seconds": [], "frame_psnr": [], "temporal_psnr": []}
+                          for s in job.all_specs}
     images: dict[str, list] = {s.label: [] for s in job.all_specs}
     for prompt, seed in items:
         ref = to_tensor(entry(VANILLA, prompt, seed)[1])
         for spec in job.all_specs:
             key, img, meta = entry(spec, prompt, seed)
             x = to_tensor(img)
-            p, s = float(psnr(x, ref)), float(ssim(x, ref))
+            scores = {"psnr": float(psnr(x, ref))}
+            if video:  # SSIM per frame (its window must not straddle two frames of the strip)
+                scores.update(zip(video, video_scores(x, ref, job.frames)))
+            else:
+                scores["ssim"] = float(ssim(x, ref))
             images[spec.label].append(img)
             stats = per_spec[spec.label]
-            stats["psnr"].append(p)
-            stats["ssim"].append(s)
+            for name, value in scores.items():
+                stats[name].append(value)
             stats["seconds"].append(meta["seconds"])
-            rows.append({"prompt": prompt, "seed": seed, "label": spec.label, "psnr": _finite(p), "ssim": s,
-                         "seconds": meta["seconds"], "process": meta.get("process", 0),
-                         "image": str(cache.image_path(key))})
+            rows.append({"prompt": prompt, "seed": seed, "label": spec.label,
+                         **{k: _finite(v) for k, v in scores.items()}, "seconds": meta["seconds"],
+                         "process": meta.get("process", 0), "image": str(cache.image_path(key))})
     base = statistics.median(per_spec[VANILLA.label]["seconds"])
     summary = []
     for spec in job.all_specs:
@@ -123,7 +130,11 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -
         summary.append({"label": spec.label, "n": len(stats["psnr"]), "psnr_mean": _finite(pm),
                         "psnr_ci95": _finite(pci), "ssim_mean": sm, "ssim_ci95": _finite(sci),
                         "seconds_median": sec, "speedup": base / sec})
+        for name in video[::2]:  # frame_psnr, temporal_psnr
+            mean, half = mean_ci(stats[name])
+            summary[-1].update({f"{name}_mean": _finite(mean), f"{name}_ci95": _finite(half)})
     report = {"model": job.model_key, "steps": job.steps, "guidance": job.guidance, "size": job.size,
+              "frames": job.frames,
               "prompts": len({p for p, _ in items}), "seeds": sorted({s for _, s in items}),
               "methods": summary, "images": rows}
     if extra_metrics is not None:
