@@ -32,6 +32,7 @@ BENCH_METHODS = {
                   "(or 1x2x2, 2x2x2)",
 }
 _FACTOR_METHODS = ("todo", "todo-limit")
+_WHERE = ("scope", "merge_attn", "merge_crossattn", "merge_mlp", "max_downsample")  # carried to ToMe's limit
 
 
 def _value(text: str):
@@ -108,8 +109,12 @@ class MethodSpec:
     @property
     def limit(self) -> "MethodSpec | None":
         """The zero-overhead reference of this method's gain: ToMe's ``limit`` at its ratio, ToDo's ``todo-limit``
-        at its factor (options that change the token count, such as ToDo's ``ratio``, are not carried)."""
-        if self.name in ("tome", "tomesd"):
+        at its factor (options that change the token count, such as ToDo's ``ratio``, are not carried). ToMe's
+        options that say where tokens are merged (``scope``, ``merge_*``, ``max_downsample``) are: the limit of a
+        whole-block merge runs the whole block on the merged tokens."""
+        if self.name == "tome":
+            return MethodSpec("limit", self.value, tuple((k, v) for k, v in self.options if k in _WHERE))
+        if self.name == "tomesd":
             return MethodSpec("limit", self.value)
         if self.name == "todo":
             return MethodSpec("todo-limit", self.value)
