@@ -61,7 +61,10 @@ class PoolKeys(TorchFunctionMode):
         pooled = pooled.reshape(*lead, pooled.shape[1], d)
         parts = ([x.narrow(-2, 0, before)] if before else []) + [pooled] + \
             ([x.narrow(-2, x.shape[-2] - after, after)] if after else [])
-        return torch.cat(parts, -2) if len(parts) > 1 else pooled
+        # contiguous: the pooling's output is a transposed view, and SDPA on keys whose last axis is strided
+        # leaves its fused kernels for the unfused math path (measured: 3-D pooling of Wan's keys cost more in
+        # attention than it saved)
+        return torch.cat(parts, -2) if len(parts) > 1 else pooled.contiguous()
 
     def _pool_mask(self, mask: torch.Tensor, before: int, after: int) -> torch.Tensor:
         """A key mask pooled like the keys: a boolean one keeps a pooled key if any token it pools is allowed
