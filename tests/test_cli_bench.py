@@ -241,7 +241,7 @@ def test_no_warmup_round_times_every_round(tmp_path, monkeypatch):
 
 # ---- video and 2025-2026 image transformer presets (tiny versions: seconds) ------------------------------------
 VIDEO_PRESETS = {"tiny-wan": "64x96", "tiny-hunyuan-video": "64x96", "tiny-ltx": "128x160"}
-IMAGE_PRESETS = {"tiny-flux2": "128", "tiny-qwen-image": "128", "tiny-sana": "128"}
+IMAGE_PRESETS = {"tiny-flux2": "128", "tiny-qwen-image": "128", "tiny-sana": "128", "tiny-z-image": "128"}
 
 
 def _records(out):
@@ -443,3 +443,18 @@ def test_phase_timer_times_nested_phases_exclusively(monkeypatch):
     timer.end("unmerge")      # 9: never begun: ignored
     timer.end("block")        # 10
     assert timer.totals() == {"self": 2.0, "merge": 4.0, "block": 10.0}
+
+
+def test_z_image_preset_inputs_as_the_pipeline_makes_them():
+    """Without building the model: one call, per-sample lists, the prompt's and the negative prompt's lengths."""
+    import torch
+
+    from tokenmerge.bench.presets import resolve
+
+    z = resolve("z-image")
+    assert z.name == "z-image-1+1" and z.unet["dim"] == 3840 and z.unet["n_layers"] == 1
+    call = z.inputs(1, 1024, torch.float32, torch.device("cpu"))
+    assert [tuple(x.shape) for x in call["x"]] == [(16, 1, 128, 128)] * 2
+    assert [c.shape for c in call["cap_feats"]] == [(64, 2560), (6, 2560)]
+    assert torch.equal(call["t"], torch.full((2,), 0.5))
+    assert z.grid(1024) == (64, 64)

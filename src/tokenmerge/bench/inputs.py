@@ -93,5 +93,15 @@ def _sana(preset, n, h, w, frames, t, randn, device):
                  encoder_attention_mask=_mask(preset, n, tokens, device))]
 
 
-BUILDERS = {"wan": _wan, "hunyuan-video": _hunyuan_video, "ltx": _ltx, "flux2": _flux2, "qwen-image": _qwen_image,
+def _z_image(preset, n, h, w, frames, t, randn, device):
+    """ZImagePipeline: lists of per-sample latents (16, 1, H/8, W/8) and Qwen3 caption embeddings of each prompt's
+    own length (no padding; the prompt's and the negative prompt's differ), classifier-free guidance in one call
+    (the batch doubled: prompts then negative prompts); timestep (1000 - t) / 1000."""
+    c, half = preset.unet["in_channels"], n // 2
+    latents = [randn(c, 1, h // preset.vae_scale, w // preset.vae_scale) for _ in range(n)]
+    lengths = [preset.prompt_tokens or preset.text_tokens] * (n - half) + [preset.negative_tokens or 1] * half
+    return [dict(x=latents, t=(1000 - t) / 1000, cap_feats=[randn(k, preset.text_dim) for k in lengths])]
+
+
+BUILDERS = {"wan": _wan, "z-image": _z_image, "hunyuan-video": _hunyuan_video, "ltx": _ltx, "flux2": _flux2, "qwen-image": _qwen_image,
              "sana": _sana}

@@ -160,7 +160,7 @@ _CLASSES = {"unet": "UNet2DConditionModel", "pixart": "PixArtTransformer2DModel"
             "flux": "FluxTransformer2DModel", "wan": "WanTransformer3DModel",
             "hunyuan-video": "HunyuanVideoTransformer3DModel", "ltx": "LTXVideoTransformer3DModel",
             "flux2": "Flux2Transformer2DModel", "qwen-image": "QwenImageTransformer2DModel",
-            "sana": "SanaTransformer2DModel"}
+            "sana": "SanaTransformer2DModel", "z-image": "ZImageTransformer2DModel"}
 
 GUIDANCE = {
     "batch": "classifier-free guidance in one call, the batch doubled (the denoiser sees 2 x batch)",
@@ -250,6 +250,11 @@ _SANA_1600M = dict(in_channels=32, out_channels=32, num_attention_heads=70, atte
                    caption_channels=2304, mlp_ratio=2.5, dropout=0.0, attention_bias=False, sample_size=32, patch_size=1,
                    norm_elementwise_affine=False, norm_eps=1e-6, interpolation_scale=None)
 
+# Z-Image (Tongyi-MAI/Z-Image-Turbo, transformer/config.json)
+_Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=30, n_refiner_layers=2,
+                n_heads=30, n_kv_heads=30, norm_eps=1e-5, qk_norm=True, cap_feat_dim=2560, rope_theta=256.0,
+                t_scale=1000.0, axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512])
+
 _VIDEO = dict(frames_per_latent=4, vae_scale=8, patch=2, multiple=16)  # Wan / HunyuanVideo: VAE 4x time, 8x space
 _LTX_VIDEO = dict(frames_per_latent=8, vae_scale=32, patch=1, multiple=32)  # LTX's VAE: 8x time, 32x space
 _IMAGE16 = dict(vae_scale=8, patch=2, multiple=16)  # Flux.2, Qwen-Image: 8x VAE, 2x2 latent pixels per token
@@ -285,6 +290,12 @@ PRESETS.update({
         "(REDUCED); Gemma-2 text 300 x 2304 (64 prompt tokens, masked); guidance: batch doubled",
         dict(_SANA_1600M, num_layers=4), text_tokens=300, prompt_tokens=64, family="sana", text_dim=2304,
         guidance="batch", **_IMAGE32),
+    "z-image-1+1": Preset(
+        "z-image-1+1", "Z-Image widths (3840 wide, 30 heads x 128, ffn 10240) with 1 of its 2 noise-refiner, 1 of its "
+        "2 caption-refiner and 1 of its 30 main layers (REDUCED); Qwen3 caption 64 x 2560 (negative prompt 6); "
+        "guidance: batch doubled",
+        dict(_Z_IMAGE, n_layers=1, n_refiner_layers=1), text_tokens=64, prompt_tokens=64, negative_tokens=6,
+        family="z-image", text_dim=2560, guidance="batch", **_IMAGE16),
     # tiny versions for tests (seconds on a CPU): the same families and inputs at toy widths
     "tiny-wan": Preset(
         "tiny-wan", "a tiny Wan-shaped video transformer for tests",
@@ -319,11 +330,17 @@ PRESETS.update({
              num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=8,
              mlp_ratio=2.5, sample_size=8, patch_size=1),
         text_tokens=8, prompt_tokens=5, family="sana", text_dim=8, guidance="batch", **_IMAGE32),
+    "tiny-z-image": Preset(
+        "tiny-z-image", "a tiny Z-Image-shaped image transformer for tests",
+        dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1,
+             n_heads=2, n_kv_heads=2, qk_norm=True, cap_feat_dim=16, axes_dims=[8, 4, 4], axes_lens=[256, 64, 64]),
+        text_tokens=8, prompt_tokens=8, negative_tokens=3, family="z-image", text_dim=16, guidance="batch",
+        **_IMAGE16),
 })
 
 # the family names: the reduced preset of each (the tables name the preset, with its block counts)
 ALIASES = {"wan": "wan-2b", "hunyuan-video": "hunyuan-video-1+2", "ltx": "ltx-4b", "flux2": "flux2-1+1",
-           "qwen-image": "qwen-image-2b", "sana": "sana-4b"}
+           "qwen-image": "qwen-image-2b", "sana": "sana-4b", "z-image": "z-image-1+1"}
 
 
 def load_model(path_or_id: str, dtype=torch.float32):

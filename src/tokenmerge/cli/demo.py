@@ -10,11 +10,15 @@ from .quality import _check_methods, add_common, embedded, load
 
 HELP = """\
 Generate the same prompts and seeds with the vanilla model and with a few token-merging settings, print a
-timing and fidelity table and write a comparison grid. Offline, no download: by default it runs the small
-Fashion-MNIST diffusion model that ships inside tokenmerge (32x32 images, 1024 tokens at its finest level).
-With --model it does the same on a real diffusers pipeline you have locally (four Parti prompts).
+timing and fidelity table and write a comparison grid. Offline, no download: by default it runs the three small
+models that ship inside tokenmerge, trained on Fashion-MNIST: a diffusers UNet (32x32 images, 1024 tokens at its
+finest level), a Flux.1-style transformer (256 image tokens beside 4 text tokens) and a Wan-style video transformer
+(8-frame clips, 512 tokens), then times one denoising step of the Wan 2.1 1.3B architecture at 480x832 x 9 frames
+(its real widths with 2 of its 30 blocks and RANDOM weights: a speed figure, not images), vanilla against ToMe and
+ToDo. With --model it does the first part on a real diffusers pipeline you have locally (four Parti prompts).
 
-It writes demo.md, demo.json, demo-grid.png and demo-plot.png into --out, and caches its images in OUT/cache.
+It writes demo.md, demo.json, demo-grid.png and demo-plot.png (and demo-dit.*, demo-video.*, demo-video.gif,
+demo-speed.md for the embedded models) into --out, and caches its images in OUT/cache.
 Running it again into the same folder replaces those files when they are the ones it wrote (it records them
 with their checksums in OUT/.tokenmerge-outputs.json) and reuses the cache; a file of yours in their place, or
 one of them edited since, is never overwritten: the demo stops before it runs and names it.
@@ -25,32 +29,107 @@ def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="vanilla vs merged on the embedded model (or --model): table and grid",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, ["tome:0.3", "tome:0.5", "todo:2"], 20)
+    p.add_argument("--no-speed", action="store_true", help="skip the real-width speed figure (about a minute)")
     p.add_argument("--out", type=Path, default=Path("tokenmerge-demo"),
                    help="output folder (default tokenmerge-demo; created if missing): demo.md, .json, -grid.png, "
                         "-plot.png and the image cache OUT/cache, replaced or reused on a rerun (see above)")
     p.set_defaults(run=run)
 
 
-def run(args, parser) -> int:
-    from ..quality.prompts import load_prompts
-    from ..quality.report import markdown, output_names, write_report
-    from ..quality.run import QualityJob, run_job
+# the embedded transformers' parts of the demo: (--model name, output stem, methods, classes shown)
+TRANSFORMERS = (("fashion-dit", "demo-dit", ("tome:0.5", "tome:0.5,scope=block", "todo:2"), 10),
+                ("fashion-video", "demo-video", ("tome:0.5", "tome:0.5,st=2", "todo:1x2x2"), 5))
+SPEED = dict(preset="wan-2b", resolution="480x832", frames=9,
+             methods=("vanilla", "tome:0.5", "todo:1x2x2", "todo:2x2x2"))
+
+
+def _outputs(args):
+    from ..quality.report import output_names
     from ..tools.outputs import Outputs
 
+    names = output_names("demo")
+    if args.model is None:
+        names += [n for _, stem, _, _ in TRANSFORMERS for n in output_names(stem)] + ["demo-video.gif"]
+        names += [] if args.no_speed else ["demo-speed.md"]
+    return Outputs(args.out, names, stem_option=None)
+
+
+def run(args, parser) -> int:
+    from ..quality.prompts import load_prompts
+    from ..quality.report import markdown, write_report
+    from ..quality.run import QualityJob, run_job
+    from ..tools.methods import parse_spec
+
     _check_methods(args.methods, parser)
-    outputs = Outputs(args.out, output_names("demo"), stem_option=None)
+    outputs = _outputs(args)
     check_outputs(parser, outputs, (args.out / "cache", "--out"))  # before any work
-    pipe, key, device = load(args, parser)
-    prompts = load_prompts("classes") if embedded(args) else load_prompts("parti", count=4)
-    seeds = [0]
-    job = QualityJob(key, prompts, seeds, args.methods, args.steps, args.guidance, args.size, args.out / "cache")
-    report = run_job(pipe, job, device, progress=not args.no_progress)
-    if report is None:
-        return 0
-    paths = write_report(report, outputs, "demo", "tokenmerge demo", grid_rows=len(prompts) * len(seeds))
-    print(markdown(report))
-    print(f"grid: {paths['grid']}\nreport: {paths['markdown']}")
-    if embedded(args):
-        print("Speed on this small model is not what a real one gets: its attention over 1024 tokens of 32 channels is "
-              "cheap, so merging has little to save. `tokenmerge bench --preset sd15` measures speed at real sizes.")
+    parts = [(args.model, "demo", args.methods, None)]
+    if args.model is None:
+        parts += [(name, stem, [parse_spec(m) for m in methods], count) for name, stem, methods, count in TRANSFORMERS]
+    for model, stem, methods, count in parts:
+        args.model = model
+        pipe, key, device = load(args, parser)
+        prompts = load_prompts("classes") if embedded(args) else load_prompts("parti", count=4)
+        prompts = prompts[:count] if count else prompts
+        job = QualityJob(key, prompts, [0], methods, args.steps, args.guidance, args.size, args.out / "cache",
+                         frames=getattr(pipe, "frames", 0))
+        report = run_job(pipe, job, device, progress=not args.no_progress)
+        if report is None:
+            return 0
+        paths = write_report(report, outputs, stem, "tokenmerge demo", grid_rows=len(prompts))
+        print(markdown(report))
+        print(f"grid: {paths['grid']}\nreport: {paths['markdown']}\n")
+        if job.frames:
+            _gif(pipe, job, outputs)
+    if parts[0][0] is None and len(parts) > 1:
+        print("Speed on these small models is not what a real one gets: their attention over 256-1024 tokens is "
+              "cheap, so merging has little to save there.")
+        if not args.no_speed:
+            _speed(args, outputs)
     return 0
+
+
+def _gif(pipe, job, outputs) -> None:
+    """demo-video.gif: the first prompt's clip, vanilla and each method side by side, from the same noise."""
+    import torch
+
+    from ..tools.methods import MethodSpec
+
+    clips = []
+    for spec in [MethodSpec("vanilla")] + list(job.specs):
+        with spec.applied(pipe):
+            out = pipe(job.prompts[0], num_inference_steps=job.steps, generator=torch.Generator().manual_seed(0),
+                       output_type="pt")
+        clips.append(out.frames[0])  # (F, 1, H, W)
+    row = torch.cat(clips, -1)[:, 0]  # (F, H, methods * W)
+    from PIL import Image
+
+    frames = [Image.fromarray((f.clamp(0, 1).numpy() * 255).round().astype("uint8")).resize(
+        (f.shape[1] * 4, f.shape[0] * 4), Image.NEAREST) for f in row]
+    path = outputs.write("demo-video.gif", lambda tmp: frames[0].save(tmp, format="GIF", save_all=True,
+                                                                     append_images=frames[1:], duration=150, loop=0))
+    print(f"clip ({', '.join(['vanilla'] + [s.label for s in job.specs])}, left to right): {path}\n")
+
+
+def _speed(args, outputs) -> None:
+    """One denoising step of a real-width video preset, vanilla vs ToMe and ToDo (random weights, REDUCED)."""
+    import torch
+
+    from ..bench.presets import resolve
+    from ..bench.report import annotate, markdown as bench_markdown
+    from ..bench.runner import run_grid
+    from ..tools.methods import parse_spec
+
+    preset = resolve(SPEED["preset"])
+    print(f"Timing one step of {preset.name} ({preset.description}) at {SPEED['resolution']} x {SPEED['frames']} "
+          "frames, RANDOM weights, each setting twice after a warm-up...", flush=True)
+    modes = [parse_spec(m, bench=True) for m in SPEED["methods"]]
+    records, meta = run_grid([preset], ["sdpa"], [SPEED["resolution"]], [1], modes, repeats=2, device="cpu",
+                             dtype=torch.float32, progress=not args.no_progress, frames=[SPEED["frames"]],
+                             log=lambda *a: None)
+    command = (f"tokenmerge bench --preset {SPEED['preset']} --resolutions {SPEED['resolution']} --frames "
+               f"{SPEED['frames']} --methods {' '.join(SPEED['methods'][1:])} --repeats 2")
+    annotate(records)
+    text = bench_markdown(records, meta, command)
+    outputs.write_text("demo-speed.md", text)
+    print(text)
