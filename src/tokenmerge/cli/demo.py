@@ -67,6 +67,10 @@ def run(args, parser) -> int:
     if args.model is None:
         parts += [(name, stem, [parse_spec(m) for m in methods], count) for name, stem, methods, count in TRANSFORMERS]
     for model, stem, methods, count in parts:
+        missing = _missing_class(model)
+        if missing:
+            print(f"{model}: skipped: {missing}\n")
+            continue
         args.model = model
         pipe, key, device = load(args, parser)
         prompts = load_prompts("classes") if embedded(args) else load_prompts("parti", count=4)
@@ -84,9 +88,19 @@ def run(args, parser) -> int:
     if parts[0][0] is None and len(parts) > 1:
         print("Speed on these small models is not what a real one gets: their attention over 256-1024 tokens is "
               "cheap, so merging has little to save there.")
-        if not args.no_speed:
+        if not args.no_speed and not _missing_class("fashion-video"):
             _speed(args, outputs)
     return 0
+
+
+def _missing_class(model: str | None) -> str | None:
+    """Why an embedded transformer cannot run on the installed diffusers (None: it can)."""
+    import diffusers
+
+    cls = {"fashion-dit": "FluxTransformer2DModel", "fashion-video": "WanTransformer3DModel"}.get(model or "")
+    if cls and not hasattr(diffusers, cls):
+        return f"diffusers {diffusers.__version__} has no {cls}, the class of this model"
+    return None
 
 
 def _gif(pipe, job, outputs) -> None:

@@ -107,8 +107,8 @@ def load(args, parser):
         loader, key = EMBEDDED[args.model or "fashion-unet"]
         try:
             pipe = getattr(fashion, loader)()
-        except FileNotFoundError as err:
-            parser.error(str(err))
+        except (FileNotFoundError, ImportError) as err:
+            parser.error(f"--model {args.model or 'fashion-unet'}: {err}")
         if args.size is not None:
             parser.error("--size applies to --model pipelines; the embedded models make 32x32 images")
     else:

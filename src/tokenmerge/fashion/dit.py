@@ -35,6 +35,11 @@ DIT_CONFIG = dict(
 
 
 def build_dit():
+    import diffusers
+
+    if not hasattr(diffusers, "FluxTransformer2DModel"):
+        raise ImportError(f"the embedded model is a FluxTransformer2DModel, which diffusers {diffusers.__version__} does not "
+                          "have (it came in diffusers 0.30)")
     from diffusers import FluxTransformer2DModel
 
     return FluxTransformer2DModel(**DIT_CONFIG)

@@ -34,6 +34,11 @@ VIDEO_CONFIG = dict(
 
 
 def build_video():
+    import diffusers
+
+    if not hasattr(diffusers, "WanTransformer3DModel"):
+        raise ImportError(f"the embedded model is a WanTransformer3DModel, which diffusers {diffusers.__version__} does not "
+                          "have (it came in diffusers 0.33)")
     from diffusers import WanTransformer3DModel
 
     return WanTransformer3DModel(**VIDEO_CONFIG)
