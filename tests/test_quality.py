@@ -176,15 +176,25 @@ def test_quality_extra_metrics_offline(tmp_path, monkeypatch):
 
 
 def test_demo_end_to_end(tmp_path, capsys):
+    import diffusers
+
     out = tmp_path / "demo"
-    assert main(["demo", "--steps", "2", "--out", str(out), "--no-progress"]) == 0
+    assert main(["demo", "--steps", "2", "--out", str(out), "--no-progress", "--no-speed"]) == 0
     report = _report(out, "demo")
     assert [m["label"] for m in report["methods"]] == ["vanilla", "tome 0.3", "tome 0.5", "todo 2"]
     assert report["prompts"] == 10
     assert (out / "demo-grid.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "| todo 2 |" in printed and "demo-grid.png" in printed
-    assert "tokenmerge bench --preset sd15" in printed  # the embedded model's timings are not real-model ones
+    assert "not what a real one gets" in printed  # the embedded models' timings are not real-model ones
+    if not hasattr(diffusers, "WanTransformer3DModel"):  # diffusers 0.27: the transformers are skipped, said so
+        assert "fashion-dit: skipped" in printed and "fashion-video: skipped" in printed
+        return
+    dit, video = _report(out, "demo-dit"), _report(out, "demo-video")
+    assert [m["label"] for m in dit["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 scope=block", "todo 2"]
+    assert [m["label"] for m in video["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 st=2", "todo 1x2x2"]
+    assert video["frames"] == 8 and "temporal_psnr_mean" in video["methods"][1]
+    assert (out / "demo-video.gif").stat().st_size > 0 and not (out / "demo-speed.md").exists()
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -233,3 +243,20 @@ def test_grid_column_heads_are_wrapped_not_cut():
     first = grid.crop((150, 0, 150 + cell, head)).tobytes()
     second = grid.crop((150 + cell, 0, 150 + 2 * cell, head)).tobytes()
     assert first != second  # cut to the same "tome 0.5 [...]", the two heads would be identical
+
+
+def test_demo_speed_figure_on_a_tiny_preset(tmp_path, capsys, monkeypatch):
+    """The real-width speed part, with the tiny Wan preset in its place (the real one takes about a minute)."""
+    import diffusers
+
+    from tokenmerge.cli import demo
+
+    if not hasattr(diffusers, "WanTransformer3DModel"):
+        pytest.skip(f"diffusers {diffusers.__version__} has no WanTransformer3DModel")
+    monkeypatch.setattr(demo, "SPEED", dict(demo.SPEED, preset="tiny-wan", resolution="64x96"))
+    monkeypatch.setattr(demo, "TRANSFORMERS", ())
+    out = tmp_path / "demo"
+    assert main(["demo", "--steps", "1", "--out", str(out), "--no-progress", "--methods", "tome:0.5"]) == 0
+    text = (out / "demo-speed.md").read_text()
+    assert "tiny-wan" in text and "todo 1x2x2" in text and "tokenmerge 0.5" in text
+    assert "RANDOM weights" in capsys.readouterr().out
