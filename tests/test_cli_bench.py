@@ -400,7 +400,7 @@ def test_factor_per_axis_specs():
     assert parse_spec("tome:0.5,st=2").limit == MethodSpec("limit", 0.5)
     assert parse_spec("todo:2x2x2,mode=avg").limit == MethodSpec("todo-limit", (2, 2, 2))
     # where tokens are merged is carried: the limit of a whole-block merge runs whole blocks on merged tokens
-    assert parse_spec("tome:0.5,scope=block,st=2").limit == parse_spec("limit:0.5,scope=block")
+    assert parse_spec("tome:0.5,scope=block,st=2").limit == parse_spec("limit:0.5,scope=block", bench=True)
     assert parse_spec("tome:0.5,scope=block").limit.label == "limit 0.5 scope=block"
     for spec in ("todo:2x2x2", "todo:1x2x2,mode=avg", "tome:0.5,st=2"):
         assert parse_spec(parse_spec(spec).text) == parse_spec(spec)
