@@ -17,6 +17,7 @@ from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from .flow import check_call, euler, load_parts, transformer_class
 from .model import CLASS_NAMES, NULL_CLASS, class_ids
 
 __all__ = ["DIT_CONFIG", "DIT_WEIGHTS", "SIZE", "build_dit", "ClassText", "FashionDiT", "load_fashion_dit",
@@ -35,14 +36,7 @@ DIT_CONFIG = dict(
 
 
 def build_dit():
-    import diffusers
-
-    if not hasattr(diffusers, "FluxTransformer2DModel"):
-        raise ImportError(f"the embedded model is a FluxTransformer2DModel, which diffusers {diffusers.__version__} does not "
-                          "have (it came in diffusers 0.30)")
-    from diffusers import FluxTransformer2DModel
-
-    return FluxTransformer2DModel(**DIT_CONFIG)
+    return transformer_class("FluxTransformer2DModel", "0.30")(**DIT_CONFIG)
 
 
 class ClassText(ModelMixin, ConfigMixin):
@@ -101,44 +95,24 @@ class FashionDiT(DiffusionPipeline):
         """Images ``(B, 1, 32, 32)`` in [0, 1] (``output_type="pt"``), PIL or numpy, in ``.images``."""
         from .pipeline import as_output
 
+        check_call(num_inference_steps, output_type)
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if output_type not in ("pil", "pt", "np"):
-            raise ValueError(f"output_type must be 'pil', 'pt' or 'np', got {output_type!r}")
-        if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
-            raise ValueError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}")
         param = next(self.transformer.parameters())
         device, dtype = param.device, param.dtype
         ids = torch.tensor(class_ids(prompts), device=device)
         tokens, pooled = self.text(ids)
-        guided = guidance_scale != 1.0
-        if guided:
+        if guidance_scale != 1.0:
             null_tokens, null_pooled = self.text(torch.full_like(ids, NULL_CLASS))
             tokens, pooled = torch.cat([null_tokens, tokens]), torch.cat([null_pooled, pooled])
         tokens, pooled = tokens.to(dtype), pooled.to(dtype)
         shape = (len(prompts), 1, SIZE, SIZE)
         x = latents.to(device, dtype) if latents is not None else \
             torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
-        times = torch.linspace(1.0, 0.0, num_inference_steps + 1)
-        for t, t_next in zip(times[:-1], times[1:]):
-            inp = torch.cat([x, x]) if guided else x
-            v = self.velocity(inp, torch.full((inp.shape[0],), float(t), device=device, dtype=dtype), tokens, pooled)
-            if guided:
-                v_u, v_c = v.chunk(2)
-                v = v_u + guidance_scale * (v_c - v_u)
-            x = x + (float(t_next) - float(t)) * v
+        x = euler(lambda inp, t: self.velocity(inp, t, tokens, pooled), x, num_inference_steps, guidance_scale)
         return as_output((x.float().clamp(-1, 1) + 1) / 2, output_type)
 
 
 def load_fashion_dit(weights: str | Path | None = None) -> FashionDiT:
     """The embedded DiT with its shipped weights (or ``weights``, a file of ``scripts/train_fashion_dit.py``)."""
-    from safetensors.torch import load_file
-
     path = Path(weights) if weights is not None else DIT_WEIGHTS
-    if not path.is_file():
-        raise FileNotFoundError(f"the embedded DiT's weights are not at {path}: reinstall tokenmerge, or train them "
-                                "with `python scripts/train_fashion_dit.py` from the repository")
-    state = load_file(str(path))
-    transformer, text = build_dit(), ClassText()
-    transformer.load_state_dict({k[12:]: v.float() for k, v in state.items() if k.startswith("transformer.")})
-    text.load_state_dict({k[5:]: v.float() for k, v in state.items() if k.startswith("text.")})
-    return FashionDiT(transformer.eval(), text.eval())
+    return FashionDiT(*load_parts(path, build_dit(), ClassText(), "DiT", "train_fashion_dit.py"))

@@ -17,6 +17,7 @@ from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from .flow import check_call, euler, load_parts, transformer_class
 from .model import CLASS_NAMES, NULL_CLASS, class_ids
 
 __all__ = ["VIDEO_CONFIG", "VIDEO_WEIGHTS", "FRAMES", "SIZE", "build_video", "ClassTokens", "FashionVideo",
@@ -34,14 +35,7 @@ VIDEO_CONFIG = dict(
 
 
 def build_video():
-    import diffusers
-
-    if not hasattr(diffusers, "WanTransformer3DModel"):
-        raise ImportError(f"the embedded model is a WanTransformer3DModel, which diffusers {diffusers.__version__} does not "
-                          "have (it came in diffusers 0.33)")
-    from diffusers import WanTransformer3DModel
-
-    return WanTransformer3DModel(**VIDEO_CONFIG)
+    return transformer_class("WanTransformer3DModel", "0.33")(**VIDEO_CONFIG)
 
 
 class ClassTokens(ModelMixin, ConfigMixin):
@@ -84,30 +78,19 @@ class FashionVideo(DiffusionPipeline):
                  output_type: str = "pil"):
         from .pipeline import as_output
 
+        check_call(num_inference_steps, output_type)
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if output_type not in ("pil", "pt", "np"):
-            raise ValueError(f"output_type must be 'pil', 'pt' or 'np', got {output_type!r}")
-        if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
-            raise ValueError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}")
         param = next(self.transformer.parameters())
         device, dtype = param.device, param.dtype
         ids = torch.tensor(class_ids(prompts), device=device)
         tokens = self.text(ids)
-        guided = guidance_scale != 1.0
-        if guided:
+        if guidance_scale != 1.0:
             tokens = torch.cat([self.text(torch.full_like(ids, NULL_CLASS)), tokens])
         tokens = tokens.to(dtype)
         shape = (len(prompts), 1, FRAMES, SIZE, SIZE)
         x = latents.to(device, dtype) if latents is not None else \
             torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
-        times = torch.linspace(1.0, 0.0, num_inference_steps + 1)
-        for t, t_next in zip(times[:-1], times[1:]):
-            inp = torch.cat([x, x]) if guided else x
-            v = self.velocity(inp, torch.full((inp.shape[0],), float(t), device=device, dtype=dtype), tokens)
-            if guided:
-                v_u, v_c = v.chunk(2)
-                v = v_u + guidance_scale * (v_c - v_u)
-            x = x + (float(t_next) - float(t)) * v
+        x = euler(lambda inp, t: self.velocity(inp, t, tokens), x, num_inference_steps, guidance_scale)
         frames = ((x.float().clamp(-1, 1) + 1) / 2).permute(0, 2, 1, 3, 4)  # (B, F, 1, H, W)
         out = as_output(strip(frames), output_type)
         out.frames = frames
@@ -116,14 +99,5 @@ class FashionVideo(DiffusionPipeline):
 
 def load_fashion_video(weights: str | Path | None = None) -> FashionVideo:
     """The embedded video model with its shipped weights (or ``weights``, from ``scripts/train_fashion_video.py``)."""
-    from safetensors.torch import load_file
-
     path = Path(weights) if weights is not None else VIDEO_WEIGHTS
-    if not path.is_file():
-        raise FileNotFoundError(f"the embedded video model's weights are not at {path}: reinstall tokenmerge, or "
-                                "train them with `python scripts/train_fashion_video.py` from the repository")
-    state = load_file(str(path))
-    transformer, text = build_video(), ClassTokens()
-    transformer.load_state_dict({k[12:]: v.float() for k, v in state.items() if k.startswith("transformer.")})
-    text.load_state_dict({k[5:]: v.float() for k, v in state.items() if k.startswith("text.")})
-    return FashionVideo(transformer.eval(), text.eval())
+    return FashionVideo(*load_parts(path, build_video(), ClassTokens(), "video model", "train_fashion_video.py"))

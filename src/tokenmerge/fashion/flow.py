@@ -1,0 +1,56 @@
+"""What the embedded transformers (``dit.py``, ``video.py``) share: their diffusers class, the rectified-flow
+Euler sampler with classifier-free guidance, and loading their shipped weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+__all__ = ["transformer_class", "check_call", "euler", "load_parts"]
+
+
+def transformer_class(name: str, since: str):
+    """The diffusers class ``name``, or an ``ImportError`` saying which diffusers brought it."""
+    import diffusers
+
+    if not hasattr(diffusers, name):
+        raise ImportError(f"the embedded model is a {name}, which diffusers {diffusers.__version__} does not have (it "
+                          f"came in diffusers {since})")
+    return getattr(diffusers, name)
+
+
+def check_call(num_inference_steps, output_type: str) -> None:
+    if output_type not in ("pil", "pt", "np"):
+        raise ValueError(f"output_type must be 'pil', 'pt' or 'np', got {output_type!r}")
+    if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+        raise ValueError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}")
+
+
+def euler(velocity: Callable, x: torch.Tensor, steps: int, guidance_scale: float) -> torch.Tensor:
+    """Euler steps of the flow from t = 1 (noise) to 0; ``velocity(x, t)`` takes the batch doubled (unconditional
+    first) when ``guidance_scale != 1``."""
+    guided = guidance_scale != 1.0
+    times = torch.linspace(1.0, 0.0, steps + 1)
+    for t, t_next in zip(times[:-1], times[1:]):
+        inp = torch.cat([x, x]) if guided else x
+        v = velocity(inp, torch.full((inp.shape[0],), float(t), device=x.device, dtype=x.dtype))
+        if guided:
+            v_u, v_c = v.chunk(2)
+            v = v_u + guidance_scale * (v_c - v_u)
+        x = x + (float(t_next) - float(t)) * v
+    return x
+
+
+def load_parts(path: Path, transformer: torch.nn.Module, text: torch.nn.Module, what: str, script: str):
+    """``transformer`` and ``text`` with the weights of ``path`` (keys ``transformer.*``, ``text.*``), in eval mode."""
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise FileNotFoundError(f"the embedded {what}'s weights are not at {path}: reinstall tokenmerge, or train them "
+                                f"with `python scripts/{script}` from the repository")
+    state = load_file(str(path))
+    transformer.load_state_dict({k[12:]: v.float() for k, v in state.items() if k.startswith("transformer.")})
+    text.load_state_dict({k[5:]: v.float() for k, v in state.items() if k.startswith("text.")})
+    return transformer.eval(), text.eval()
