@@ -181,3 +181,87 @@ def test_zimage_key_mask_follows_a_real_merge(scope):
     assert not torch.equal(by_itself, _run(model, alone))  # the merge changed it
     scale = by_itself.abs().max()
     torch.testing.assert_close(in_batch / scale, by_itself / scale, rtol=0, atol=2e-5)
+
+
+def test_lumina_next_keys_and_their_rotary_table_are_the_merged_ones():
+    """Lumina-Next's self-attention gets the same tokens as queries and keys and the same rotary table twice: with
+    the merge, both pairs are the very same merged tensors (never merged queries against whole keys or rows)."""
+    entry, model = _need("lumina-next")
+    kw = entry.inputs(batch=2)
+    seen = []
+
+    def look(module, args, kwargs):
+        q, k = kwargs["query_rotary_emb"], kwargs["key_rotary_emb"]
+        seen.append((kwargs["hidden_states"].shape[1], kwargs["encoder_hidden_states"] is kwargs["hidden_states"],
+                     k is q, q.shape[1], kwargs["attention_mask"].shape[-1]))
+
+    tokenmerge.apply_patch(model, ratio=0.5)
+    handles = [layer.attn1.register_forward_pre_hook(look, with_kwargs=True) for layer in model.layers]
+    try:
+        _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+        for h in handles:
+            h.remove()
+    tokens = kw["hidden_states"].shape[-1] * kw["hidden_states"].shape[-2] // model.config.patch_size ** 2
+    assert len(seen) == len(model.layers)
+    for n, same_keys, same_rotary, rows, mask in seen:
+        assert n < tokens and same_keys and same_rotary and rows == n and mask == n
+
+
+def _ernie_inputs(entry, lengths, seed=0):
+    kw = entry.inputs(batch=len(lengths), seed=seed)
+    g = torch.Generator().manual_seed(seed + 5)
+    kw["text_bth"] = torch.randn(len(lengths), max(lengths), kw["text_bth"].shape[-1], generator=g)
+    kw["text_lens"] = torch.tensor(lengths)
+    return kw
+
+
+@pytest.mark.parametrize("lengths", [(3, 7), (7, 7)])
+def test_ernie_text_reaches_the_attention_unchanged(lengths):
+    """ERNIE-Image's layers hold [image | caption] sequence-first; its attention gets it batch-first. With the
+    merge, the caption rows the attention gets are the unpatched call's, bit for bit, after fewer image rows."""
+    entry, model = _need("ernie-image")
+    kw = _ernie_inputs(entry, lengths)
+    seen = []
+
+    def look(module, args, kwargs):
+        seen.append(args[0] if args else kwargs["hidden_states"])
+
+    handle = model.layers[0].self_attention.register_forward_pre_hook(look, with_kwargs=True)
+    try:
+        _run(model, kw)
+        tokenmerge.apply_patch(model, ratio=0.5)
+        model.layers[0].self_attention._forward_pre_hooks.move_to_end(handle.id)  # after the merge's hook
+        _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+        handle.remove()
+    plain, merged = seen
+    text = kw["text_bth"].shape[1]
+    assert merged.shape[1] < plain.shape[1]
+    assert torch.equal(merged[:, -text:], plain[:, -text:])
+
+
+def test_ernie_key_mask_follows_a_real_merge():
+    """The short-caption sample of a batch (its padding masked) gives, with tokens merged, what it gives alone
+    without padding: fails if the mask's image columns are taken on the wrong side."""
+    entry, model = _need("ernie-image")
+    both = _ernie_inputs(entry, (3, 7))
+    alone = {**both, "hidden_states": both["hidden_states"][:1], "timestep": both["timestep"][:1],
+             "text_bth": both["text_bth"][:1, :3], "text_lens": both["text_lens"][:1]}
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(ratio=0.5), matcher=_pairs_matcher)
+    try:
+        in_batch, by_itself = _run(model, both)[:1], _run(model, alone)
+    finally:
+        tokenmerge.remove_patch(model)
+    assert not torch.equal(by_itself, _run(model, alone))
+    scale = by_itself.abs().max()
+    torch.testing.assert_close(in_batch / scale, by_itself / scale, rtol=0, atol=2e-5)
+
+
+def test_ernie_refuses_whole_block_merging_with_the_reason():
+    _, model = _need("ernie-image")
+    with pytest.raises(ValueError, match="scope='block' is not declared"):
+        tokenmerge.apply_patch(model, ratio=0.5, scope="block")
+    assert tokenmerge.describe_patch(model) is None

@@ -1660,7 +1660,7 @@ _add("ernie-image", "ErnieImageTransformer2DModel", "image", (8, 8),
      _make("ErnieImageTransformer2DModel", hidden_size=16, num_attention_heads=1, num_layers=1, ffn_hidden_size=16,
            in_channels=16, out_channels=16, patch_size=1, text_in_dim=16, rope_theta=256, rope_axes_dim=(8, 4, 4),
            post=_randomize_zeros()),
-     _latent_inputs((8, 8), 16, 1, 16, t=0.6, text_key="text_bth",
+     _latent_inputs((8, 8), 16, 1, 16, t=600.0, text_key="text_bth",
                     extra=lambda b, g, h, w: {"text_lens": torch.full((b,), TXT)}),
      notes="ERNIE-Image (zero-initialised output layer made random): patch 1 on a 16x VAE latent (B, 128, H, W); text "
            "given as (B, L, D) + per-sample lengths; "

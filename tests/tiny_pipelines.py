@@ -440,3 +440,33 @@ def _lumina2():
 
 _add(PipelineCase("lumina2", "Lumina2Pipeline", _lumina2, denoiser="lumina2", guidance=dict(guidance_scale=1.0),
                   notes="cond and uncond as separate calls (one caption length per call); timestep 1 - t/1000"))
+
+
+def _lumina_next():
+    g = torch.Generator().manual_seed(1)
+    pipe = _pipe("LuminaPipeline", scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=_vae_kl(shift_factor=0.0),
+                 text_encoder=None, tokenizer=None, transformer=CATALOGUE["lumina-next"].build())
+    pipe.vae_scale_factor = 2  # fixed at 8 by the pipeline; the tiny VAE compresses 2x
+    mask = torch.ones(1, TXT, dtype=torch.long)
+    return pipe, dict(prompt_embeds=_randn(g, 1, TXT, 16), prompt_attention_mask=mask,
+                      negative_prompt_embeds=_randn(g, 1, TXT, 16), negative_prompt_attention_mask=mask,
+                      height=16, width=16, num_inference_steps=2, guidance_scale=4.0, output_type="pt")
+
+
+_add(PipelineCase("lumina-next", "LuminaPipeline", _lumina_next, denoiser="lumina-next", grid=(4, 4),
+                  requires=("LuminaPipeline",), guidance=dict(guidance_scale=1.0),
+                  notes="cond + uncond in one call; proportional attention (base_sequence_length) on"))
+
+
+def _ernie_image():
+    g = torch.Generator().manual_seed(1)
+    pipe = _pipe("ErnieImagePipeline", scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=_vae_flux2(),
+                 text_encoder=None, tokenizer=None, transformer=CATALOGUE["ernie-image"].build())
+    # the negative caption is shorter: guidance's batch pads it, with a key mask
+    return pipe, dict(prompt_embeds=[_randn(g, TXT, 16)], negative_prompt_embeds=[_randn(g, 3, 16)],
+                      height=32, width=32, num_inference_steps=2, guidance_scale=4.0, output_type="pt", use_pe=False)
+
+
+_add(PipelineCase("ernie-image", "ErnieImagePipeline", _ernie_image, denoiser="ernie-image", grid=(8, 8),
+                  requires=("ErnieImagePipeline", "AutoencoderKLFlux2"), guidance=dict(guidance_scale=1.0),
+                  notes="uncond + cond in one call, captions of two lengths (a key mask); sequence-first layers"))

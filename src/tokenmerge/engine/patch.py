@@ -164,7 +164,9 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
             rotary = Arg(spec.rotary.kwarg, also=spec.rotary.also).bind(sub) if spec.rotary is not None else None
             mask = Arg(spec.mask.kwarg if spec.mask is not None else "attention_mask").bind(sub)
             same = tuple(b for b in (Arg(n).bind(sub) for n in spec.same) if b is not None)
-            targets.append(Bound(spec, _HIDDEN.bind(sub), context, rotary, mask, inside, same))
+            twins = tuple(b for b in (Arg(n).bind(sub) for n in (spec.rotary.same if spec.rotary else ()))
+                          if b is not None)
+            targets.append(Bound(spec, _HIDDEN.bind(sub), context, rotary, mask, inside, same, twins))
         self._targets.append(targets)
         self._refusals.append(tuple((b, reason) for b, reason in ((Arg(n).bind(block), r) for n, r in site.refuse_if)
                                     if b is not None))
@@ -236,6 +238,8 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         grid = coarsen(state.grid, site.level)
         image = math.prod(grid)
         x = self._inputs[index].read(args, kwargs)
+        if site.seq_first:  # (S, B, D) between the blocks (ERNIE-Image); its targets take (B, S, D)
+            x = x.transpose(0, 1)
         if x.shape[1] > image:  # a block input that holds text or reference tokens too
             x = image_part(x, image, sides(x.shape[1], image, site.text, state.trailing)[0])
         if x.shape[1] != image:

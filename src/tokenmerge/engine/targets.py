@@ -22,12 +22,13 @@ COMPILE_REFUSED = (
 class Bound:
     """A target of one block, bound to its sub-module's signature."""
 
-    __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside", "same")
+    __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside", "same", "twins")
 
-    def __init__(self, spec, arg, context, rotary, mask, inside=False, same=()):
+    def __init__(self, spec, arg, context, rotary, mask, inside=False, same=(), twins=()):
         self.spec, self.arg, self.context, self.rotary, self.mask = spec, arg, context, rotary, mask
         self.inside = inside  # ToDo pools the keys inside the attention call (engine/inside.py)
         self.same = same  # bound arguments that carry the input's very tokens (``Target.same``)
+        self.twins = twins  # bound arguments that carry the very rotary table again (``Rotary.same``)
 
 
 class TargetHooks:
@@ -104,8 +105,15 @@ class TargetHooks:
                 raise RuntimeError(f"tokenmerge: {target.spec.attr} takes per-token positions or masks, which need "
                                    f"one merge pattern for the batch: family {self.family.name!r} must set "
                                    "shared_plan=True")
-            value = take(spec, value, plan.num_tokens, plan.representatives(), self.state.trailing)
-            args, kwargs = bound.replace(args, kwargs, value)
+            taken = take(spec, value, plan.num_tokens, plan.representatives(), self.state.trailing)
+            args, kwargs = bound.replace(args, kwargs, taken)
+            for twin in target.twins if take is take_rotary else ():  # the same table under another name
+                other = twin.read(args, kwargs)
+                if other is value:
+                    args, kwargs = twin.replace(args, kwargs, taken)
+                elif other is not None:
+                    raise RuntimeError(f"tokenmerge: {target.spec.attr} got a {twin.name} that is not its "
+                                       f"{bound.name}, which the {self.family.name} family declares it to be")
         return args, kwargs
 
     def _unmerge_output(self, index: int, t: int, module, args, output):
@@ -140,11 +148,18 @@ class TargetHooks:
         if not isinstance(output, torch.Tensor):
             raise RuntimeError(f"tokenmerge: {spec.attr} returned a {type(output).__name__}, expected a tensor "
                                "to unmerge")
-        return plan.unmerge(output)
+        return _unmerge(plan, output)
+
+
+def _unmerge(plan, x: torch.Tensor) -> torch.Tensor:
+    """``plan.unmerge`` of (B, M, C), or of per-head outputs (B, M, heads, head_dim) (Lumina-Next's attentions)."""
+    if x.dim() > 3:
+        return plan.unmerge(x.flatten(2)).unflatten(2, x.shape[2:])
+    return plan.unmerge(x)
 
 
 def _unmerge_part(plan, x: torch.Tensor, before: int, after: int) -> torch.Tensor:
     """Unmerge the image tokens of a sequence that also holds ``before`` / ``after`` other tokens."""
     if not (before or after):
-        return plan.unmerge(x)
-    return join(x, plan.unmerge(image_part(x, x.shape[1] - before - after, before)), before, after)
+        return _unmerge(plan, x)
+    return join(x, _unmerge(plan, image_part(x, x.shape[1] - before - after, before)), before, after)

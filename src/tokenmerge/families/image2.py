@@ -323,11 +323,6 @@ FAMILIES: tuple = (COGVIEW3PLUS, COGVIEW4, GLM_IMAGE, AURAFLOW, HUNYUAN_DIT, HUN
 
 # ---- recognised and refused -----------------------------------------------------------------------------------
 REFUSED: tuple = (
-    Refused("lumina-next", has("patch_embedder", "time_caption_embed") & has_list("layers")
-            & takes("encoder_mask", "image_rotary_emb"),
-            "Lumina-Next passes the same tokens to its attention as queries and keys, gives its rotary table as two "
-            "arguments (query and key), and its attentions return per-head outputs (B, N, heads, head_dim) that the "
-            "block projects itself; not supported yet"),
     Refused("omnigen", has("patch_embedding", "embed_tokens", "time_token") & has_list("layers")
             & takes("input_ids", "input_img_latents"),
             "OmniGen (a Phi-3 LLM over one sequence [text with input-image latents spliced in | time token | image]) "
@@ -342,10 +337,6 @@ REFUSED: tuple = (
             "Ideogram 4 takes one packed sequence whose text and image tokens are tagged per token by the caller "
             "(indicator, segment_ids for several samples in one row): the image grid has no fixed place; not "
             "supported yet"),
-    Refused("ernie-image", has("x_embedder", "pos_embed", "adaLN_modulation") & has_list("layers")
-            & takes("text_bth", "text_lens"),
-            "ERNIE-Image holds its [image | text] sequence sequence-first (S, B, D) between layers, which the "
-            "engine's block hooks do not read; not supported yet"),
     Refused("bria-fibo2", has("perceiver", "x_embedder") & has_list("noise_refiner", "layers")
             & takes("context_latents"),
             "Bria FIBO 2 puts its text gist tokens before the image and edit-image tokens after it, or (prompts of "

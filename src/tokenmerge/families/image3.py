@@ -9,14 +9,21 @@
 - Lumina-Image 2.0: the noise refiner on the image tokens alone, then ``[caption | image]`` joint layers. Its
   attention is called with ``encoder_hidden_states=hidden_states``: both get the merged tokens. When the samples'
   captions differ in length, each sample's image starts at its own offset and a mask is passed: refused.
+- Lumina-Next: image-only blocks; the self-attention ``attn1`` is called with the same tokens as queries and keys,
+  the per-token rotary table twice (``query_rotary_emb``, ``key_rotary_emb``) and a (B, N) mask, and returns
+  per-head outputs (B, N, heads, head_dim) that the block adds to the cross-attention's and projects itself. The
+  softmax scale it derives from the sequence length (``base_sequence_length``) follows the merged count.
+- ERNIE-Image: ``[image | caption]`` layers that hold the sequence sequence-first (S, B, D); the attention module
+  gets it batch-first with a per-token rotary table (B, S, 1, d) and a (B, 1, 1, S) key mask. Attention only: the
+  feed-forward takes (S, B, D) and whole-block merging is not declared.
 """
 
 from __future__ import annotations
 
-from .spec import (JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, Arg, Blocks, Family, LatentGrid, Mask, Refused, Rotary, Target,
+from .spec import (JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, LatentGrid, Mask, Refused, Rotary, Target,
                    Whole, has, has_list, takes)
 
-__all__ = ["Z_IMAGE", "LUMINA2", "FAMILIES", "REFUSED"]
+__all__ = ["Z_IMAGE", "LUMINA2", "LUMINA_NEXT", "ERNIE_IMAGE", "FAMILIES", "REFUSED"]
 
 _Z_ROTARY = Rotary("freqs_cis", token_axis=1, text=TEXT_AFTER)
 _Z_TARGETS = (Target("attention", JOINT, text=TEXT_AFTER, rotary=_Z_ROTARY, mask=Mask("attention_mask", text=TEXT_AFTER),
@@ -61,7 +68,40 @@ LUMINA2 = Family(
     examples=("lumina2",),
 )
 
-FAMILIES: tuple = (Z_IMAGE, LUMINA2)
+_LN_ROTARY = Rotary("query_rotary_emb", token_axis=1, text=TEXT_NONE, same=("key_rotary_emb",))
+_LN_MASK = Mask("attention_mask", text=TEXT_NONE)
+
+LUMINA_NEXT = Family(
+    "lumina-next",
+    match=has("patch_embedder", "time_caption_embed") & has_list("layers") & takes("encoder_mask", "image_rotary_emb"),
+    grid=LatentGrid(patch=("patch_size", "patch_size")),
+    blocks=(Blocks("layers", (Target("attn1", JOINT, text=TEXT_NONE, rotary=_LN_ROTARY, mask=_LN_MASK,
+                                     keys=TEXT_NONE, same=("encoder_hidden_states",)),
+                              Target("feed_forward", MLP, text=TEXT_NONE)),
+                   requires=("attn1", "attn2", "feed_forward"),
+                   whole=Whole(rotary=Rotary("image_rotary_emb", token_axis=1, text=TEXT_NONE), mask=_LN_MASK)),),
+    timestep=Arg("timestep", scale=1000.0, reverse=True),  # the pipeline passes 1 - t / 1000: 0 = noise
+    shared_plan=True,
+    description="Lumina-Next (LuminaNextDiT2DModel): image blocks with self- and cross-attention",
+    examples=("lumina-next",),
+)
+
+_E_ROTARY = Rotary("image_rotary_emb", token_axis=1, text=TEXT_AFTER)
+
+ERNIE_IMAGE = Family(
+    "ernie-image",
+    match=has("x_embedder", "pos_embed", "adaLN_modulation") & has_list("layers") & takes("text_bth", "text_lens"),
+    grid=LatentGrid(patch=("patch_size", "patch_size")),
+    blocks=(Blocks("layers", (Target("self_attention", JOINT, text=TEXT_AFTER, rotary=_E_ROTARY,
+                                     mask=Mask("attention_mask", text=TEXT_AFTER), keys=TEXT_AFTER),),
+                   text=TEXT_AFTER, requires=("self_attention", "mlp"), seq_first=True),),
+    timestep=Arg("timestep"),
+    shared_plan=True,
+    description="ERNIE-Image: sequence-first [image | caption] layers (attention only)",
+    examples=("ernie-image",),
+)
+
+FAMILIES: tuple = (Z_IMAGE, LUMINA2, LUMINA_NEXT, ERNIE_IMAGE)
 
 REFUSED: tuple = (
     Refused("z-image-controlnet", has_list("control_layers", "noise_refiner") & has("cap_embedder")

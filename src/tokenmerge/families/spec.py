@@ -124,6 +124,7 @@ class Rotary:
     token_axis: int = -2
     text: str = TEXT_BEFORE
     also: tuple[str, ...] = ()  # other names the argument goes by (tried after ``kwarg``)
+    same: tuple[str, ...] = ()  # other arguments that carry the very same table (Lumina-Next's key_rotary_emb)
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,8 @@ class Blocks:
         refuse_if: ``(argument, reason)`` pairs: a call of the block that gets the argument (not ``None``) is
             refused with the reason, in every scope (Lumina2's joint blocks get a mask only when the samples'
             captions differ in length, and then each sample's image sits at its own offset).
+        seq_first: the block's ``hidden_states`` are sequence-first ``(S, B, D)`` (ERNIE-Image), its targets'
+            batch-first; only targets that take batch-first tokens may be declared, and ``whole`` must be None.
     """
 
     attr: str
@@ -196,6 +199,11 @@ class Blocks:
     requires: tuple[str, ...] = ()
     whole: "Whole | None" = None
     refuse_if: tuple[tuple[str, str], ...] = ()
+    seq_first: bool = False
+
+    def __post_init__(self):
+        if self.seq_first and self.whole is not None:
+            raise ValueError(f"Blocks({self.attr!r}): whole-block merging of sequence-first blocks is not supported")
 
 
 @dataclass(frozen=True)
@@ -232,6 +240,7 @@ class BlockSite:
     text: str = TEXT_NONE
     whole: Whole | None = None
     refuse_if: tuple[tuple[str, str], ...] = ()
+    seq_first: bool = False
 
     @property
     def downsample(self) -> int:
@@ -367,7 +376,7 @@ class Family:
                     return None
                 targets = tuple(t for t in spec.targets if isinstance(getattr(block, t.attr, None), nn.Module))
                 sites.append(BlockSite(f"{path}.{spec.attr}.{i}" if path else f"{spec.attr}.{i}", block, 0,
-                                       targets, spec.text, spec.whole, spec.refuse_if))
+                                       targets, spec.text, spec.whole, spec.refuse_if, spec.seq_first))
         return sites
 
 
