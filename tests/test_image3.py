@@ -265,3 +265,26 @@ def test_ernie_refuses_whole_block_merging_with_the_reason():
     with pytest.raises(ValueError, match="scope='block' is not declared"):
         tokenmerge.apply_patch(model, ratio=0.5, scope="block")
     assert tokenmerge.describe_patch(model) is None
+
+
+@pytest.mark.parametrize("scope", ["attention", "block"])
+def test_omnigen_mask_rows_and_columns_follow_a_real_merge(scope):
+    """OmniGen's (B, S, S) mask over [condition | time | image]: condition tokens hidden by it must not reach the
+    image, merged or not. Fails if the mask's image rows/columns are taken on the wrong side (the hidden
+    columns would move onto other tokens)."""
+    entry, model = _need("omnigen")
+    kw = entry.inputs(batch=1)
+    s = kw["attention_mask"].shape[-1]
+    kw["attention_mask"] = torch.ones(1, s, s)
+    kw["attention_mask"][:, :, 5:8] = 0  # condition tokens 5..7: hidden from every query
+    other = {**kw, "input_ids": kw["input_ids"].clone()}
+    other["input_ids"][:, 5:8] = (other["input_ids"][:, 5:8] + 3) % 9 + 1
+    assert torch.equal(_run(model, kw), _run(model, other))  # the model itself ignores them
+    config = tokenmerge.ToMeConfig(ratio=0.5, merge_mlp=True, scope=scope)
+    tokenmerge.apply_config(model, config, matcher=_pairs_matcher)
+    try:
+        merged, merged_other = _run(model, kw), _run(model, other)
+    finally:
+        tokenmerge.remove_patch(model)
+    assert not torch.equal(merged, _run(model, kw))
+    torch.testing.assert_close(merged, merged_other, rtol=0, atol=1e-6)

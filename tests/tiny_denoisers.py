@@ -1607,7 +1607,7 @@ def _omnigen_inputs(default, vocab=1000):
         g = _gen(seed)
         n, L = h * w, 8
         s = L + 1 + n  # [text | time token | image]
-        return dict(hidden_states=_randn(g, batch, 4, 2 * h, 2 * w), timestep=torch.rand(batch, generator=g),
+        return dict(hidden_states=_randn(g, batch, 4, 2 * h, 2 * w), timestep=_t(batch, 0.6),
                     input_ids=torch.randint(1, 10, (batch, L), generator=g), input_img_latents=[],
                     input_image_sizes={}, attention_mask=torch.ones(batch, s, s),
                     position_ids=torch.arange(s).expand(batch, s).contiguous())

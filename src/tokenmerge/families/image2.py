@@ -323,11 +323,6 @@ FAMILIES: tuple = (COGVIEW3PLUS, COGVIEW4, GLM_IMAGE, AURAFLOW, HUNYUAN_DIT, HUN
 
 # ---- recognised and refused -----------------------------------------------------------------------------------
 REFUSED: tuple = (
-    Refused("omnigen", has("patch_embedding", "embed_tokens", "time_token") & has_list("layers")
-            & takes("input_ids", "input_img_latents"),
-            "OmniGen (a Phi-3 LLM over one sequence [text with input-image latents spliced in | time token | image]) "
-            "takes a (B, S, S) attention mask and position ids built by its processor for that whole sequence; not "
-            "supported yet"),
     Refused("qwen-image-2.1", has("img_in", "txt_in", "modulation") & has_list("transformer_blocks")
             & takes("img_mask", "img_shapes"),
             "Qwen-Image 2.1 runs one VLM sequence in which each image slot holds a 2x2 group of latent tokens (the "

@@ -23,7 +23,7 @@ from __future__ import annotations
 from .spec import (JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, LatentGrid, Mask, Refused, Rotary, Target,
                    Whole, has, has_list, takes)
 
-__all__ = ["Z_IMAGE", "LUMINA2", "LUMINA_NEXT", "ERNIE_IMAGE", "FAMILIES", "REFUSED"]
+__all__ = ["Z_IMAGE", "LUMINA2", "LUMINA_NEXT", "ERNIE_IMAGE", "OMNIGEN", "FAMILIES", "REFUSED"]
 
 _Z_ROTARY = Rotary("freqs_cis", token_axis=1, text=TEXT_AFTER)
 _Z_TARGETS = (Target("attention", JOINT, text=TEXT_AFTER, rotary=_Z_ROTARY, mask=Mask("attention_mask", text=TEXT_AFTER),
@@ -101,7 +101,27 @@ ERNIE_IMAGE = Family(
     examples=("ernie-image",),
 )
 
-FAMILIES: tuple = (Z_IMAGE, LUMINA2, LUMINA_NEXT, ERNIE_IMAGE)
+# OmniGen: [condition (text with input-image latents spliced in) | time token | image], image last
+_O_ROTARY = Rotary("image_rotary_emb", token_axis=-2, text=TEXT_BEFORE)
+_O_MASK = Mask("attention_mask", text=TEXT_BEFORE)
+
+OMNIGEN = Family(
+    "omnigen",
+    match=has("patch_embedding", "embed_tokens", "time_token") & has_list("layers")
+    & takes("input_ids", "input_img_latents"),
+    grid=LatentGrid(patch=("patch_size", "patch_size")),
+    blocks=(Blocks("layers", (Target("self_attn", JOINT, text=TEXT_BEFORE, rotary=_O_ROTARY, mask=_O_MASK,
+                                     keys=TEXT_BEFORE, same=("encoder_hidden_states",)),
+                              Target("mlp", MLP, text=TEXT_BEFORE)),
+                   text=TEXT_BEFORE, requires=("self_attn", "mlp"), whole=Whole(rotary=_O_ROTARY, mask=_O_MASK)),),
+    timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise (its scheduler's num_train_timesteps is 1)
+    shared_plan=True,
+    description="OmniGen: one Phi-3 sequence [condition | time token | image]; the image merged, its (S, S) mask "
+                "rows and columns and its rotary rows with it",
+    examples=("omnigen",),
+)
+
+FAMILIES: tuple = (Z_IMAGE, LUMINA2, LUMINA_NEXT, ERNIE_IMAGE, OMNIGEN)
 
 REFUSED: tuple = (
     Refused("z-image-controlnet", has_list("control_layers", "noise_refiner") & has("cap_embedder")
