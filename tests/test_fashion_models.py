@@ -133,3 +133,69 @@ def test_training_resumes_and_writes_loadable_weights(tmp_path):
     pipe = load_fashion_dit(tmp_path / "w.safetensors")
     assert _gen(pipe, steps=1).images.shape == (3, 1, 32, 32)
     assert (tmp_path / "fashion_dit_samples.png").stat().st_size > 0
+
+
+def _need_cache(name: str) -> None:
+    import diffusers.hooks as hooks
+
+    if not hasattr(hooks, name):
+        pytest.skip(f"this diffusers has no {name}")
+
+
+@pytest.mark.parametrize("which,spec", [("dit", "fbc:100"), ("dit", "taylorseer:2,disable_cache_before_step=1"),
+                                        ("dit", "pab:2"), ("video", "fbc:100"), ("video", "pab:2")])
+def test_diffusers_caches_run_on_the_embedded_transformers_and_come_off(which, spec, request):
+    """The embedded pipelines run their transformer as diffusers' pipelines do (cache_context, current_timestep,
+    the cache state reset per generation): each cache changes the images, skips linear work, and comes off
+    bit-identically; a second generation gives the first's images (no state left over). Thresholds are extreme:
+    random weights change fast. (TaylorSeer's default patterns miss Wan's attn1/attn2: diffusers' own limit.)"""
+    from tokenmerge.quality.run import linear_work
+    from tokenmerge.tools.methods import parse_spec
+
+    _need_cache({"fbc": "FirstBlockCacheConfig", "taylorseer": "TaylorSeerCacheConfig",
+                 "pab": "PyramidAttentionBroadcastConfig"}[spec.split(":")[0]])
+    pipe, method = request.getfixturevalue(which), parse_spec(spec)
+    with linear_work(pipe) as plain_work:
+        plain = _gen(pipe, steps=6).images
+    with method.applied(pipe):
+        with linear_work(pipe) as work:
+            cached = _gen(pipe, steps=6).images
+        again = _gen(pipe, steps=6).images
+    assert torch.isfinite(cached).all() and not torch.equal(cached, plain)
+    assert torch.equal(again, cached)
+    assert 0 < work[0] < plain_work[0]
+    assert torch.equal(_gen(pipe, steps=6).images, plain)
+
+
+def test_a_cache_with_token_merging_runs_together_or_is_refused_by_name(dit):
+    """First Block Cache keeps whole blocks' outputs in full token space: it runs with ToMe. Pyramid Attention
+    Broadcast keeps an attention output, which merged tokens would make wrong: refused, naming it."""
+    from tokenmerge.tools.methods import parse_spec
+
+    _need_cache("FirstBlockCacheConfig")
+    plain = _gen(dit, steps=4).images
+    with parse_spec("tome:0.5+fbc:100").applied(dit):
+        both = _gen(dit, steps=4).images
+    with parse_spec("fbc:100").applied(dit):
+        cache_only = _gen(dit, steps=4).images
+    assert not torch.equal(both, cache_only) and not torch.equal(both, plain)
+    assert torch.equal(_gen(dit, steps=4).images, plain)
+    with pytest.raises((ValueError, RuntimeError), match="Pyramid Attention Broadcast"):
+        with parse_spec("tome:0.5+pab:2").applied(dit):
+            _gen(dit, steps=4)
+    assert tokenmerge.describe_patch(dit) is None and torch.equal(_gen(dit, steps=4).images, plain)
+
+
+def test_cache_specs_are_checked():
+    from tokenmerge.tools.methods import parse_spec
+
+    assert parse_spec("fbc").text == "fbc:0.05" and parse_spec("taylorseer").text == "taylorseer:5"
+    assert parse_spec("fbc:0.1+tome:0.5,match_radius=1").label == "tome 0.5 match_radius=1 + fbc 0.1"
+    for bad, words in (("fbc:0.1,nope=1", "nope"), ("taylorseer:0.5", "positive integer"),
+                       ("tome:0.5+todo:2", "one cache"), ("fbc+pab", "one cache")):
+        with pytest.raises(ValueError, match=words):
+            parse_spec(bad)
+    with pytest.raises(ValueError, match="across steps"):
+        parse_spec("fbc", bench=True)
+    with pytest.raises(ValueError, match="quality"):
+        parse_spec("tome:0.5+fbc", bench=True)

@@ -17,7 +17,7 @@ from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from .flow import check_call, euler, load_parts, transformer_class
+from .flow import TimestepMixin, check_call, euler, load_parts, transformer_class
 from .model import CLASS_NAMES, NULL_CLASS, class_ids
 
 __all__ = ["DIT_CONFIG", "DIT_WEIGHTS", "SIZE", "build_dit", "ClassText", "FashionDiT", "load_fashion_dit",
@@ -72,7 +72,7 @@ def image_ids(size: int = SIZE, device=None) -> torch.Tensor:
     return torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).float()
 
 
-class FashionDiT(DiffusionPipeline):
+class FashionDiT(TimestepMixin, DiffusionPipeline):
     """Prompt -> images with the embedded DiT: ``FashionDiT(...)(["a sneaker"], num_inference_steps=20)``."""
 
     class_names = CLASS_NAMES
@@ -108,7 +108,7 @@ class FashionDiT(DiffusionPipeline):
         shape = (len(prompts), 1, SIZE, SIZE)
         x = latents.to(device, dtype) if latents is not None else \
             torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
-        x = euler(lambda inp, t: self.velocity(inp, t, tokens, pooled), x, num_inference_steps, guidance_scale)
+        x = euler(lambda inp, t: self.velocity(inp, t, tokens, pooled), x, num_inference_steps, guidance_scale, self)
         return as_output((x.float().clamp(-1, 1) + 1) / 2, output_type)
 
 

@@ -3,12 +3,23 @@ Euler sampler with classifier-free guidance, and loading their shipped weights."
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-__all__ = ["transformer_class", "check_call", "euler", "load_parts"]
+__all__ = ["transformer_class", "check_call", "euler", "load_parts", "TimestepMixin"]
+
+
+class TimestepMixin:
+    """``pipe.current_timestep`` (0..1000, None outside a step), as diffusers' pipelines expose it."""
+
+    _current_timestep = None
+
+    @property
+    def current_timestep(self):
+        return self._current_timestep
 
 
 def transformer_class(name: str, since: str):
@@ -28,19 +39,41 @@ def check_call(num_inference_steps, output_type: str) -> None:
         raise ValueError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}")
 
 
-def euler(velocity: Callable, x: torch.Tensor, steps: int, guidance_scale: float) -> torch.Tensor:
+def euler(velocity: Callable, x: torch.Tensor, steps: int, guidance_scale: float, pipe=None) -> torch.Tensor:
     """Euler steps of the flow from t = 1 (noise) to 0; ``velocity(x, t)`` takes the batch doubled (unconditional
-    first) when ``guidance_scale != 1``."""
+    first) when ``guidance_scale != 1``.
+
+    ``pipe``: the pipeline, run as diffusers' own pipelines run their transformer, so that diffusers' cache hooks
+    (``transformer.enable_cache(...)``) work on it: each call inside ``transformer.cache_context("predict")``,
+    ``pipe.current_timestep`` on the 0..1000 scale during the step (Pyramid Attention Broadcast reads it), and the
+    cache's state reset before and after the generation."""
     guided = guidance_scale != 1.0
     times = torch.linspace(1.0, 0.0, steps + 1)
-    for t, t_next in zip(times[:-1], times[1:]):
-        inp = torch.cat([x, x]) if guided else x
-        v = velocity(inp, torch.full((inp.shape[0],), float(t), device=x.device, dtype=x.dtype))
-        if guided:
-            v_u, v_c = v.chunk(2)
-            v = v_u + guidance_scale * (v_c - v_u)
-        x = x + (float(t_next) - float(t)) * v
+    model = getattr(pipe, "transformer", None)
+    context = getattr(model, "cache_context", None)  # diffusers >= 0.33 (CacheMixin)
+    _reset_cache(model)
+    try:
+        for t, t_next in zip(times[:-1], times[1:]):
+            inp = torch.cat([x, x]) if guided else x
+            if pipe is not None:
+                pipe._current_timestep = float(t) * 1000
+            with context("predict") if context is not None else contextlib.nullcontext():
+                v = velocity(inp, torch.full((inp.shape[0],), float(t), device=x.device, dtype=x.dtype))
+            if guided:
+                v_u, v_c = v.chunk(2)
+                v = v_u + guidance_scale * (v_c - v_u)
+            x = x + (float(t_next) - float(t)) * v
+    finally:
+        if pipe is not None:
+            pipe._current_timestep = None
+        _reset_cache(model)
     return x
+
+
+def _reset_cache(model) -> None:
+    reset = getattr(model, "_reset_stateful_cache", None)  # what DiffusionPipeline.maybe_free_model_hooks calls
+    if reset is not None:
+        reset()
 
 
 def load_parts(path: Path, transformer: torch.nn.Module, text: torch.nn.Module, what: str, script: str):

@@ -17,7 +17,7 @@ from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from .flow import check_call, euler, load_parts, transformer_class
+from .flow import TimestepMixin, check_call, euler, load_parts, transformer_class
 from .model import CLASS_NAMES, NULL_CLASS, class_ids
 
 __all__ = ["VIDEO_CONFIG", "VIDEO_WEIGHTS", "FRAMES", "SIZE", "build_video", "ClassTokens", "FashionVideo",
@@ -56,7 +56,7 @@ def strip(frames: torch.Tensor) -> torch.Tensor:
     return frames.permute(0, 2, 3, 1, 4).reshape(b, c, h, f * w)
 
 
-class FashionVideo(DiffusionPipeline):
+class FashionVideo(TimestepMixin, DiffusionPipeline):
     """Prompt -> clips: ``.frames`` ``(B, 8, 1, 32, 32)`` in [0, 1]; ``.images``: each clip as a frame strip (PIL,
     numpy or tensor by ``output_type``), which is what ``tokenmerge quality`` compares."""
 
@@ -90,7 +90,7 @@ class FashionVideo(DiffusionPipeline):
         shape = (len(prompts), 1, FRAMES, SIZE, SIZE)
         x = latents.to(device, dtype) if latents is not None else \
             torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
-        x = euler(lambda inp, t: self.velocity(inp, t, tokens), x, num_inference_steps, guidance_scale)
+        x = euler(lambda inp, t: self.velocity(inp, t, tokens), x, num_inference_steps, guidance_scale, self)
         frames = ((x.float().clamp(-1, 1) + 1) / 2).permute(0, 2, 1, 3, 4)  # (B, F, 1, H, W)
         out = as_output(strip(frames), output_type)
         out.frames = frames

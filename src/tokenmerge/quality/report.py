@@ -29,6 +29,9 @@ def markdown(report: dict, command: str | None = None) -> str:
                       "SSIM per frame (mean), and temporal PSNR (of the frame-to-frame differences: motion).")
         lines[-2:] = ["| method | PSNR (dB) | per-frame PSNR | SSIM (per frame) | temporal PSNR | s / clip (median) "
                       "| speed-up |", "|---|---|---|---|---|---|---|"]
+    work = all(m.get("linear_work") for m in report["methods"])
+    if work:  # "linear work": the share of vanilla's nn.Linear multiply-adds each method ran
+        lines[-2:] = [lines[-2] + " linear work |", lines[-1] + "---|"]
     for m in report["methods"]:
         ci = lambda v, f: "" if not isinstance(v, float) else f" ± {v:{f}}"  # noqa: E731
         cells = [f"{_num(m['psnr_mean'], '.2f')}{ci(m['psnr_ci95'], '.2f')}"]
@@ -37,7 +40,13 @@ def markdown(report: dict, command: str | None = None) -> str:
         cells.append(f"{_num(m['ssim_mean'], '.4f')}{ci(m['ssim_ci95'], '.4f')}")
         if video:
             cells.append(f"{_num(m['temporal_psnr_mean'], '.2f')}{ci(m['temporal_psnr_ci95'], '.2f')}")
-        lines.append(f"| {m['label']} | " + " | ".join(cells) + f" | {m['seconds_median']:.3f} | {m['speedup']:.2f}x |")
+        lines.append(f"| {m['label']} | " + " | ".join(cells) + f" | {m['seconds_median']:.3f} | {m['speedup']:.2f}x |"
+                     + (f" {m['linear_work']:.0%} |" if work else ""))
+    if work:
+        lines += ["", "Linear work: the multiply-adds of the denoiser's nn.Linear calls (projections, feed-forwards), "
+                  "as a share of vanilla's, counted during the generation: what a cache skips and merged tokens "
+                  "shrink (attention's own products are not counted). 1 / share is a cache's speed-up at zero "
+                  "overhead."]
     for name, value in (report.get("extra") or {}).items():
         lines += ["", f"- {name}: {value}"]
     return "\n".join(lines) + "\n"

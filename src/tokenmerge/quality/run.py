@@ -7,6 +7,7 @@ cache, and the main process builds the report from it once all are done.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import statistics
@@ -58,10 +59,30 @@ def _call_kwargs(job: QualityJob, prompt: str, seed: int, device: torch.device, 
     return kwargs
 
 
+@contextlib.contextmanager
+def linear_work(pipe):
+    """``with linear_work(pipe) as count:`` ``count[0]`` = the multiply-adds of every ``nn.Linear`` call of the
+    pipeline's denoiser inside the block (projections and feed-forwards: the work a cache skips or merged tokens
+    shrink; attention's own products and convolutions are not counted). A counter per call, no host sync."""
+    model = getattr(pipe, "transformer", None) or getattr(pipe, "unet", None)
+    count = [0]
+
+    def hook(module, args, output):
+        count[0] += output.numel() * module.in_features
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)] \
+        if isinstance(model, torch.nn.Module) else []
+    try:
+        yield count
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _generate(pipe, job: QualityJob, spec: MethodSpec, prompt: str, seed: int, device, steps: int):
-    with spec.applied(pipe):
+    with spec.applied(pipe), linear_work(pipe) as work:
         out, seconds = timed(device, lambda: pipe(prompt, **_call_kwargs(job, prompt, seed, device, steps)))
-    return out.images[0], seconds
+    return out.images[0], seconds, work[0]
 
 
 def generate_items(pipe, job: QualityJob, items: list[tuple[str, int]], device, progress=None, rank: int = 0) -> int:
@@ -73,10 +94,10 @@ def generate_items(pipe, job: QualityJob, items: list[tuple[str, int]], device, 
         for spec in {t[2] for t in todo}:
             _generate(pipe, job, spec, todo[0][0], todo[0][1], device, min(job.steps, 2))
     for prompt, seed, spec in todo:
-        image, seconds = _generate(pipe, job, spec, prompt, seed, device, job.steps)
+        image, seconds, work = _generate(pipe, job, spec, prompt, seed, device, job.steps)
         cache.store(job.key(spec, prompt, seed), image,
                     {"prompt": prompt, "seed": seed, "label": spec.label, "seconds": seconds, "steps": job.steps,
-                     "device": str(device), "process": rank})
+                     "linear_macs": work, "device": str(device), "process": rank})
         if progress is not None:
             progress.update(1)
     return len(todo)
@@ -99,11 +120,12 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -
         return key, found[0], found[1]
 
     video = ("frame_psnr", "ssim", "temporal_psnr") if job.frames else ()
-    rows, per_spec = [], {s.label: {"psnr": [], "ssim": [], "seconds": [], "frame_psnr": [], "temporal_psnr": []}
-                          for s in job.all_specs}
+    rows, per_spec = [], {s.label: {"psnr": [], "ssim": [], "seconds": [], "frame_psnr": [], "temporal_psnr": [],
+                                    "work": []} for s in job.all_specs}
     images: dict[str, list] = {s.label: [] for s in job.all_specs}
     for prompt, seed in items:
-        ref = to_tensor(entry(VANILLA, prompt, seed)[1])
+        _, ref, ref_meta = entry(VANILLA, prompt, seed)
+        ref = to_tensor(ref)
         for spec in job.all_specs:
             key, img, meta = entry(spec, prompt, seed)
             x = to_tensor(img)
@@ -117,6 +139,8 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -
             for name, value in scores.items():
                 stats[name].append(value)
             stats["seconds"].append(meta["seconds"])
+            if meta.get("linear_macs") and ref_meta.get("linear_macs"):  # entries cached before it was counted: none
+                stats["work"].append(meta["linear_macs"] / ref_meta["linear_macs"])
             rows.append({"prompt": prompt, "seed": seed, "label": spec.label,
                          **{k: _finite(v) for k, v in scores.items()}, "seconds": meta["seconds"],
                          "process": meta.get("process", 0), "image": str(cache.image_path(key))})
@@ -127,9 +151,11 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -
         pm, pci = mean_ci(stats["psnr"])
         sm, sci = mean_ci(stats["ssim"])
         sec = statistics.median(stats["seconds"])
-        summary.append({"label": spec.label, "n": len(stats["psnr"]), "psnr_mean": _finite(pm),
+        summary.append({"label": spec.label, "spec": spec.text, "n": len(stats["psnr"]), "psnr_mean": _finite(pm),
                         "psnr_ci95": _finite(pci), "ssim_mean": sm, "ssim_ci95": _finite(sci),
-                        "seconds_median": sec, "speedup": base / sec})
+                        "seconds_median": sec, "speedup": base / sec,
+                        "linear_work": statistics.mean(stats["work"]) if len(stats["work"]) == len(stats["psnr"])
+                        else None})
         for name in video[::2]:  # frame_psnr, temporal_psnr
             mean, half = mean_ci(stats[name])
             summary[-1].update({f"{name}_mean": _finite(mean), f"{name}_ci95": _finite(half)})

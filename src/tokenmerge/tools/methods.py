@@ -2,7 +2,9 @@
 
 Grammar: ``NAME[:VALUE][,KEY=VALUE...]``. NAME is one of ``METHODS``; VALUE is ToMe's ratio or ToDo's factor;
 KEY=VALUE pairs are keyword arguments of ``apply_patch`` / ``apply_todo`` / ``tomesd.apply_patch``
-(``stop=0.5``, ``reuse_steps=2``, ``mode=avg``...). ToDo's factor may be one per grid axis: ``todo:1x2x2`` (each
+(``stop=0.5``, ``reuse_steps=2``, ``mode=avg``...). For ``tokenmerge quality`` only, diffusers' caches are methods
+too (``fbc:0.05``, ``taylorseer:5``, ``pab:2``: ``tools/caches.py``), and ``A+B`` runs two methods together
+(``tome:0.5+fbc:0.05``: a token reduction and a cache). ToDo's factor may be one per grid axis: ``todo:1x2x2`` (each
 video frame pooled 2x2), ``todo:2x2x2`` (frames too), also written ``todo,downsample=(2,2,2)``. A spec is checked
 when parsed: a bad name or option raises ``ValueError`` naming it.
 """
@@ -13,9 +15,10 @@ import contextlib
 from dataclasses import dataclass
 
 from ..config import ToDoConfig, ToMeConfig
+from .caches import CACHES, DEFAULTS
 from .text import cap_message, quote
 
-__all__ = ["METHODS", "BENCH_METHODS", "MethodSpec", "parse_spec"]
+__all__ = ["METHODS", "BENCH_METHODS", "MethodSpec", "Combined", "parse_spec"]
 
 METHODS = {
     "vanilla": "no merging",
@@ -121,6 +124,10 @@ class MethodSpec:
         return None
 
     @property
+    def is_cache(self) -> bool:
+        return self.name in CACHES
+
+    @property
     def is_factor(self) -> bool:
         """Whether ``value`` is a ToDo factor (else a ToMe ratio, or nothing for vanilla)."""
         return self.name in _FACTOR_METHODS
@@ -140,11 +147,19 @@ class MethodSpec:
                                             "max_downsample"}
             if unknown:
                 raise ValueError(f"tomesd takes no option {sorted(unknown)}")
+        elif self.is_cache:
+            from .caches import cache_config
+
+            cache_config(self.name, self.value, self.kwargs())
 
     def apply(self, model) -> None:
         import tokenmerge
 
-        if self.name == "tome":
+        if self.is_cache:
+            from .caches import enable
+
+            enable(model, self.name, self.value, self.kwargs())
+        elif self.name == "tome":
             tokenmerge.apply_patch(model, ratio=self.value, **self.kwargs())
         elif self.name == "todo":
             tokenmerge.apply_todo(model, downsample=self.value, **self.kwargs())
@@ -174,7 +189,11 @@ class MethodSpec:
             self.remove(model)
 
     def remove(self, model) -> None:
-        if self.name == "tomesd":
+        if self.is_cache:
+            from .caches import disable
+
+            disable(model)
+        elif self.name == "tomesd":
             import tomesd
 
             tomesd.remove_patch(model)
@@ -204,22 +223,83 @@ def auto_downsample(model) -> int:
     return min(downsample for denoiser in info.denoisers for _, downsample in denoiser.blocks)
 
 
-def parse_spec(text: str, bench: bool = False) -> MethodSpec:
+@dataclass(frozen=True)
+class Combined:
+    """Methods run together (``tome:0.5+fbc:0.05``): applied in order, removed in reverse."""
+
+    parts: tuple[MethodSpec, ...]
+
+    @property
+    def name(self) -> str:
+        return "+".join(p.name for p in self.parts)
+
+    @property
+    def label(self) -> str:
+        return " + ".join(p.label for p in self.parts)
+
+    @property
+    def text(self) -> str:
+        return "+".join(p.text for p in self.parts)
+
+    @contextlib.contextmanager
+    def applied(self, model):
+        done = []
+        try:
+            for part in self.parts:
+                part.apply(model)
+                done.append(part)
+            yield model
+        finally:
+            for part in reversed(done):
+                part.remove(model)
+
+
+def _split_plus(text: str) -> list[str]:
+    """``text`` split at the ``+`` signs outside brackets that are not an exponent's (``1e+3``)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        elif ch == "+" and depth == 0 and not (i > 0 and text[i - 1] in "eE" and text[i - 2:i - 1].isdigit()):
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
     """``"tome:0.5,stop=0.5"`` -> ``MethodSpec("tome", 0.5, (("stop", 0.5),))``, checked.
 
-    ``bench=True`` also accepts the bench's speed references ``limit`` and ``todo-limit``.
+    ``bench=True`` also accepts the bench's speed references ``limit`` and ``todo-limit``, and refuses diffusers'
+    caches and combinations (the bench times one step; a cache acts across steps). Without it, ``A+B`` gives a
+    ``Combined`` of at most one token reduction and one cache.
     """
+    pieces = _split_plus(text)
+    if len(pieces) > 1:
+        if bench:
+            raise ValueError(f"method spec {quote(text)}: the bench times one step of one method; '+' combinations "
+                             "(and caches) are for tokenmerge quality")
+        parts = tuple(parse_spec(piece.strip()) for piece in pieces)
+        caches = sum(p.is_cache for p in parts)
+        if len(parts) != 2 or caches != 1 or any(p.name == "vanilla" for p in parts):
+            raise ValueError(f"method spec {quote(text)}: a combination is one token reduction (tome, todo, "
+                             "tomesd) and one cache (fbc, taylorseer, pab), e.g. tome:0.5+fbc:0.05")
+        return Combined(tuple(sorted(parts, key=lambda p: p.is_cache)))  # the patch first, then the cache
     head, *pairs = [part.strip() for part in _split(text)]
     name, _, value = head.partition(":")
     name = name.strip().lower()
-    allowed = {**METHODS, **BENCH_METHODS} if bench else METHODS
+    if bench and name in CACHES:
+        raise ValueError(f"method spec {quote(text)}: the bench times one denoising step, and a cache acts across "
+                         "steps; compare caches with tokenmerge quality")
+    allowed = {**METHODS, **BENCH_METHODS} if bench else {**METHODS, **CACHES}
     if name not in allowed:
         raise ValueError(f"method spec {quote(text)}: method must be one of {', '.join(allowed)}; got {quote(name, 40)}")
     if name == "vanilla":
         if value or pairs:
             raise ValueError(f"method spec {quote(text)}: vanilla takes no value or options")
         return MethodSpec("vanilla")
-    number = _value(value) if value else (2 if name in _FACTOR_METHODS else 0.5)
+    number = _value(value) if value else DEFAULTS.get(name, 2 if name in _FACTOR_METHODS else 0.5)
     per_axis = isinstance(number, tuple) and name in _FACTOR_METHODS
     if not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
         hint = " (ToDo: or a factor per axis such as 1x2x2)" if name in _FACTOR_METHODS else ""
@@ -240,8 +320,15 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec:
             raise ValueError(f"method spec {quote(text)}: downsample must be an integer or a factor per axis "
                              "such as (1,2,2)")
     try:
-        spec = MethodSpec(name, number if name in _FACTOR_METHODS else float(number), tuple(options))
+        if name in CACHES and isinstance(DEFAULTS[name], int):
+            if number != int(number) or number < 1:
+                raise ValueError(f"{name}'s value must be a positive integer, got {value}")
+            number = int(number)
+        spec = MethodSpec(name, number if name in _FACTOR_METHODS or name in CACHES else float(number),
+                          tuple(options))
         spec.check()
+    except ImportError as err:
+        raise ValueError(f"method spec {quote(text)}: {err}") from None
     except (TypeError, ValueError, ArithmeticError) as err:  # an unknown keyword, a value out of range or too big
         raise ValueError(f"method spec {quote(text)}: {cap_message(str(err))}") from None
     return spec

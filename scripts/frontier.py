@@ -1,0 +1,165 @@
+"""Speed versus fidelity: one family's bench table (speed at a real width) joined with the quality table of the
+trained embedded model of that family (fidelity), its Pareto frontier marked. Writes STEM.md and STEM.png.
+
+    python scripts/frontier.py --bench benchmarks/results/perf/cpu-flux-2+4-1024-scope.jsonl \
+        --quality benchmarks/results/quality/quality-fashion-dit-caches.json --out benchmarks/results/frontier \
+        --stem frontier-dit --title "Flux.1-style DiT"
+
+x, the speed-up of a setting:
+- a token reduction (tome, todo): its step speed-up over vanilla in the bench table (same spec), measured;
+- a cache alone (fbc, taylorseer, pab): 1 / the share of vanilla's linear work it ran on the trained model (counted
+  during the quality run): its speed-up at zero overhead, since a cache's savings depend on the trained model's
+  trajectory, which random-weight presets do not have;
+- a combination: the token reduction's measured speed-up times the cache's further saving on the trained model
+  (the token reduction's linear work over the combination's).
+y: PSNR (and SSIM) to the vanilla model's output from the same noise, on the trained model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+CACHES = ("fbc", "taylorseer", "pab")
+
+
+def _kind(spec: str) -> str:
+    parts = spec.split("+")
+    if len(parts) > 1:
+        return "combined"
+    return "cache" if parts[0].split(":")[0].split(",")[0] in CACHES else "tokens"
+
+
+def _scheduled(spec: str) -> tuple[str, float]:
+    """(the spec without start/stop, the fraction of the steps it is on): ``tome:0.5,start=0.5`` -> (tome:0.5, 0.5)."""
+    head, *opts = spec.split(",")
+    keep, start, stop = [head], 0.0, 1.0
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        if key == "start":
+            start = float(value)
+        elif key == "stop":
+            stop = float(value)
+        else:
+            keep.append(opt)
+    return ",".join(keep), max(0.0, stop - start)
+
+
+def _step_speed(speed: dict, spec: str):
+    """(speed-up, how) of a token reduction: measured for one step; with a start/stop schedule, the measured step
+    speed-up on that fraction of the steps and vanilla on the rest (1 / ((1 - f) + f / s))."""
+    if spec in speed:
+        return speed[spec], "measured"
+    plain, on = _scheduled(spec)
+    if plain != spec and plain in speed:
+        return 1 / ((1 - on) + on / speed[plain]), f"measured step, on {on:.0%} of steps"
+    return None, ""
+
+
+def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
+    """(points, notes): one point per quality method with a speed; notes name the methods left out and why."""
+    speed = {r["spec"]: r["speedup"] for r in bench if r.get("status") == "ok" and r.get("speedup")}
+    work = {m["spec"]: m.get("linear_work") for m in quality["methods"]}
+    out, notes = [], []
+    for m in quality["methods"]:
+        spec, kind = m["spec"], _kind(m["spec"])
+        if spec == "vanilla":
+            continue
+        if kind == "tokens":
+            x, how = _step_speed(speed, spec)
+        elif kind == "cache":
+            x, how = (1 / m["linear_work"] if m.get("linear_work") else None), "counted"
+        else:
+            token = next(p for p in spec.split("+") if _kind(p) == "tokens")
+            (base, how), base_work = _step_speed(speed, token), work.get(token)
+            x = base * base_work / m["linear_work"] if base and base_work and m.get("linear_work") else None
+            how += " x counted"
+        if x is None:
+            notes.append(f"{m['label']}: no speed (not in the bench table, or no linear work counted)")
+            continue
+        psnr = m["psnr_mean"] if isinstance(m["psnr_mean"], float) else float("inf")
+        out.append(dict(label=m["label"], spec=spec, kind=kind, speedup=x, how=how, psnr=psnr,
+                        psnr_ci=m.get("psnr_ci95"), ssim=m["ssim_mean"], work=m.get("linear_work")))
+    for p in out:  # on the frontier: no other point is at least as fast and as faithful, and better in one
+        p["frontier"] = not any(q is not p and q["speedup"] >= p["speedup"] and q["psnr"] >= p["psnr"]
+                                and (q["speedup"] > p["speedup"] or q["psnr"] > p["psnr"]) for q in out)
+    return sorted(out, key=lambda p: p["speedup"]), notes
+
+
+def markdown(pts, notes, bench_cmd: str, quality_cmd: str, title: str) -> str:
+    lines = [f"### Speed versus fidelity: {title}", "",
+             f"Speed: `{bench_cmd}` (random weights at real widths; caches: counted on the trained model, see below).",
+             f"Fidelity: `{quality_cmd}` (the trained embedded model).", "",
+             "| setting | kind | speed-up | how | PSNR (dB) | SSIM | linear work | frontier |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in pts:
+        ci = f" ± {p['psnr_ci']:.2f}" if isinstance(p["psnr_ci"], float) else ""
+        work = f"{p['work']:.0%}" if p["work"] else ""
+        lines.append(f"| {p['label']} | {p['kind']} | {p['speedup']:.2f}x | {p['how']} | {p['psnr']:.2f}{ci} | "
+                     f"{p['ssim']:.3f} | {work} | {'yes' if p['frontier'] else ''} |")
+    lines += ["", "Speed-up, how: measured = the bench's step time (medians, interleaved); on N% of steps = a "
+              "schedule (start/stop): the measured step speed-up on that share of the steps, vanilla on the rest; "
+              "counted = 1 / the share of vanilla's nn.Linear multiply-adds the cache ran on the trained model (zero "
+              "overhead: an upper bound); x counted = times the cache's further saving on top of the token "
+              "reduction (its linear work over the combination's)."]
+    lines += [f"- left out: {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def plot(pts, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    style = {"tokens": ("o", "tab:blue"), "cache": ("s", "tab:orange"), "combined": ("^", "tab:green")}
+    for kind, (marker, color) in style.items():
+        sel = [p for p in pts if p["kind"] == kind]
+        if sel:
+            ax.scatter([p["speedup"] for p in sel], [p["psnr"] for p in sel], marker=marker, color=color,
+                       label={"tokens": "token reduction (measured)", "cache": "diffusers cache (counted)",
+                              "combined": "both"}[kind], zorder=3)
+    front = sorted((p for p in pts if p["frontier"]), key=lambda p: p["speedup"])
+    ax.plot([p["speedup"] for p in front], [p["psnr"] for p in front], "k--", lw=1, label="frontier", zorder=2)
+    for p in pts:
+        ax.annotate(p["label"], (p["speedup"], p["psnr"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("speed-up over vanilla")
+    ax.set_ylabel("PSNR to vanilla (dB), trained model")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench", type=Path, required=True, help="a tokenmerge bench JSONL file")
+    p.add_argument("--quality", type=Path, required=True, help="a tokenmerge quality JSON file")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--stem", required=True, help="file name stem: STEM.md, STEM.png")
+    p.add_argument("--title", required=True)
+    a = p.parse_args(argv)
+    bench = [json.loads(line) for line in a.bench.read_text().splitlines() if line.strip()]
+    quality = json.loads(a.quality.read_text())
+    pts, notes = points(bench, quality)
+    if not pts:
+        p.error("no quality method has a speed: run the bench with the same specs")
+    a.out.mkdir(parents=True, exist_ok=True)
+    md = markdown(pts, notes, bench[0].get("command", "?"), quality.get("command", "?"), a.title)
+    tmp = a.out / f"{a.stem}.md.tmp"
+    tmp.write_text(md)
+    tmp.replace(a.out / f"{a.stem}.md")
+    plot(pts, a.out / f"{a.stem}.png", a.title)
+    sys.stdout.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
