@@ -427,33 +427,30 @@ _add(PipelineCase("z-image", "ZImagePipeline", _zimage, denoiser="z-image", guid
                         "(1000 - t) / 1000"))
 
 
-def _lumina2():
-    g = torch.Generator().manual_seed(1)
-    pipe = _pipe("Lumina2Pipeline", scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=_vae_kl(shift_factor=0.0),
-                 text_encoder=None, tokenizer=None, transformer=CATALOGUE["lumina2"].build())
-    pipe.vae_scale_factor = 2  # fixed at 8 by the pipeline; the tiny VAE compresses 2x
-    mask = torch.ones(1, TXT, dtype=torch.long)
-    return pipe, dict(prompt_embeds=_randn(g, 1, TXT, 16), prompt_attention_mask=mask,
-                      negative_prompt_embeds=_randn(g, 1, TXT, 16), negative_prompt_attention_mask=mask,
-                      height=32, width=32, num_inference_steps=2, guidance_scale=4.0, output_type="pt")
+def _lumina(cls: str, denoiser: str, size: int):
+    """Lumina2Pipeline / LuminaPipeline: precomputed caption embeddings and masks, no text encoder."""
+
+    def build():
+        g = torch.Generator().manual_seed(1)
+        pipe = _pipe(cls, scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=_vae_kl(shift_factor=0.0),
+                     text_encoder=None, tokenizer=None, transformer=CATALOGUE[denoiser].build())
+        pipe.vae_scale_factor = 2  # fixed at 8 by the pipeline; the tiny VAE compresses 2x
+        mask = torch.ones(1, TXT, dtype=torch.long)
+        return pipe, dict(prompt_embeds=_randn(g, 1, TXT, 16), prompt_attention_mask=mask,
+                          negative_prompt_embeds=_randn(g, 1, TXT, 16), negative_prompt_attention_mask=mask,
+                          height=size, width=size, num_inference_steps=2, guidance_scale=4.0, output_type="pt")
+
+    return build
+
+
+_lumina2 = _lumina("Lumina2Pipeline", "lumina2", 32)
 
 
 _add(PipelineCase("lumina2", "Lumina2Pipeline", _lumina2, denoiser="lumina2", guidance=dict(guidance_scale=1.0),
                   notes="cond and uncond as separate calls (one caption length per call); timestep 1 - t/1000"))
 
 
-def _lumina_next():
-    g = torch.Generator().manual_seed(1)
-    pipe = _pipe("LuminaPipeline", scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=_vae_kl(shift_factor=0.0),
-                 text_encoder=None, tokenizer=None, transformer=CATALOGUE["lumina-next"].build())
-    pipe.vae_scale_factor = 2  # fixed at 8 by the pipeline; the tiny VAE compresses 2x
-    mask = torch.ones(1, TXT, dtype=torch.long)
-    return pipe, dict(prompt_embeds=_randn(g, 1, TXT, 16), prompt_attention_mask=mask,
-                      negative_prompt_embeds=_randn(g, 1, TXT, 16), negative_prompt_attention_mask=mask,
-                      height=16, width=16, num_inference_steps=2, guidance_scale=4.0, output_type="pt")
-
-
-_add(PipelineCase("lumina-next", "LuminaPipeline", _lumina_next, denoiser="lumina-next", grid=(4, 4),
+_add(PipelineCase("lumina-next", "LuminaPipeline", _lumina("LuminaPipeline", "lumina-next", 16), denoiser="lumina-next", grid=(4, 4),
                   requires=("LuminaPipeline",), guidance=dict(guidance_scale=1.0),
                   notes="cond + uncond in one call; proportional attention (base_sequence_length) on"))
 

@@ -175,6 +175,10 @@ _SD = dict(
     up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
 )
 
+_PIXART = dict(num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8, num_layers=28,
+               cross_attention_dim=1152, sample_size=64, patch_size=2, caption_channels=4096,
+               norm_type="ada_norm_single", use_additional_conditions=False)
+
 PRESETS = {
     "tiny": Preset(
         "tiny", "a tiny SD-1.x-shaped UNet for tests (seconds on a CPU)",
@@ -198,20 +202,10 @@ PRESETS = {
              projection_class_embeddings_input_dim=2816, sample_size=128),
         added_cond={"text_embeds": (1280,), "time_ids": (6,)},
     ),
-    "pixart": Preset(
-        "pixart", "PixArt-alpha 512 transformer (610M parameters, 28 blocks)",
-        dict(num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8, num_layers=28,
-             cross_attention_dim=1152, sample_size=64, patch_size=2, caption_channels=4096,
-             norm_type="ada_norm_single", use_additional_conditions=False),
-        text_tokens=120, family="pixart", text_dim=4096, patch=2,
-    ),
-    "pixart-7": Preset(
-        "pixart-7", "PixArt-alpha widths (1152 wide, 16 heads x 72) with 7 of its 28 blocks (REDUCED)",
-        dict(num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8, num_layers=7,
-             cross_attention_dim=1152, sample_size=64, patch_size=2, caption_channels=4096,
-             norm_type="ada_norm_single", use_additional_conditions=False),
-        text_tokens=120, family="pixart", text_dim=4096, patch=2,
-    ),
+    "pixart": Preset("pixart", "PixArt-alpha 512 transformer (610M parameters, 28 blocks)", _PIXART,
+                     text_tokens=120, family="pixart", text_dim=4096, patch=2),
+    "pixart-7": Preset("pixart-7", "PixArt-alpha widths (1152 wide, 16 heads x 72) with 7 of its 28 blocks (REDUCED)",
+                       dict(_PIXART, num_layers=7), text_tokens=120, family="pixart", text_dim=4096, patch=2),
     "sd3": Preset(
         "sd3", "Stable Diffusion 3 medium MMDiT (2B parameters, 24 joint blocks)",
         dict(sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64,

@@ -85,14 +85,21 @@ class TargetHooks:
         image = image_part(x, plan.num_tokens, before)
         merged = join(x, plan.merge(image), before, after)
         args, kwargs = target.arg.replace(args, kwargs, merged)
-        for bound in target.same:  # the same tokens passed again (Lumina's keys): the same merged tokens
-            value = bound.read(args, kwargs)
-            if value is x:
-                args, kwargs = bound.replace(args, kwargs, merged)
-            elif value is not None:
-                raise RuntimeError(f"tokenmerge: {spec.attr} got a {bound.name} that is not its hidden_states, "
-                                   f"which the {self.family.name} family declares it to be")
+        # the same tokens passed again (Lumina's keys): the same merged tokens
+        args, kwargs = self._replace_same(target, target.same, x, merged, "hidden_states", args, kwargs)
         return self._follow_rotary(plan, target, args, kwargs)
+
+    def _replace_same(self, target: Bound, bounds, old, new, what: str, args, kwargs):
+        """Each argument of ``bounds`` that is ``old`` itself becomes ``new``; one that is another tensor is an
+        error (the family declares it to be the same)."""
+        for bound in bounds:
+            value = bound.read(args, kwargs)
+            if value is old:
+                args, kwargs = bound.replace(args, kwargs, new)
+            elif value is not None:
+                raise RuntimeError(f"tokenmerge: {target.spec.attr} got a {bound.name} that is not its {what}, "
+                                   f"which the {self.family.name} family declares it to be")
+        return args, kwargs
 
     def _follow_rotary(self, plan, target: Bound, args, kwargs):
         """The target's rotary embedding and attention mask at the merged tokens (each keeps its first token's)."""
@@ -107,13 +114,8 @@ class TargetHooks:
                                    "shared_plan=True")
             taken = take(spec, value, plan.num_tokens, plan.representatives(), self.state.trailing)
             args, kwargs = bound.replace(args, kwargs, taken)
-            for twin in target.twins if take is take_rotary else ():  # the same table under another name
-                other = twin.read(args, kwargs)
-                if other is value:
-                    args, kwargs = twin.replace(args, kwargs, taken)
-                elif other is not None:
-                    raise RuntimeError(f"tokenmerge: {target.spec.attr} got a {twin.name} that is not its "
-                                       f"{bound.name}, which the {self.family.name} family declares it to be")
+            if take is take_rotary:  # the same table under another name (Lumina-Next's key_rotary_emb)
+                args, kwargs = self._replace_same(target, target.twins, value, taken, bound.name, args, kwargs)
         return args, kwargs
 
     def _unmerge_output(self, index: int, t: int, module, args, output):

@@ -73,15 +73,17 @@ def _format(value) -> str:
     return f"{value:g}"
 
 
-def _split(text: str) -> list[str]:
-    """``text`` split at the commas outside brackets (``todo,downsample=(2,2,2),mode=avg`` has three parts)."""
+def _split(text: str, sep: str = ",") -> list[str]:
+    """``text`` split at the ``sep`` outside brackets (``todo,downsample=(2,2,2),mode=avg`` has three parts); a
+    ``+`` that is an exponent's (``1e+3``) does not split."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch in "([":
             depth += 1
         elif ch in ")]":
             depth = max(0, depth - 1)
-        elif ch == "," and depth == 0:
+        elif ch == sep and depth == 0 and not (sep == "+" and text[i - 1:i] in ("e", "E")
+                                                and text[i - 2:i - 1].isdigit()):
             parts.append(text[start:i])
             start = i + 1
     return parts + [text[start:]]
@@ -254,20 +256,6 @@ class Combined:
                 part.remove(model)
 
 
-def _split_plus(text: str) -> list[str]:
-    """``text`` split at the ``+`` signs outside brackets that are not an exponent's (``1e+3``)."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth = max(0, depth - 1)
-        elif ch == "+" and depth == 0 and not (i > 0 and text[i - 1] in "eE" and text[i - 2:i - 1].isdigit()):
-            parts.append(text[start:i])
-            start = i + 1
-    return parts + [text[start:]]
-
-
 def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
     """``"tome:0.5,stop=0.5"`` -> ``MethodSpec("tome", 0.5, (("stop", 0.5),))``, checked.
 
@@ -275,7 +263,7 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
     caches and combinations (the bench times one step; a cache acts across steps). Without it, ``A+B`` gives a
     ``Combined`` of at most one token reduction and one cache.
     """
-    pieces = _split_plus(text)
+    pieces = _split(text, "+")
     if len(pieces) > 1:
         if bench:
             raise ValueError(f"method spec {quote(text)}: the bench times one step of one method; '+' combinations "
