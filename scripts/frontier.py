@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import sys
 from pathlib import Path
 
@@ -80,6 +81,9 @@ def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
             notes.append(f"{m['label']}: no speed (not in the bench table, or no linear work counted)")
             continue
         psnr = m["psnr_mean"] if isinstance(m["psnr_mean"], float) else float("inf")
+        if psnr == float("inf"):
+            notes.append(f"{m['label']}: identical to vanilla on this model (it skipped or merged nothing)")
+            continue
         out.append(dict(label=m["label"], spec=spec, kind=kind, speedup=x, how=how, psnr=psnr,
                         psnr_ci=m.get("psnr_ci95"), ssim=m["ssim_mean"], work=m.get("linear_work")))
     for p in out:  # on the frontier: no other point is at least as fast and as faithful, and better in one
@@ -128,7 +132,7 @@ def plot(pts, path: Path, title: str) -> None:
         ax.annotate(p["label"], (p["speedup"], p["psnr"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("speed-up over vanilla")
     ax.set_ylabel("PSNR to vanilla (dB), trained model")
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

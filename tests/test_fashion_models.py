@@ -199,3 +199,18 @@ def test_cache_specs_are_checked():
         parse_spec("fbc", bench=True)
     with pytest.raises(ValueError, match="quality"):
         parse_spec("tome:0.5+fbc", bench=True)
+
+
+def test_a_block_cache_with_whole_block_merging_is_refused(video):
+    """With scope="block" a cache's hook on a block sees merged tokens (First Block Cache compared residuals of
+    256 and 512 tokens across a schedule's boundary and crashed inside diffusers): refused, naming the cache."""
+    from tokenmerge.tools.methods import parse_spec
+
+    _need_cache("FirstBlockCacheConfig")
+    plain = _gen(video, steps=2).images
+    for spec in ("tome:0.5,scope=block,start=0.5+fbc:0.05", "tome:0.5,scope=block+fbc:100"):
+        with pytest.raises((ValueError, RuntimeError), match="First Block Cache"):
+            with parse_spec(spec).applied(video):
+                _gen(video, steps=2)
+        assert tokenmerge.describe_patch(video) is None
+    assert torch.equal(_gen(video, steps=2).images, plain)

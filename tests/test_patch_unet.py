@@ -35,7 +35,8 @@ def test_parity_with_tomesd(unet, merge_attn, merge_crossattn, merge_mlp, max_do
         ref = run(unet, inp, positional=True)
     finally:
         tomesd.remove_patch(unet)
-    tokenmerge.apply_patch(unet, ratio=0.5, max_downsample=max_downsample, use_rand=False, **flags)
+    tokenmerge.apply_patch(unet, ratio=0.5, max_downsample=max_downsample, use_rand=False, match_radius=None,
+                           **flags)  # tomesd's matching: one argument away from the default
     try:
         ours = run(unet, inp)
     finally:
@@ -137,7 +138,7 @@ def test_sizes_and_batches(unet, batch, h, w, use_rand):
 
     inp = unet_inputs(batch=batch, h=h, w=w)
     vanilla = run(unet, inp)
-    tokenmerge.apply_patch(unet, ratio=0.5, use_rand=use_rand, max_downsample=2)
+    tokenmerge.apply_patch(unet, ratio=0.5, use_rand=use_rand, max_downsample=2, match_radius=None)
     try:
         out = run(unet, inp)
         out_again = run(unet, unet_inputs(batch=batch + 1, h=h, w=w))  # batch size changes between calls
@@ -316,10 +317,10 @@ def test_match_radius_reaches_the_matcher_and_changes_the_result(monkeypatch):
 
     with torch.no_grad():
         plain = unet(**inp).sample
-        tokenmerge.apply_patch(unet)
+        tokenmerge.apply_patch(unet, match_radius=None)  # tomesd's global matching
         exact = unet(**inp).sample
         monkeypatch.setattr(engine, "bipartite_soft_matching", spy)
-        tokenmerge.apply_patch(unet, match_radius=1)
+        tokenmerge.apply_patch(unet)  # the default: match_radius=1
         local = unet(**inp).sample
         tokenmerge.remove_patch(unet)
         again = unet(**inp).sample

@@ -260,3 +260,16 @@ def test_demo_speed_figure_on_a_tiny_preset(tmp_path, capsys, monkeypatch):
     text = (out / "demo-speed.md").read_text()
     assert "tiny-wan" in text and "todo 1x2x2" in text and "tokenmerge 0.5" in text
     assert "RANDOM weights" in capsys.readouterr().out
+
+
+def test_quality_names_a_refused_combination_instead_of_crashing(tmp_path, capsys):
+    import diffusers
+
+    if not hasattr(diffusers, "FluxTransformer2DModel") or not hasattr(diffusers, "PyramidAttentionBroadcastConfig"):
+        pytest.skip("this diffusers lacks the embedded DiT's class or the cache")
+    args = ["quality", "--model", "fashion-dit", "--steps", "2", "--count", "1", "--out", str(tmp_path / "q"),
+            "--no-progress", "--methods", "tome:0.5+pab:2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--methods tome:0.5+pab:2" in err and "Pyramid Attention Broadcast" in err
+    assert not (tmp_path / "q" / "quality.md").exists()

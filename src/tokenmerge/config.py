@@ -58,7 +58,7 @@ class _WhenAndReuse:
     num_train_timesteps: int = 1000
     share_plans: bool = False
     reuse_steps: int = 1
-    match_radius: int | None = None
+    match_radius: int | None = 1
     blocks: tuple[int, ...] | None = None
     st: int = 1
 
@@ -152,9 +152,11 @@ class ToMeConfig(_WhenAndReuse):
             in the level's other blocks. Off by default: it changes results (faster, approximate).
         reuse_steps: keep each plan for this many consecutive denoiser calls (1: recompute every call, the
             default). A new generation (the timestep going up) always recomputes.
-        match_radius: ``None`` (default, tomesd's matching): each source token is compared with every
-            destination. An integer R: only with the destinations of the windows at most R windows away
-            ((2R+1)^2 candidates), so the matching costs O(N) instead of O(N^2). Changes results (approximate).
+        match_radius: an integer R (default 1): each source token is compared only with the destinations of the
+            windows at most R windows away ((2R+1)^2 candidates), so the matching costs O(N) instead of O(N^2).
+            ``None``: with every destination, tomesd's matching (its exact results, with ``use_rand=False``).
+            The default was chosen by measurement (README, "How it differs from tomesd"): on every trained model
+            shipped it is as faithful or more, and on the transformers it is the faster.
     """
 
     ratio: float = 0.5

@@ -32,7 +32,7 @@ def apply_patch(
     num_train_timesteps: int = 1000,
     share_plans: bool = False,
     reuse_steps: int = 1,
-    match_radius: int | None = None,
+    match_radius: int | None = 1,
     blocks=None,
     st: int = 1,
     scope: str = "attention",
@@ -71,9 +71,9 @@ def apply_patch(
         share_plans: one merge plan per level and call, reused by the level's other blocks (changes results;
             off by default).
         reuse_steps: keep plans for this many consecutive denoiser calls (1, the default: recompute).
-        match_radius: ``None`` (default): each source token is matched against every destination, as in
-            tomesd. An integer R: only against the destinations of the windows at most R windows away, so
-            the matching's cost grows with the token count instead of its square (changes results).
+        match_radius: an integer R (default 1): each source token is matched only against the destinations of
+            the windows at most R windows away, so the matching's cost grows with the token count instead of its
+            square. ``None``: against every destination, as in tomesd (its exact results with ``use_rand=False``).
         blocks: which of the blocks the level rule selects to patch, by index (negative from the end):
             ``range(0, 28, 2)`` every other block, ``range(4, 20)`` a range. ``None`` (default): all of them.
             For DiT-family transformers (one resolution) this is the way to choose blocks.
@@ -107,7 +107,7 @@ def apply_todo(
     num_train_timesteps: int = 1000,
     share_plans: bool = False,
     reuse_steps: int = 1,
-    match_radius: int | None = None,
+    match_radius: int | None = 1,
     blocks=None,
     st: int = 1,
 ):

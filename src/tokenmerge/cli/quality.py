@@ -148,7 +148,7 @@ def run(args, parser) -> int:
     from ..quality.extra import make_extra_metrics
     from ..quality.prompts import load_prompt_items
     from ..quality.report import markdown, output_names, write_report
-    from ..quality.run import QualityJob, run_job
+    from ..quality.run import MethodRefused, QualityJob, run_job
     from ..tools.outputs import Outputs
 
     _check_methods(args.methods, parser)
@@ -167,7 +167,12 @@ def run(args, parser) -> int:
     job = QualityJob(key, prompts, args.seeds, args.methods, args.steps, args.guidance, args.size, cache,
                      frames=getattr(pipe, "frames", 0))
     extra = make_extra_metrics(args.metrics, args.clip_model) if args.metrics else None
-    report = run_job(pipe, job, device, progress=not args.no_progress, extra_metrics=extra)
+    try:
+        report = run_job(pipe, job, device, progress=not args.no_progress, extra_metrics=extra)
+    except MethodRefused as err:  # the warm-up round tries every method before the timed images
+        print(f"tokenmerge quality: {err}\n(the images generated so far are cached; run again without that method)",
+              file=sys.stderr)
+        return 2
     if report is None:  # a worker process of a data-parallel run: the main process reports
         return 0
     command = "tokenmerge quality " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["quality"] else sys.argv[1:])

@@ -8,7 +8,9 @@ adapter that makes a combination work (ToDo on fused QKV projections).
   hook appears (patch, then cache): one dictionary lookup per merged sub-module and call, nothing per block.
   Hooks at block level (First Block Cache, MagCache, SeaCache, TaylorSeer's lite mode) store whole blocks'
   outputs, in full token space, and are left alone; so are attention caches on sub-modules that ToDo only pools
-  the keys and values of (their output keeps every token).
+  the keys and values of (their output keeps every token). With ``scope="block"`` the blocks themselves get merged
+  tokens (a cache's hook on a block sees the merged input, which changes size with a schedule): every cache hook
+  on a merged block is refused.
 - ``torch.compile``: dynamo does not guard on empty hook lists, so code compiled before the patch keeps running
   unpatched (the same holds for another instance of the same class compiled earlier in the process). A compiled
   model (a ``torch.compile`` wrapper, ``Module.compile()``, blocks compiled in place) is refused while compiled code
@@ -86,9 +88,13 @@ def _targets(config, blocks, kinds=None):
 
 
 def _merged_region(config, blocks) -> list[tuple[str, nn.Module]]:
-    """Every module that sees merged tokens: the merged targets and everything inside them."""
+    """Every module that sees merged tokens: the merged targets and everything inside them (with
+    ``scope="block"``: the blocks themselves, whose input is merged before any hook of theirs runs)."""
     if not _merges(config):
         return []
+    if getattr(config, "scope", "attention") == "block":
+        return [(f"{site.path}.{name}" if name else site.path, module)
+                for site in blocks for name, module in site.module.named_modules()]
     kinds = (SELF,) if isinstance(config, ToDoConfig) else None
     return [(f"{path}.{name}" if name else path, module)
             for path, sub, _ in _targets(config, blocks, kinds) for name, module in sub.named_modules()]
@@ -122,8 +128,9 @@ def _cache_message(path: str, what: str, config, later: bool) -> str:
     return (f"tokenmerge: {what} {when} on {path}, whose tokens {method} merges: a cached output holds the "
             "tokens of an earlier step's merge plan, and unmerging it with this step's plan would give tokens "
             "other tokens' outputs. Disable one of them (e.g. model.disable_cache()); block-level caches (First "
-            "Block Cache, MagCache) work with the patch, and so do attention caches with ToDo without query "
-            "merging (apply_todo(..., ratio=0))")
+            "Block Cache, MagCache) work with the patch's default scope='attention' (not with scope='block', "
+            "whose blocks see merged tokens), and so do attention caches with ToDo without query merging "
+            "(apply_todo(..., ratio=0))")
 
 
 # ---- torch.compile -------------------------------------------------------------------------------------------

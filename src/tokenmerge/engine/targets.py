@@ -136,7 +136,9 @@ class TargetHooks:
                 raise RuntimeError(
                     f"tokenmerge: ToDo found no scaled_dot_product_attention call in {self._targets[index][t].spec.attr}"
                     " to pool the keys of: its attention backend computes attention another way (ToDo pools keys "
-                    "inside the call only with PyTorch's SDPA, diffusers' default 'native' backend)")
+                    "inside the call only with PyTorch's SDPA, diffusers' default 'native' backend), or a cache "
+                    "hook on it (TaylorSeer, Pyramid Attention Broadcast) returned an output without computing it, "
+                    "which this ToDo cannot follow: disable one of them")
         if call is None or call.plan.num_merged == 0:
             return None
         plan, spec = call.plan, self._targets[index][t].spec

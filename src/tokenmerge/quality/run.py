@@ -21,7 +21,7 @@ from ..tools.timing import timed
 from .cache import ImageCache
 from .metrics import mean_ci, psnr, ssim, to_tensor, video_scores
 
-__all__ = ["QualityJob", "run_job", "VANILLA"]
+__all__ = ["QualityJob", "run_job", "VANILLA", "MethodRefused"]
 
 VANILLA = MethodSpec("vanilla")
 
@@ -79,9 +79,23 @@ def linear_work(pipe):
             handle.remove()
 
 
+class MethodRefused(RuntimeError):
+    """A method the model refuses (a combination that cannot be correct, an unsupported family): its spec and
+    the library's reason. The images generated before it stay cached."""
+
+    def __init__(self, spec, err: Exception):
+        super().__init__(f"--methods {spec.text}: {err}")
+        self.spec = spec
+
+
 def _generate(pipe, job: QualityJob, spec: MethodSpec, prompt: str, seed: int, device, steps: int):
-    with spec.applied(pipe), linear_work(pipe) as work:
-        out, seconds = timed(device, lambda: pipe(prompt, **_call_kwargs(job, prompt, seed, device, steps)))
+    try:
+        with spec.applied(pipe), linear_work(pipe) as work:
+            out, seconds = timed(device, lambda: pipe(prompt, **_call_kwargs(job, prompt, seed, device, steps)))
+    except (TypeError, ValueError, RuntimeError) as err:
+        if not str(err).startswith("tokenmerge"):  # not one of this library's refusals: a bug, with its traceback
+            raise
+        raise MethodRefused(spec, err) from err
     return out.images[0], seconds, work[0]
 
 
