@@ -191,8 +191,10 @@ def test_demo_end_to_end(tmp_path, capsys):
         assert "fashion-dit: skipped" in printed and "fashion-video: skipped" in printed
         return
     dit, video = _report(out, "demo-dit"), _report(out, "demo-video")
-    assert [m["label"] for m in dit["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 scope=block", "todo 2"]
-    assert [m["label"] for m in video["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 st=2", "todo 1x2x2"]
+    assert [m["label"] for m in dit["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 start=0.5",
+                                                     "tome 0.5 scope=block start=0.5", "todo 2"]
+    assert [m["label"] for m in video["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 start=0.5",
+                                                       "tome 0.5 scope=block start=0.5", "todo 1x2x2"]
     assert video["frames"] == 8 and "temporal_psnr_mean" in video["methods"][1]
     assert (out / "demo-video.gif").stat().st_size > 0 and not (out / "demo-speed.md").exists()
 

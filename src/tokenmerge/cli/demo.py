@@ -37,10 +37,14 @@ def add_parser(sub) -> None:
 
 
 # the embedded transformers' parts of the demo: (--model name, output stem, methods, classes shown)
-TRANSFORMERS = (("fashion-dit", "demo-dit", ("tome:0.5", "tome:0.5,scope=block", "todo:2"), 10),
-                ("fashion-video", "demo-video", ("tome:0.5", "tome:0.5,st=2", "todo:1x2x2"), 5))
+# the transformers: ToMe in every step, and in the second half of the steps only (start=0.5), where these small
+# pixel-space models keep their images (benchmarks/results/frontier/)
+TRANSFORMERS = (("fashion-dit", "demo-dit", ("tome:0.5", "tome:0.5,start=0.5", "tome:0.5,scope=block,start=0.5",
+                                             "todo:2"), 10),
+                ("fashion-video", "demo-video", ("tome:0.5", "tome:0.5,start=0.5", "tome:0.5,scope=block,start=0.5",
+                                                 "todo:1x2x2"), 5))
 SPEED = dict(preset="wan-2b", resolution="480x832", frames=9,
-             methods=("vanilla", "tome:0.5", "todo:1x2x2"), repeats=1)
+             methods=("vanilla", "tome:0.5", "tome:0.5,scope=block", "todo:1x2x2"), repeats=1)
 
 
 def _outputs(args):
