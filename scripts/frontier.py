@@ -19,43 +19,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import textwrap
 import sys
+import textwrap
 from pathlib import Path
 
-CACHES = ("fbc", "taylorseer", "pab")
+from tokenmerge.tools.methods import Combined, MethodSpec, parse_spec
 
 
-def _kind(spec: str) -> str:
-    parts = spec.split("+")
-    if len(parts) > 1:
+def _kind(spec) -> str:
+    if isinstance(spec, Combined):
         return "combined"
-    return "cache" if parts[0].split(":")[0].split(",")[0] in CACHES else "tokens"
+    return "cache" if spec.is_cache else "tokens"
 
 
-def _scheduled(spec: str) -> tuple[str, float]:
-    """(the spec without start/stop, the fraction of the steps it is on): ``tome:0.5,start=0.5`` -> (tome:0.5, 0.5)."""
-    head, *opts = spec.split(",")
-    keep, start, stop = [head], 0.0, 1.0
-    for opt in opts:
-        key, _, value = opt.partition("=")
-        if key == "start":
-            start = float(value)
-        elif key == "stop":
-            stop = float(value)
-        else:
-            keep.append(opt)
-    return ",".join(keep), max(0.0, stop - start)
-
-
-def _step_speed(speed: dict, spec: str):
+def _step_speed(speed: dict, spec: MethodSpec):
     """(speed-up, how) of a token reduction: measured for one step; with a start/stop schedule, the measured step
     speed-up on that fraction of the steps and vanilla on the rest (1 / ((1 - f) + f / s))."""
-    if spec in speed:
-        return speed[spec], "measured"
-    plain, on = _scheduled(spec)
-    if plain != spec and plain in speed:
-        return 1 / ((1 - on) + on / speed[plain]), f"measured step, on {on:.0%} of steps"
+    if spec.text in speed:
+        return speed[spec.text], "measured"
+    options = dict(spec.options)
+    plain = MethodSpec(spec.name, spec.value, tuple((k, v) for k, v in spec.options if k not in ("start", "stop")))
+    if plain.text != spec.text and plain.text in speed:
+        on = max(0.0, options.get("stop", 1.0) - options.get("start", 0.0))
+        return 1 / ((1 - on) + on / speed[plain.text]), f"measured step, on {on:.0%} of steps"
     return None, ""
 
 
@@ -65,16 +51,17 @@ def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
     work = {m["spec"]: m.get("linear_work") for m in quality["methods"]}
     out, notes = [], []
     for m in quality["methods"]:
-        spec, kind = m["spec"], _kind(m["spec"])
-        if spec == "vanilla":
+        if m["spec"] == "vanilla":
             continue
+        spec = parse_spec(m["spec"])
+        kind = _kind(spec)
         if kind == "tokens":
             x, how = _step_speed(speed, spec)
         elif kind == "cache":
             x, how = (1 / m["linear_work"] if m.get("linear_work") else None), "counted"
         else:
-            token = next(p for p in spec.split("+") if _kind(p) == "tokens")
-            (base, how), base_work = _step_speed(speed, token), work.get(token)
+            token = next(p for p in spec.parts if not p.is_cache)
+            (base, how), base_work = _step_speed(speed, token), work.get(token.text)
             x = base * base_work / m["linear_work"] if base and base_work and m.get("linear_work") else None
             how += " x counted"
         if x is None:
@@ -84,7 +71,7 @@ def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
         if psnr == float("inf"):
             notes.append(f"{m['label']}: identical to vanilla on this model (it skipped or merged nothing)")
             continue
-        out.append(dict(label=m["label"], spec=spec, kind=kind, speedup=x, how=how, psnr=psnr,
+        out.append(dict(label=m["label"], spec=m["spec"], kind=kind, speedup=x, how=how, psnr=psnr,
                         psnr_ci=m.get("psnr_ci95"), ssim=m["ssim_mean"], work=m.get("linear_work")))
     for p in out:  # on the frontier: no other point is at least as fast and as faithful, and better in one
         p["frontier"] = not any(q is not p and q["speedup"] >= p["speedup"] and q["psnr"] >= p["psnr"]

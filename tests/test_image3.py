@@ -40,6 +40,19 @@ def _permuted(model, kwargs, scope):
         tokenmerge.remove_patch(model)
 
 
+def _seen_with_the_patch(model, kw, modules, look):
+    """Run ``model`` patched (ToMe 0.5) with ``look`` as a forward pre-hook on ``modules``, registered after the
+    patch's hooks so that it sees what the sub-module gets; everything removed after."""
+    tokenmerge.apply_patch(model, ratio=0.5)
+    handles = [m.register_forward_pre_hook(look, with_kwargs=True) for m in modules]
+    try:
+        _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+        for h in handles:
+            h.remove()
+
+
 def _zimage_long_captions():
     """The catalogue's tiny Z-Image with room in its rotary tables for captions padded to 64 tokens."""
     from tiny_denoisers import _ZIMAGE, _cls
@@ -139,15 +152,7 @@ def test_lumina2_keys_are_the_merged_tokens():
     def look(module, args, kwargs):
         seen.append((kwargs["hidden_states"].shape[1], kwargs["encoder_hidden_states"] is kwargs["hidden_states"]))
 
-    tokenmerge.apply_patch(model, ratio=0.5)  # its hooks first: this one sees what the attention gets
-    handles = [layer.attn.register_forward_pre_hook(look, with_kwargs=True)
-               for layer in (*model.noise_refiner, *model.layers)]
-    try:
-        _run(model, kw)
-    finally:
-        tokenmerge.remove_patch(model)
-        for h in handles:
-            h.remove()
+    _seen_with_the_patch(model, kw, [layer.attn for layer in (*model.noise_refiner, *model.layers)], look)
     plain_tokens = [16, 16 + kw["encoder_hidden_states"].shape[1]]
     assert len(seen) == len(model.noise_refiner) + len(model.layers)
     assert all(same for _, same in seen)
@@ -195,14 +200,7 @@ def test_lumina_next_keys_and_their_rotary_table_are_the_merged_ones():
         seen.append((kwargs["hidden_states"].shape[1], kwargs["encoder_hidden_states"] is kwargs["hidden_states"],
                      k is q, q.shape[1], kwargs["attention_mask"].shape[-1]))
 
-    tokenmerge.apply_patch(model, ratio=0.5)
-    handles = [layer.attn1.register_forward_pre_hook(look, with_kwargs=True) for layer in model.layers]
-    try:
-        _run(model, kw)
-    finally:
-        tokenmerge.remove_patch(model)
-        for h in handles:
-            h.remove()
+    _seen_with_the_patch(model, kw, [layer.attn1 for layer in model.layers], look)
     tokens = kw["hidden_states"].shape[-1] * kw["hidden_states"].shape[-2] // model.config.patch_size ** 2
     assert len(seen) == len(model.layers)
     for n, same_keys, same_rotary, rows, mask in seen:

@@ -204,7 +204,8 @@ PRESETS = {
     ),
     "pixart": Preset("pixart", "PixArt-alpha 512 transformer (610M parameters, 28 blocks)", _PIXART,
                      text_tokens=120, family="pixart", text_dim=4096, patch=2),
-    "pixart-7": Preset("pixart-7", "PixArt-alpha widths (1152 wide, 16 heads x 72) with 7 of its 28 blocks (REDUCED)",
+    "pixart-7": Preset("pixart-7",
+                       "PixArt-alpha widths (1152 wide, 16 heads x 72) with 7 of its 28 blocks (REDUCED)",
                        dict(_PIXART, num_layers=7), text_tokens=120, family="pixart", text_dim=4096, patch=2),
     "sd3": Preset(
         "sd3", "Stable Diffusion 3 medium MMDiT (2B parameters, 24 joint blocks)",

@@ -20,8 +20,8 @@
 
 from __future__ import annotations
 
-from .spec import (JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, LatentGrid, Mask, Refused, Rotary, Target,
-                   Whole, has, has_list, takes)
+from .spec import (JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, LatentGrid, Mask, Refused,
+                   Rotary, Target, Whole, has, has_list, takes)
 
 __all__ = ["Z_IMAGE", "LUMINA2", "LUMINA_NEXT", "ERNIE_IMAGE", "OMNIGEN", "FAMILIES", "REFUSED"]
 
@@ -73,7 +73,8 @@ _LN_MASK = Mask("attention_mask", text=TEXT_NONE)
 
 LUMINA_NEXT = Family(
     "lumina-next",
-    match=has("patch_embedder", "time_caption_embed") & has_list("layers") & takes("encoder_mask", "image_rotary_emb"),
+    match=has("patch_embedder", "time_caption_embed") & has_list("layers")
+    & takes("encoder_mask", "image_rotary_emb"),
     grid=LatentGrid(patch=("patch_size", "patch_size")),
     blocks=(Blocks("layers", (Target("attn1", JOINT, text=TEXT_NONE, rotary=_LN_ROTARY, mask=_LN_MASK,
                                      keys=TEXT_NONE, same=("encoder_hidden_states",)),
@@ -90,7 +91,8 @@ _E_ROTARY = Rotary("image_rotary_emb", token_axis=1, text=TEXT_AFTER)
 
 ERNIE_IMAGE = Family(
     "ernie-image",
-    match=has("x_embedder", "pos_embed", "adaLN_modulation") & has_list("layers") & takes("text_bth", "text_lens"),
+    match=has("x_embedder", "pos_embed", "adaLN_modulation") & has_list("layers")
+    & takes("text_bth", "text_lens"),
     grid=LatentGrid(patch=("patch_size", "patch_size")),
     blocks=(Blocks("layers", (Target("self_attention", JOINT, text=TEXT_AFTER, rotary=_E_ROTARY,
                                      mask=Mask("attention_mask", text=TEXT_AFTER), keys=TEXT_AFTER),),
