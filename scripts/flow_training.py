@@ -4,6 +4,9 @@ Rectified flow: t ~ logit-normal, x_t = (1 - t) x0 + t noise, loss = |velocity(x
 a fraction of the labels dropped to the "no class" slot for classifier-free guidance; AdamW with warm-up and a
 cosine decay to 10%; EMA weights are what ships (fp16 safetensors, keys ``transformer.*`` and ``text.*``).
 
+Warm start: ``--init WEIGHTS`` (a shipped ``.safetensors`` of the same model) starts the model, its text table and the
+EMA from those weights instead of random ones (the log records it); the schedule is this run's own.
+
 Resumable: every ``--save-every`` steps the whole state (model, EMA, optimiser, step, RNG, losses) goes to
 ``--checkpoint`` (a temporary file, then renamed); the same command continues from it.
 """
@@ -38,6 +41,8 @@ def arguments(doc: str, steps: int, batch: int, out: Path, checkpoint: str) -> a
     ap.add_argument("--out", type=Path, default=out)
     ap.add_argument("--checkpoint", type=Path, default=Path(checkpoint))
     ap.add_argument("--grid", type=Path, default=None, help="sample grid PNG (default: beside --out)")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="start from these weights (a .safetensors this script wrote) instead of random ones")
     return ap.parse_args()
 
 
@@ -59,9 +64,17 @@ def train(args, model: torch.nn.Module, text: torch.nn.Module, batch: Callable, 
     """Train ``model`` and ``text``; ``batch(n) -> (x0, labels)``; ``velocity(model, text, x_t, t, labels)``.
 
     Returns the EMA copies ``{"transformer": ..., "text": ...}`` after writing them to ``args.out``."""
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     torch.manual_seed(args.seed)
+    init = getattr(args, "init", None)
+    if init is not None:
+        if not init.is_file():
+            raise SystemExit(f"--init: no weights file at {init}")
+        state = load_file(str(init))
+        model.load_state_dict({k[12:]: v.float() for k, v in state.items() if k.startswith("transformer.")})
+        text.load_state_dict({k[5:]: v.float() for k, v in state.items() if k.startswith("text.")})
+        prior = json.loads(init.with_suffix(".json").read_text()) if init.with_suffix(".json").is_file() else {}
     ema = {"transformer": copy.deepcopy(model).requires_grad_(False), "text": copy.deepcopy(text).requires_grad_(False)}
     params = list(model.parameters()) + list(text.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -126,5 +139,8 @@ def train(args, model: torch.nn.Module, text: torch.nn.Module, batch: Callable, 
            "loss_last_100": round(float(np.mean(losses[-100:])), 4),
            "loss_by_100": [round(float(np.mean(losses[i:i + 100])), 4) for i in range(0, len(losses), 100)],
            "data": data}
+    if init is not None:  # the run this one started from, so the whole history stays in the log
+        log["init"] = {"weights": init.name, **{k: prior[k] for k in ("steps", "batch", "lr", "minutes", "init")
+                                                 if k in prior}}
     args.out.with_suffix(".json").write_text(json.dumps(log, indent=1) + "\n")
     return {name: m.eval().float() for name, m in ema.items()}

@@ -286,3 +286,72 @@ def test_omnigen_mask_rows_and_columns_follow_a_real_merge(scope):
         tokenmerge.remove_patch(model)
     assert not torch.equal(merged, _run(model, kw))
     torch.testing.assert_close(merged, merged_other, rtol=0, atol=1e-6)
+
+
+# ---- Ideogram 4 (families/image2.py): one packed sequence tagged per token -------------------------------------
+def test_ideogram4_text_and_padding_rows_reach_the_attention_unchanged():
+    """[left padding | text | image]: with the image merged, the attention gets the unpatched call's padding and
+    text rows bit for bit, then fewer image rows, and a mask and rotary rows of the merged length."""
+    entry, model = _need("ideogram4")
+    kw = entry.inputs(batch=2)
+    before = int((kw["indicator"][0] != 2).sum())
+    seen = []
+
+    def look(module, args, kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        seen.append((x, kwargs["attention_mask"], kwargs["image_rotary_emb"][0]))
+
+    handle = model.layers[0].attention.register_forward_pre_hook(look, with_kwargs=True)
+    try:
+        _run(model, kw)
+        tokenmerge.apply_patch(model, ratio=0.5)
+        model.layers[0].attention._forward_pre_hooks.move_to_end(handle.id)  # after the merge's hook
+        _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+        handle.remove()
+    (plain, _, cos), (merged, mask, merged_cos) = seen
+    n = plain.shape[1] - before
+    assert merged.shape[1] == before + n // 2
+    assert torch.equal(merged[:, :before], plain[:, :before])
+    assert mask.shape[-2:] == (merged.shape[1], merged.shape[1]) and merged_cos.shape[1] == merged.shape[1]
+    assert torch.equal(merged_cos[:, :before], cos[:, :before])
+
+
+@pytest.mark.parametrize("scope", ["attention", "block"])
+def test_ideogram4_segment_mask_follows_a_real_merge(scope):
+    """The left-padded sample of a batch (its padding rows in segment -1, masked from the rest) gives, with tokens
+    merged, what its unpadded sequence gives alone: a mask whose image rows/columns were taken on the wrong side
+    would let it see the padding."""
+    entry, model = _need("ideogram4")
+    both = entry.inputs(batch=2)
+    pad = int((both["indicator"][0] == 0).sum())
+    assert pad > 0
+    alone = {k: (v[:1, pad:] if k != "timestep" else v[:1]) for k, v in both.items()}
+    config = tokenmerge.ToMeConfig(ratio=0.5, merge_mlp=True, scope=scope)
+    tokenmerge.apply_config(model, config, matcher=_pairs_matcher)
+    try:
+        in_batch, by_itself = _run(model, both)[:1, pad:], _run(model, alone)
+    finally:
+        tokenmerge.remove_patch(model)
+    assert not torch.equal(by_itself, _run(model, alone))
+    scale = by_itself.abs().max()
+    torch.testing.assert_close(in_batch / scale, by_itself / scale, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("layout,message", [("shifted", "different places in the samples"),
+                                            ("split", "not one contiguous run")])
+def test_ideogram4_image_tags_it_cannot_follow_are_refused(layout, message):
+    entry, model = _need("ideogram4")
+    kw = entry.inputs(batch=2)
+    indicator = kw["indicator"].clone()
+    if layout == "shifted":  # the second sample's image one token later: no single merge fits both
+        indicator[1] = torch.roll(indicator[1], 1)
+    else:  # a text token inside the image's run
+        indicator[:, -3] = 3
+    tokenmerge.apply_patch(model, ratio=0.5)
+    try:
+        with pytest.raises(RuntimeError, match=message):
+            _run(model, {**kw, "indicator": indicator})
+    finally:
+        tokenmerge.remove_patch(model)

@@ -1569,8 +1569,11 @@ def _ideogram4_inputs(default, llm_dim=24):
         pos[:, TXT:, 2] = torch.arange(w).repeat(h) + off
         indicator = torch.full((batch, s), 2, dtype=torch.long)  # OUTPUT_IMAGE_INDICATOR
         indicator[:, :TXT] = 3  # LLM_TOKEN_INDICATOR
+        segments = torch.ones(batch, s, dtype=torch.long)
+        # the pipeline's [left padding | text | image]: the first sample's prompt is 2 tokens shorter
+        indicator[0, :2], segments[0, :2], ctx[0, :2], pos[0, :2] = 0, -1, 0.0, 0
         return dict(hidden_states=x, timestep=_t(batch, 0.5), encoder_hidden_states=ctx, position_ids=pos,
-                    segment_ids=torch.ones(batch, s, dtype=torch.long), indicator=indicator)
+                    segment_ids=segments, indicator=indicator)
 
     return inputs
 

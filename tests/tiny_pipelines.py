@@ -47,6 +47,7 @@ class PipelineCase:
             (progress 1 - t/1000 > 0.5) in some step: shifted flow schedules stay at high noise for long.
         around: a context manager factory each generation runs inside (``None``: none).
         notes: what is special about the case.
+        denoisers: the components the patch must find (Ideogram 4 has a conditional and an unconditional one).
     """
 
     name: str
@@ -61,6 +62,7 @@ class PipelineCase:
     schedule_steps: int = 4
     around: Callable | None = None
     notes: str = ""
+    denoisers: tuple[str, ...] = ("transformer",)  # the pipeline's components that get patched
 
     def available(self) -> str | None:
         """None if the case can be built on the installed diffusers, else the reason it cannot."""
@@ -467,3 +469,42 @@ def _ernie_image():
 _add(PipelineCase("ernie-image", "ErnieImagePipeline", _ernie_image, denoiser="ernie-image", grid=(8, 8),
                   requires=("ErnieImagePipeline", "AutoencoderKLFlux2"), guidance=dict(guidance_scale=1.0),
                   notes="uncond + cond in one call, captions of two lengths (a key mask); sequence-first layers"))
+
+
+class _CharTokenizer:
+    """A stand-in for Ideogram 4's Qwen2 tokenizer (whose files come from the hub): a chat template that wraps the
+    prompt, and one id per character. Only what Ideogram4Pipeline.encode_prompt calls."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        text = "".join(part["text"] for m in messages for part in m["content"] if part.get("type") == "text")
+        return f"<user>{text}<assistant>" if add_generation_prompt else f"<user>{text}"
+
+    def __call__(self, text, return_tensors="pt", add_special_tokens=False):
+        return {"input_ids": torch.tensor([[ord(c) % 250 + 1 for c in text]])}
+
+
+def _ideogram4():
+    from diffusers.pipelines.ideogram4.pipeline_ideogram4 import QWEN3_VL_ACTIVATION_LAYERS as taps
+    from transformers import Qwen3VLConfig, Qwen3VLModel
+
+    hidden = 8
+    config = dict(in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4, intermediate_size=32,
+                  adaln_dim=16, llm_features_dim=len(taps) * hidden, rope_theta=10_000, mrope_section=(2, 1, 1))
+    text = Qwen3VLConfig(text_config=dict(hidden_size=hidden, num_hidden_layers=max(taps) + 1, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=16, head_dim=8, vocab_size=256,
+                                          max_position_embeddings=256, rope_theta=10_000.0),
+                         vision_config=dict(hidden_size=8, depth=1, num_heads=2, intermediate_size=16,
+                                            out_hidden_size=hidden, patch_size=14))
+    pipe = _pipe("Ideogram4Pipeline", scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=_vae_flux2(),
+                 text_encoder=_seeded(lambda: Qwen3VLModel(text)), tokenizer=_CharTokenizer(),
+                 transformer=_seeded(lambda: _d("Ideogram4Transformer2DModel")(**config)),
+                 unconditional_transformer=_seeded(lambda: _d("Ideogram4Transformer2DModel")(**config), seed=1))
+    return pipe, dict(prompt="a red cube", height=32, width=32, num_inference_steps=2, guidance_scale=4.0,
+                      guidance_schedule=None, max_sequence_length=32, output_type="pt")
+
+
+_add(PipelineCase("ideogram4", "Ideogram4Pipeline", _ideogram4, denoiser="ideogram4", grid=(8, 8),
+                  requires=("Ideogram4Pipeline", "AutoencoderKLFlux2"), denoisers=("transformer",
+                                                                                 "unconditional_transformer"),
+                  notes="[left padding | text | image] tagged per token; a conditional and an unconditional "
+                        "transformer, both patched; a character-level stand-in for the Qwen2 tokenizer"))

@@ -42,6 +42,7 @@ class GridReader:
         self._patch_args = [(axis, p.bind(module), _default(module, p)) for axis, p in enumerate(self.patch or ())
                             if isinstance(p, Arg)]
         self._cache: tuple = (None, None)
+        self._tag_cache: tuple = (None, None)
         self._by_shape: dict = {}  # (ids shape, device) -> what the last eager read of such ids gave
         missing = [a.name for a, b in zip(self._args(source), self.bound) if b is None]
         if missing:
@@ -53,7 +54,7 @@ class GridReader:
         if isinstance(source, ArgsGrid):
             return [source.tokens] + [Arg(n) for n in source.names]
         if isinstance(source, IdsGrid):
-            return [source.arg] + [a for a in (source.leading, source.refs) if a is not None]
+            return [source.arg] + [a for a in (source.leading, source.refs, source.tag) if a is not None]
         return [source.arg]
 
     def read(self, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], torch.device, int]:
@@ -69,7 +70,10 @@ class GridReader:
             counts = iter(values[1:])
             lead = self._count(next(counts), source.leading) if source.leading is not None else 0
             refs = self._count(next(counts), source.refs) if source.refs is not None else 0
-            grid, trailing = self._ids(first, source, lead)
+            count = None
+            if source.tag is not None:
+                lead, count = self._tagged(next(counts), source)
+            grid, trailing = self._ids(first, source, lead, count)
             return grid, device, trailing + refs
         if isinstance(source, ArgsGrid):
             if not all(isinstance(v, int) and v > 0 for v in values[1:]):
@@ -117,26 +121,55 @@ class GridReader:
                             f"{_describe(value)}")
         return int(value.shape[0 if value.dim() == 2 else 1])
 
-    def _ids(self, ids, source: IdsGrid, lead: int = 0) -> tuple[tuple[int, ...], int]:
+    def _tagged(self, tag, source: IdsGrid) -> tuple[int, int]:
+        """``(lead, count)``: where the rows tagged ``source.tag_value`` start, and how many there are."""
+        if not isinstance(tag, torch.Tensor) or tag.dim() != 2:
+            raise TypeError(f"tokenmerge: {self.owner}.forward got no per-token '{source.tag.name}' tensor (batch, "
+                            f"tokens) to find the image's tokens by; got {_describe(tag)}")
+        key = ("tag", tag.data_ptr(), tuple(tag.shape), tag.device)
+        if torch.compiler.is_compiling():  # as for the ids: what the last eager call of this shape saw
+            cached = self._by_shape.get(key[:1] + key[2:])
+            if cached is not None:
+                return cached
+        if self._tag_cache[0] != key:
+            image = tag == source.tag_value
+            if not bool((image == image[:1]).all()):
+                raise RuntimeError(f"tokenmerge: the image's tokens ({source.tag.name} == {source.tag_value}) sit at "
+                                   "different places in the samples of one call, which one merge cannot follow; "
+                                   "pack the samples with one layout (as the model's pipeline does)")
+            where = image[0].nonzero().flatten()
+            if where.numel() == 0:
+                raise RuntimeError(f"tokenmerge: {source.tag.name} tags no token as the image's "
+                                   f"({source.tag_value})")
+            lead, count = int(where[0]), int(where.numel())
+            if int(where[-1]) - lead + 1 != count:
+                raise RuntimeError(f"tokenmerge: the image's tokens ({source.tag.name} == {source.tag_value}) are not "
+                                   "one contiguous run of the sequence; that layout is not supported")
+            self._tag_cache = (key, (lead, count))
+            self._by_shape[key[:1] + key[2:]] = (lead, count)
+        return self._tag_cache[1]
+
+    def _ids(self, ids, source: IdsGrid, lead: int = 0, count: int | None = None) -> tuple[tuple[int, ...], int]:
         """``(grid, trailing)`` from position ids: the image is the first rows (after ``lead`` rows of other
-        tokens) whose ``source.image_axis`` id is the first one's; the rows after them (another id there: reference
-        images) are ``trailing``."""
+        tokens) whose ``source.image_axis`` id is the first one's, or the ``count`` rows after ``lead`` when the
+        caller tags them; the rows after them (another id there: reference images) are ``trailing``."""
         width = max(source.axes) + 1
         if not isinstance(ids, torch.Tensor) or ids.dim() not in (2, 3) or ids.shape[-1] < width:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' tensor (tokens, {width}) "
                             f"to read the image grid from; got {_describe(ids)}")
-        key = (ids.data_ptr(), tuple(ids.shape), ids.device, lead)
+        key = (ids.data_ptr(), tuple(ids.shape), ids.device, lead, count)
         if torch.compiler.is_compiling():  # traced code cannot compare data pointers: the grid seen for this shape
             cached = self._by_shape.get((tuple(ids.shape), ids.device))
             if cached is not None:
                 return cached
         if self._cache[0] != key:
-            rows = ids.reshape(-1, ids.shape[-1])[lead: ids.shape[-2]]
+            end = ids.shape[-2] if count is None else lead + count
+            rows = ids.reshape(-1, ids.shape[-1])[lead: end]
             if rows.shape[0] == 0:
                 raise RuntimeError(f"tokenmerge: {source.arg.name} of {ids.shape[-2]} rows hold no image rows after "
                                    f"the {lead} leading ones")
-            total = rows.shape[0]
-            if source.image_axis is not None:
+            total = ids.shape[-2] - lead
+            if source.image_axis is not None and count is None:
                 same = rows[:, source.image_axis] == rows[0, source.image_axis]
                 count = int(same.sum())
                 if not bool(same[:count].all()):

@@ -20,6 +20,8 @@
   its expert-choice MoE feed-forward routes over the whole sequence and is not merged.
 - Krea 2: one ``[text | image]`` sequence from the first block; ``position_ids`` ``(L + N, 3)`` start with the text's
   rows.
+- Ideogram 4: one packed ``[left padding | text | image]`` sequence per sample, each token tagged by ``indicator``
+  (2: image); the image's rows are found by the tag, their grid by the (offset) position ids.
 - JoyImage-Edit (+ Plus): Qwen-like dual-stream ``double_blocks``; the target image's tokens come first in the image
   stream, the reference images' after them (they pass whole, with their rotary rows).
 - Flux 3: image-only ``mode_blocks.image`` (self-attention and feed-forward, parallel), then
@@ -34,11 +36,12 @@ from dataclasses import dataclass
 from torch import nn
 
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, BlockSite, Family,
-                   IdsGrid, LatentGrid, Mask, Refused, Rotary, ShapesGrid, Target, block_has, has, has_list, takes)
+                   IdsGrid, LatentGrid, Mask, Refused, Rotary, ShapesGrid, Target, Whole, block_has, has, has_list,
+                   takes)
 from .unet import BASIC_TARGETS, transformer_blocks_in
 
 __all__ = ["COGVIEW3PLUS", "COGVIEW4", "GLM_IMAGE", "AURAFLOW", "HUNYUAN_DIT", "HUNYUAN_IMAGE", "HIDREAM", "PRX",
-           "NUCLEUS_MOE", "KREA2", "JOYIMAGE_EDIT", "JOYIMAGE_EDIT_PLUS", "FLUX3", "CONTROLNET_XS", "FAMILIES",
+           "NUCLEUS_MOE", "KREA2", "IDEOGRAM4", "JOYIMAGE_EDIT", "JOYIMAGE_EDIT_PLUS", "FLUX3", "CONTROLNET_XS", "FAMILIES",
            "REFUSED"]
 
 _PATCH = ("patch_size", "patch_size")
@@ -235,6 +238,30 @@ KREA2 = Family(
     examples=("krea2",),
 )
 
+# ---- Ideogram 4 ----------------------------------------------------------------------------------------------
+# One packed sequence per sample from the input on, tagged per token: [left padding | text | image] (the pipeline's
+# layout; the unconditional transformer gets the image alone). The image's rows are those tagged 2; their position
+# ids (t, h, w) are offset by 65536 (the span is what counts). Rotary (cos, sin) (B, S, d) and the segment mask
+# (B, 1, S, S), made inside the call, are indexed like the tokens.
+_I4_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
+_I4_MASK = Mask("attention_mask", text=TEXT_BEFORE)
+
+IDEOGRAM4 = Family(
+    "ideogram4",
+    match=takes("indicator", "segment_ids", "position_ids") & has_list("layers")
+    & block_has("layers", "attention", "feed_forward"),
+    grid=IdsGrid(Arg("position_ids"), axes=(1, 2), image_axis=None, tag=Arg("indicator"), tag_value=2),
+    blocks=(Blocks("layers", (
+        Target("attention", JOINT, text=TEXT_BEFORE, rotary=_I4_ROTARY, mask=_I4_MASK, keys=TEXT_BEFORE),
+        Target("feed_forward", MLP, text=TEXT_BEFORE)), text=TEXT_BEFORE, requires=("attention", "feed_forward"),
+        whole=Whole(rotary=_I4_ROTARY, mask=_I4_MASK, per_token=("adaln_input",))),),
+    timestep=Arg("timestep", scale=1000.0, reverse=True),  # model time 0..1, 0 = noise
+    shared_plan=True,
+    description="Ideogram 4 (one packed [text | image] sequence tagged per token; conditional and unconditional "
+                "transformers)",
+    examples=("ideogram4",),
+)
+
 # ---- JoyImage-Edit (+ Plus) -----------------------------------------------------------------------------------
 _JOY = has("img_in", "condition_embedder") & has_list("double_blocks") \
     & block_has("double_blocks", "attn", "img_mlp", "txt_mlp")
@@ -319,7 +346,7 @@ CONTROLNET_XS = Family(
 )
 
 FAMILIES: tuple = (COGVIEW3PLUS, COGVIEW4, GLM_IMAGE, AURAFLOW, HUNYUAN_DIT, HUNYUAN_IMAGE, HIDREAM, PRX, NUCLEUS_MOE,
-                   KREA2, JOYIMAGE_EDIT, JOYIMAGE_EDIT_PLUS, FLUX3, CONTROLNET_XS)
+                   KREA2, IDEOGRAM4, JOYIMAGE_EDIT, JOYIMAGE_EDIT_PLUS, FLUX3, CONTROLNET_XS)
 
 # ---- recognised and refused -----------------------------------------------------------------------------------
 REFUSED: tuple = (
@@ -327,10 +354,6 @@ REFUSED: tuple = (
             & takes("img_mask", "img_shapes"),
             "Qwen-Image 2.1 runs one VLM sequence in which each image slot holds a 2x2 group of latent tokens (the "
             "image's tokens are not in raster order), with a block-causal mask and per-token modulation; not "
-            "supported yet"),
-    Refused("ideogram4", takes("indicator", "segment_ids", "position_ids") & has_list("layers"),
-            "Ideogram 4 takes one packed sequence whose text and image tokens are tagged per token by the caller "
-            "(indicator, segment_ids for several samples in one row): the image grid has no fixed place; not "
             "supported yet"),
     Refused("bria-fibo2", has("perceiver", "x_embedder") & has_list("noise_refiner", "layers")
             & takes("context_latents"),

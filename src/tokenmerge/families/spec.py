@@ -291,6 +291,10 @@ class IdsGrid:
     has tokens; ``refs``: reference-image tokens follow the image's in the blocks but their ids are another
     argument (Flux 3's ``image_cond_ids``), as many as it has tokens. The token count of a tensor argument is its
     axis 0 if it has 2 dimensions (ids), else its axis 1 (batch first); a missing (``None``) one counts 0.
+
+    ``tag``: the image's rows are where this per-token ``(B, S)`` argument equals ``tag_value`` (Ideogram 4's
+    ``indicator == 2``): one contiguous run at the same place in every sample of the call; rows before it are text
+    (or padding) and pass whole, rows after it are ``trailing``. Read on the host once per new tag tensor.
     """
 
     arg: Arg = Arg("img_ids")
@@ -298,6 +302,8 @@ class IdsGrid:
     image_axis: int | None = 0  # the image's rows share this id (reference images after them have others)
     leading: Arg | None = None
     refs: Arg | None = None
+    tag: Arg | None = None
+    tag_value: int = 0
 
 
 @dataclass(frozen=True)
