@@ -79,7 +79,7 @@ def test_a_sequence_of_the_image_tokens_alone_has_nothing_beside_them():
 
 
 @pytest.mark.parametrize("name,reason", [("z-image-controlnet", "control blocks"), ("qwen-image-2.1", "raster"),
-                                         ("bria-fibo2", "gist"), ("kandinsky3-unet", "feature map"),
+                                         ("kandinsky3-unet", "feature map"),
                                          ("stable-cascade-prior", "feature map"), ("unet-2d", "feature map"),
                                          ("uvit2d", "without a timestep")])
 def test_refused_image_models_say_why(name, reason):

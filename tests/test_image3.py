@@ -355,3 +355,81 @@ def test_ideogram4_image_tags_it_cannot_follow_are_refused(layout, message):
             _run(model, {**kw, "indicator": indicator})
     finally:
         tokenmerge.remove_patch(model)
+
+
+# ---- Bria FIBO 2: [gist | image | edit images] -----------------------------------------------------------------
+def _fibo2_inputs(entry, lengths=None, context=()):
+    """The catalogue's inputs with text of ``lengths`` (padded to 16 tokens, with a mask) and edit images of the
+    latent sizes ``context``."""
+    kw = entry.inputs(batch=2 if lengths is None else len(lengths))
+    g = torch.Generator().manual_seed(7)
+    if lengths is not None:
+        b, bundles, _, d = kw["encoder_hidden_states"].shape
+        kw["encoder_hidden_states"] = torch.randn(b, bundles, 16, d, generator=g)
+        kw["encoder_attention_mask"] = torch.arange(16)[None] < torch.tensor(lengths)[:, None]
+    channels = kw["hidden_states"].shape[1]
+    kw["context_latents"] = [torch.randn(kw["hidden_states"].shape[0], channels, h, w, generator=g)
+                             for h, w in context]
+    return kw
+
+
+@pytest.mark.parametrize("scope", ["attention", "block"])
+@pytest.mark.parametrize("context", [(), ((8, 8), (4, 12))])
+def test_fibo2_edit_images_pass_whole_and_a_permutation_changes_nothing(scope, context):
+    """Edit images (two, of different sizes) add their tokens after the image's in the refiner and the layers:
+    counted from ``context_latents`` and passed whole; the rotary rows and the noise mask follow."""
+    entry, model = _need("bria-fibo2")
+    kw = _fibo2_inputs(entry, context=context)
+    plain = _run(model, kw)
+    torch.testing.assert_close(_permuted(model, kw, scope), plain, rtol=0, atol=1e-5)
+    tokenmerge.apply_patch(model, ratio=0.5, scope=scope)
+    state, read = model._tokenmerge_patch.state, []
+    handle = model.layers[0].register_forward_pre_hook(lambda *_: read.append((state.grid, state.trailing)))
+    try:
+        merged = _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+        handle.remove()
+    assert read == [((4, 4), sum(h * w // 4 for h, w in context))]
+    assert torch.isfinite(merged).all() and not torch.equal(merged, plain)
+
+
+def test_fibo2_gist_and_edit_image_rows_reach_the_attention_unchanged():
+    """The first refiner block's attention gets the edit image's rows (after the image's), the first layer's the
+    gist rows (before it), bit for bit as unpatched, beside fewer image rows."""
+    entry, model = _need("bria-fibo2")
+    kw = _fibo2_inputs(entry, lengths=(6, 12), context=((8, 8),))  # both prompts: 8 gist tokens, gist first
+    modules = (model.noise_refiner[0].attention, model.layers[0].attention)
+    seen = {m: [] for m in modules}
+
+    def look(module, args, kwargs):
+        seen[module].append(args[0] if args else kwargs["hidden_states"])
+
+    handles = [m.register_forward_pre_hook(look, with_kwargs=True) for m in modules]
+    try:
+        _run(model, kw)
+        tokenmerge.apply_patch(model, ratio=0.5)
+        for m, h in zip(modules, handles):
+            m._forward_pre_hooks.move_to_end(h.id)  # after the merge's hook
+        _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+        for h in handles:
+            h.remove()
+    (refiner, refiner_merged), (layer, layer_merged) = seen[modules[0]], seen[modules[1]]
+    gist, context = 8, 16
+    assert refiner_merged.shape[1] == refiner.shape[1] - 8 and layer_merged.shape[1] == layer.shape[1] - 8
+    assert torch.equal(refiner_merged[:, -context:], refiner[:, -context:])
+    assert torch.equal(layer_merged[:, :gist], layer[:, :gist])
+
+
+@pytest.mark.parametrize("scope", ["attention", "block"])
+def test_fibo2_prompts_with_different_gist_counts_are_refused_with_the_reason(scope):
+    entry, model = _need("bria-fibo2")
+    kw = _fibo2_inputs(entry, lengths=(4, 16))  # 4 and 8 gist tokens: the gist goes after the image, masked
+    tokenmerge.apply_patch(model, ratio=0.5, scope=scope)
+    try:
+        with pytest.raises(RuntimeError, match="different numbers of gist tokens"):
+            _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)

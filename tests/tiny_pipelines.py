@@ -508,3 +508,20 @@ _add(PipelineCase("ideogram4", "Ideogram4Pipeline", _ideogram4, denoiser="ideogr
                                                                                  "unconditional_transformer"),
                   notes="[left padding | text | image] tagged per token; a conditional and an unconditional "
                         "transformer, both patched; a character-level stand-in for the Qwen2 tokenizer"))
+
+
+def _bria_fibo2():
+    g = torch.Generator().manual_seed(1)
+    pipe = _pipe("BriaFibo2Pipeline", transformer=CATALOGUE["bria-fibo2"].build(),
+                 scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=_vae_flux2(), text_encoder=None,
+                 processor=None)
+    mask = torch.ones(1, TXT, dtype=torch.bool)
+    # text bundles (B, 1 + injections, L, D): the Perceiver's, then the injection block's
+    return pipe, dict(prompt_embeds=_randn(g, 1, 2, TXT, 24), prompt_embeds_mask=mask,
+                      negative_prompt_embeds=_randn(g, 1, 2, TXT, 24), negative_prompt_embeds_mask=mask,
+                      height=32, width=32, num_inference_steps=2, guidance_scale=4.0, output_type="pt")
+
+
+_add(PipelineCase("bria-fibo2", "BriaFibo2Pipeline", _bria_fibo2, denoiser="bria-fibo2", grid=(8, 8),
+                  requires=("BriaFibo2Pipeline", "AutoencoderKLFlux2"), guidance=dict(guidance_scale=1.0),
+                  notes="cond and uncond as two calls; [gist | image] layers; timestep 0..1 (1 = noise)"))

@@ -55,6 +55,8 @@ class GridReader:
             return [source.tokens] + [Arg(n) for n in source.names]
         if isinstance(source, IdsGrid):
             return [source.arg] + [a for a in (source.leading, source.refs, source.tag) if a is not None]
+        if isinstance(source, LatentGrid) and source.refs is not None:
+            return [source.arg, source.refs]
         return [source.arg]
 
     def read(self, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], torch.device, int]:
@@ -65,7 +67,9 @@ class GridReader:
         device = lead.device if isinstance(lead, torch.Tensor) else torch.device("cpu")
         source = self.source
         if isinstance(source, LatentGrid):
-            return self._latent(first, source, self._patches(args, kwargs)), device, 0
+            patch = self._patches(args, kwargs)
+            refs = self._ref_tokens(values[1], source, patch) if source.refs is not None else 0
+            return self._latent(first, source, patch), device, refs
         if isinstance(source, IdsGrid):
             counts = iter(values[1:])
             lead = self._count(next(counts), source.leading) if source.leading is not None else 0
@@ -111,6 +115,14 @@ class GridReader:
                             f"(batch, channels, {axes}); got {_describe(sample)}")
         dims = source.axes or tuple(range(sample.dim() - source.rank, sample.dim()))
         return tuple(int(sample.shape[d]) // p for d, p in zip(dims, patch))
+
+    def _ref_tokens(self, refs, source: LatentGrid, patch: tuple[int, ...]) -> int:
+        """The tokens of the reference latents ``refs`` (a list of latents, one latent, or ``None``)."""
+        if refs is None:
+            return 0
+        latents = list(refs) if isinstance(refs, (list, tuple)) else [refs]
+        return sum(math.prod(self._latent(r, LatentGrid(source.refs, source.rank, source.patch, source.axes), patch))
+                   for r in latents)
 
     def _count(self, value, arg) -> int:
         """The token count of an argument named by ``IdsGrid.leading`` / ``refs`` (``None``: 0)."""

@@ -355,11 +355,6 @@ REFUSED: tuple = (
             "Qwen-Image 2.1 runs one VLM sequence in which each image slot holds a 2x2 group of latent tokens (the "
             "image's tokens are not in raster order), with a block-causal mask and per-token modulation; not "
             "supported yet"),
-    Refused("bria-fibo2", has("perceiver", "x_embedder") & has_list("noise_refiner", "layers")
-            & takes("context_latents"),
-            "Bria FIBO 2 puts its text gist tokens before the image and edit-image tokens after it, or (prompts of "
-            "different lengths) the gist tokens after the image, decided inside each call: the image's place in the "
-            "sequence is not known from the arguments; not supported yet"),
     Refused("kandinsky3-unet", has("add_time_condition", "encoder_hid_proj", "conv_in") & has_list("down_blocks"),
             "Kandinsky 3's attention blocks take the (B, C, H, W) feature map and flatten it inside, and its "
             "self-attention passes the same tokens as queries and keys: no sub-module takes a token sequence to merge"),

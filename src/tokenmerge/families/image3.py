@@ -20,10 +20,10 @@
 
 from __future__ import annotations
 
-from .spec import (JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, LatentGrid, Mask, Refused,
+from .spec import (CROSS, JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, LatentGrid, Mask, Refused,
                    Rotary, Target, Whole, has, has_list, takes)
 
-__all__ = ["Z_IMAGE", "LUMINA2", "LUMINA_NEXT", "ERNIE_IMAGE", "OMNIGEN", "FAMILIES", "REFUSED"]
+__all__ = ["Z_IMAGE", "LUMINA2", "LUMINA_NEXT", "ERNIE_IMAGE", "OMNIGEN", "BRIA_FIBO2", "FAMILIES", "REFUSED"]
 
 _Z_ROTARY = Rotary("freqs_cis", token_axis=1, text=TEXT_AFTER)
 _Z_TARGETS = (Target("attention", JOINT, text=TEXT_AFTER, rotary=_Z_ROTARY, mask=Mask("attention_mask", text=TEXT_AFTER),
@@ -123,7 +123,37 @@ OMNIGEN = Family(
     examples=("omnigen",),
 )
 
-FAMILIES: tuple = (Z_IMAGE, LUMINA2, LUMINA_NEXT, ERNIE_IMAGE, OMNIGEN)
+# Bria FIBO 2: Z-Image's blocks. The noise refiner runs on [image | context images]; the layers on [gist | image |
+# context images], with a per-token noise_mask (1 on the image) choosing each token's modulation. A call whose
+# prompts get different gist counts puts the gist last instead and passes an attn_mask: refused.
+_F_REFINER = (Target("attention", JOINT, text=TEXT_NONE, rotary=Rotary("freqs_cis", token_axis=1, text=TEXT_NONE),
+                     keys=TEXT_NONE),
+              Target("feed_forward", MLP, text=TEXT_NONE))
+_F_ROTARY = Rotary("freqs_cis", token_axis=1, text=TEXT_BEFORE)
+_F_LAYERS = (Target("attention", JOINT, text=TEXT_BEFORE, rotary=_F_ROTARY, keys=TEXT_BEFORE),
+             Target("cross_attention", CROSS, text=TEXT_BEFORE),
+             Target("feed_forward", MLP, text=TEXT_BEFORE))
+_F_GIST_LAST = (("attn_mask",
+                 "the prompts of this call get different numbers of gist tokens, so Bria FIBO 2 puts them after the "
+                 "image, padded and masked, instead of before it; call the model with prompts of similar length "
+                 "(BriaFibo2Pipeline calls it once per prompt batch, cond and uncond apart)"),)
+
+BRIA_FIBO2 = Family(
+    "bria-fibo2",
+    match=has("perceiver", "x_embedder") & has_list("noise_refiner", "layers") & takes("context_latents"),
+    grid=LatentGrid(patch=("patch_size", "patch_size"), refs=Arg("context_latents")),
+    blocks=(Blocks("noise_refiner", _F_REFINER, requires=("attention", "feed_forward"),
+                   whole=Whole(rotary=_F_REFINER[0].rotary, mask=Mask("noise_mask"))),
+            Blocks("layers", _F_LAYERS, text=TEXT_BEFORE, requires=("attention", "feed_forward"),
+                   whole=Whole(rotary=_F_ROTARY, mask=Mask("noise_mask", text=TEXT_BEFORE)),
+                   refuse_if=_F_GIST_LAST)),
+    timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise
+    shared_plan=True,
+    description="Bria FIBO 2: noise refiner on [image | edit images], layers on [gist | image | edit images]",
+    examples=("bria-fibo2",),
+)
+
+FAMILIES: tuple = (Z_IMAGE, LUMINA2, LUMINA_NEXT, ERNIE_IMAGE, OMNIGEN, BRIA_FIBO2)
 
 REFUSED: tuple = (
     Refused("z-image-controlnet", has_list("control_layers", "noise_refiner") & has("cap_embedder")

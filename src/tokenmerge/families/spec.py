@@ -256,12 +256,17 @@ class LatentGrid:
     ``None`` reads 1) or an ``Arg``: a forward argument that chooses the patch size per call (Z-Image's
     ``patch_size``; its signature's default when not given). For video, ``rank=3`` over (frames, height, width).
     The latent may be a list of per-sample tensors of one shape (Z-Image).
+
+    ``refs``: an argument holding reference latents (a list of tensors, or one tensor, each patched like the
+    latent; ``None`` or empty: none) whose tokens follow the image's in the sequence (Bria FIBO 2's
+    ``context_latents``): they pass whole, as ``trailing`` tokens.
     """
 
     arg: Arg = Arg("hidden_states", fallback_index=0)
     rank: int = 2
     patch: tuple = (1, 1)
     axes: tuple[int, ...] | None = None  # the latent's grid dims; None: its trailing ``rank`` dims
+    refs: Arg | None = None
 
     def patch_sizes(self, module: nn.Module) -> tuple:
         cfg = config(module)
