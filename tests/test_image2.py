@@ -78,7 +78,7 @@ def test_a_sequence_of_the_image_tokens_alone_has_nothing_beside_them():
 
 
 
-@pytest.mark.parametrize("name,reason", [("z-image-controlnet", "control blocks"), ("qwen-image-2.1", "raster"),
+@pytest.mark.parametrize("name,reason", [("z-image-controlnet", "control blocks"),
                                          ("kandinsky3-unet", "feature map"),
                                          ("stable-cascade-prior", "feature map"), ("unet-2d", "feature map"),
                                          ("uvit2d", "without a timestep")])

@@ -433,3 +433,73 @@ def test_fibo2_prompts_with_different_gist_counts_are_refused_with_the_reason(sc
             _run(model, kw)
     finally:
         tokenmerge.remove_patch(model)
+
+
+# ---- Qwen-Image 2.1: [text with condition images | target image], block-causal --------------------------------
+def _qwen21_inputs(entry, seed=0):
+    """One condition image (2x4 latent tokens: 2 VLM slots) spliced into the text after its first 2 tokens, the
+    4x4 target last; the second prompt's last 2 text tokens padded (a key mask over the joint sequence)."""
+    kw = entry.inputs(batch=2, seed=seed)
+    g = torch.Generator().manual_seed(seed + 3)
+    b, txt, d = kw["encoder_hidden_states"].shape
+    cond_slots, target_slots = 2, 4
+    vlm = txt + cond_slots
+    img_mask = torch.zeros(b, vlm + target_slots, dtype=torch.bool)
+    img_mask[:, 2:2 + cond_slots] = True
+    img_mask[:, vlm:] = True
+    text_mask = torch.ones(b, vlm, dtype=torch.long)
+    text_mask[1, vlm - 2:] = 0
+    channels = kw["hidden_states"].shape[-1]
+    return {**kw, "encoder_hidden_states": torch.randn(b, vlm, d, generator=g), "encoder_hidden_states_mask": text_mask,
+            "hidden_states": torch.randn(b, 4 * cond_slots + 16, channels, generator=g),
+            "img_shapes": [[(1, 2, 4), (1, 4, 4)]] * b, "img_mask": img_mask}
+
+
+def test_qwen21_condition_image_and_padded_text_pass_whole():
+    """The target (last) is merged; the condition image's and the text's rows reach the attention bit for bit, and
+    a permutation of the target's tokens changes nothing (the rotary rows and the key mask follow)."""
+    entry, model = _need("qwen-image-2.1")
+    kw = _qwen21_inputs(entry)
+    plain = _run(model, kw)
+    torch.testing.assert_close(_permuted(model, kw, "attention"), plain, rtol=0, atol=1e-5)
+    seen = []
+    _seen_with_the_patch(model, kw, [model.transformer_blocks[0].attn],
+                         lambda m, args, kwargs: seen.append((kwargs["hidden_states"], kwargs["key_valid"])))
+    (merged, key_valid), prefix = seen[0], plain.shape[1] - 16
+    assert merged.shape[1] == prefix + 8 and key_valid.shape == (2, prefix + 8)
+    assert not bool(key_valid[1, :prefix].all()) and bool(key_valid[:, prefix:].all())
+    unpatched = []  # the rows before the target, as the unpatched attention gets them
+    handle = model.transformer_blocks[0].attn.register_forward_pre_hook(
+        lambda m, args, kwargs: unpatched.append(kwargs["hidden_states"]), with_kwargs=True)
+    try:
+        _run(model, kw)
+    finally:
+        handle.remove()
+    assert torch.equal(merged[:, :prefix], unpatched[0][:, :prefix])
+
+
+def test_qwen21_prefix_kv_cache_with_the_target_merged():
+    """The prefix KV cache (extract at the first step, cached after): the target never changes the prefix's keys
+    (block-causal), so with the target merged, decoding from the cache gives the prefill's target rows."""
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
+
+    entry, model = _need("qwen-image-2.1")
+    kw = _qwen21_inputs(entry)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    try:
+        prefill = _run(model, kw)
+        cache = QwenImage21KVCache(len(model.transformer_blocks))
+        extracted = _run(model, {**kw, "kv_cache": cache, "kv_cache_mode": "extract"})
+        decoded = _run(model, {**kw, "kv_cache": cache, "kv_cache_mode": "cached"})
+    finally:
+        tokenmerge.remove_patch(model)
+    assert not torch.equal(prefill, _run(model, kw))
+    torch.testing.assert_close(extracted, prefill, rtol=0, atol=1e-6)
+    torch.testing.assert_close(decoded[:, -16:], prefill[:, -16:], rtol=1e-5, atol=1e-5)
+
+
+def test_qwen21_todo_is_refused_with_the_reason():
+    _, model = _need("qwen-image-2.1")
+    with pytest.raises(ValueError, match="prefix segment"):
+        tokenmerge.apply_todo(model, downsample=2)
+    assert tokenmerge.describe_patch(model) is None

@@ -59,6 +59,11 @@ def test_on_off_on_and_todo(name):
     assert tokenmerge.describe_patch(pipe) is None
     assert torch.equal(case.generate(pipe, kw), vanilla)
 
+    if not case.todo:
+        with pytest.raises(ValueError, match="ToDo|ToMe"):
+            tokenmerge.apply_todo(pipe, downsample=2)
+        assert tokenmerge.describe_patch(pipe) is None
+        return
     tokenmerge.apply_todo(pipe, downsample=2)
     _changed(case.generate(pipe, kw), vanilla, "ToDo 2")
     tokenmerge.remove_patch(pipe)

@@ -48,6 +48,7 @@ class PipelineCase:
         around: a context manager factory each generation runs inside (``None``: none).
         notes: what is special about the case.
         denoisers: the components the patch must find (Ideogram 4 has a conditional and an unconditional one).
+        todo: whether the family takes ToDo (else ``apply_todo`` must refuse it).
     """
 
     name: str
@@ -63,6 +64,7 @@ class PipelineCase:
     around: Callable | None = None
     notes: str = ""
     denoisers: tuple[str, ...] = ("transformer",)  # the pipeline's components that get patched
+    todo: bool = True  # False: the family refuses ToDo (with its reason)
 
     def available(self) -> str | None:
         """None if the case can be built on the installed diffusers, else the reason it cannot."""
@@ -472,15 +474,24 @@ _add(PipelineCase("ernie-image", "ErnieImagePipeline", _ernie_image, denoiser="e
 
 
 class _CharTokenizer:
-    """A stand-in for Ideogram 4's Qwen2 tokenizer (whose files come from the hub): a chat template that wraps the
-    prompt, and one id per character. Only what Ideogram4Pipeline.encode_prompt calls."""
+    """A stand-in for the Qwen2 tokenizer / Qwen3-VL processor (whose files come from the hub): a chat template that
+    wraps the prompt, and one id per character. Only what Ideogram4Pipeline.encode_prompt and QwenImage21Pipeline's
+    constructor call."""
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+    @property
+    def tokenizer(self):
+        return self
+
+    def encode(self, text):
+        return [ord(c) % 250 + 1 for c in text]
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False, return_dict=False):
         text = "".join(part["text"] for m in messages for part in m["content"] if part.get("type") == "text")
-        return f"<user>{text}<assistant>" if add_generation_prompt else f"<user>{text}"
+        text = f"<user>{text}<assistant>" if add_generation_prompt else f"<user>{text}"
+        return [self.encode(text)] if tokenize else text
 
     def __call__(self, text, return_tensors="pt", add_special_tokens=False):
-        return {"input_ids": torch.tensor([[ord(c) % 250 + 1 for c in text]])}
+        return {"input_ids": torch.tensor([self.encode(text)])}
 
 
 def _ideogram4():
@@ -525,3 +536,22 @@ def _bria_fibo2():
 _add(PipelineCase("bria-fibo2", "BriaFibo2Pipeline", _bria_fibo2, denoiser="bria-fibo2", grid=(8, 8),
                   requires=("BriaFibo2Pipeline", "AutoencoderKLFlux2"), guidance=dict(guidance_scale=1.0),
                   notes="cond and uncond as two calls; [gist | image] layers; timestep 0..1 (1 = noise)"))
+
+
+def _qwen21():
+    g = torch.Generator().manual_seed(1)
+    vae = _seeded(lambda: _d("AutoencoderKLQwenImage21")(
+        base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1] * 5, num_res_blocks=1, temperal_downsample=[False] * 4,
+        latents_mean=[0.0] * 4, latents_std=[1.0] * 4))  # 16x, as the pipeline assumes
+    pipe = _pipe("QwenImage21Pipeline", scheduler=_d("FlowMatchEulerDiscreteScheduler")(), vae=vae, text_encoder=None,
+                 processor=_CharTokenizer(), transformer=CATALOGUE["qwen-image-2.1"].build())
+    mask = torch.ones(1, TXT, dtype=torch.long)
+    return pipe, dict(prompt_embeds=_randn(g, 1, TXT, 8), prompt_embeds_mask=mask,
+                      negative_prompt_embeds=_randn(g, 1, TXT, 8), negative_prompt_embeds_mask=mask,
+                      height=128, width=128, num_inference_steps=2, true_cfg_scale=4.0, output_type="pt")
+
+
+_add(PipelineCase("qwen-image-2.1", "QwenImage21Pipeline", _qwen21, denoiser="qwen-image-2.1", grid=(8, 8),
+                  requires=("QwenImage21Pipeline", "AutoencoderKLQwenImage21"), guidance=dict(true_cfg_scale=1.0), todo=False,
+                  notes="prefix KV cache on (extract at the first step, cached after); cond and uncond as two calls "
+                        "with their own caches; the processor (used only by the constructor here) a stand-in"))

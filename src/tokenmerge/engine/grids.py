@@ -209,4 +209,6 @@ class GridReader:
         except (TypeError, IndexError, ValueError):
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' list of per-sample shapes "
                             f"to read the image grid from; got {type(shapes).__name__}") from None
+        if source.last:  # the images before it are in the tokens before the image's, not after
+            return grids[-1], 0
         return grids[0], sum(math.prod(g) for g in grids[1:])

@@ -84,7 +84,9 @@ def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor, tr
     if not spec.image:
         return mask
     if not isinstance(mask, torch.Tensor):
-        raise RuntimeError(f"token merging: attention mask {spec.kwarg!r} is a {type(mask).__name__}")
+        raise RuntimeError(f"token merging: attention mask {spec.kwarg!r} is a {type(mask).__name__}, not a tensor "
+                           "whose rows and columns can follow the merged tokens (a flex attention BlockMask: use an "
+                           "attention processor or backend that takes a tensor mask)")
     for axis in (-2, -1):  # a (B, S) key mask's axis -2 is the batch, never tokens
         if axis == -2 and mask.dim() == 2 and mask.shape[0] != mask.shape[1]:
             continue

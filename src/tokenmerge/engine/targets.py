@@ -22,13 +22,14 @@ COMPILE_REFUSED = (
 class Bound:
     """A target of one block, bound to its sub-module's signature."""
 
-    __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside", "same", "twins")
+    __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside", "same", "twins", "masks")
 
-    def __init__(self, spec, arg, context, rotary, mask, inside=False, same=(), twins=()):
+    def __init__(self, spec, arg, context, rotary, mask, inside=False, same=(), twins=(), masks=()):
         self.spec, self.arg, self.context, self.rotary, self.mask = spec, arg, context, rotary, mask
         self.inside = inside  # ToDo pools the keys inside the attention call (engine/inside.py)
         self.same = same  # bound arguments that carry the input's very tokens (``Target.same``)
         self.twins = twins  # bound arguments that carry the very rotary table again (``Rotary.same``)
+        self.masks = masks  # bound arguments that are other masks over the same tokens (``Mask.same``)
 
 
 class TargetHooks:
@@ -104,7 +105,8 @@ class TargetHooks:
     def _follow_rotary(self, plan, target: Bound, args, kwargs):
         """The target's rotary embedding and attention mask at the merged tokens (each keeps its first token's)."""
         for bound, spec, take in ((target.rotary, target.spec.rotary, take_rotary),
-                                  (target.mask, target.spec.mask, take_mask)):
+                                  (target.mask, target.spec.mask, take_mask),
+                                  *((b, target.spec.mask, take_mask) for b in target.masks)):
             value = bound.read(args, kwargs) if bound is not None and spec is not None else None
             if value is None:
                 continue

@@ -41,7 +41,7 @@ from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, 
 from .unet import BASIC_TARGETS, transformer_blocks_in
 
 __all__ = ["COGVIEW3PLUS", "COGVIEW4", "GLM_IMAGE", "AURAFLOW", "HUNYUAN_DIT", "HUNYUAN_IMAGE", "HIDREAM", "PRX",
-           "NUCLEUS_MOE", "KREA2", "IDEOGRAM4", "JOYIMAGE_EDIT", "JOYIMAGE_EDIT_PLUS", "FLUX3", "CONTROLNET_XS", "FAMILIES",
+           "NUCLEUS_MOE", "KREA2", "IDEOGRAM4", "QWEN_IMAGE_21", "JOYIMAGE_EDIT", "JOYIMAGE_EDIT_PLUS", "FLUX3", "CONTROLNET_XS", "FAMILIES",
            "REFUSED"]
 
 _PATCH = ("patch_size", "patch_size")
@@ -262,6 +262,29 @@ IDEOGRAM4 = Family(
     examples=("ideogram4",),
 )
 
+# ---- Qwen-Image 2.1 -------------------------------------------------------------------------------------------
+# One single-stream sequence from the first block: the VLM's text with condition images spliced in (each image slot
+# expanded to its 2x2 latent tokens), then the target image's tokens in raster order, last. The default processor
+# runs the block-causal prefill as one SDPA call per prefix segment plus one for the target rows, over a (B, S) key
+# mask ``key_valid``; a prefix KV cache holds the prefix's keys, which the target never changes (causal).
+_Q21_MASK = Mask("attention_mask", text=TEXT_BEFORE, same=("key_valid",))
+
+QWEN_IMAGE_21 = Family(
+    "qwen-image-2.1",
+    match=has("img_in", "txt_in", "modulation") & has_list("transformer_blocks") & takes("img_mask", "img_shapes"),
+    grid=ShapesGrid(Arg("img_shapes"), rank=2, last=True),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn", JOINT, text=TEXT_BEFORE, rotary=Rotary("rotary_emb", text=TEXT_BEFORE), mask=_Q21_MASK),
+        Target("img_mlp", MLP, text=TEXT_BEFORE)), text=TEXT_BEFORE, requires=("attn", "img_mlp")),),
+    timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise
+    shared_plan=True,
+    todo="its attention processor splits the block-causal prefill into one attention call per prefix segment, "
+         "most of which hold no image keys to pool; use ToMe (apply_patch)",
+    description="Qwen-Image 2.1 (one block-causal [text and condition images | target image] sequence; the "
+                "target merged, its key mask and rotary rows with it; prefix KV cache)",
+    examples=("qwen-image-2.1",),
+)
+
 # ---- JoyImage-Edit (+ Plus) -----------------------------------------------------------------------------------
 _JOY = has("img_in", "condition_embedder") & has_list("double_blocks") \
     & block_has("double_blocks", "attn", "img_mlp", "txt_mlp")
@@ -346,15 +369,10 @@ CONTROLNET_XS = Family(
 )
 
 FAMILIES: tuple = (COGVIEW3PLUS, COGVIEW4, GLM_IMAGE, AURAFLOW, HUNYUAN_DIT, HUNYUAN_IMAGE, HIDREAM, PRX, NUCLEUS_MOE,
-                   KREA2, IDEOGRAM4, JOYIMAGE_EDIT, JOYIMAGE_EDIT_PLUS, FLUX3, CONTROLNET_XS)
+                   KREA2, IDEOGRAM4, QWEN_IMAGE_21, JOYIMAGE_EDIT, JOYIMAGE_EDIT_PLUS, FLUX3, CONTROLNET_XS)
 
 # ---- recognised and refused -----------------------------------------------------------------------------------
 REFUSED: tuple = (
-    Refused("qwen-image-2.1", has("img_in", "txt_in", "modulation") & has_list("transformer_blocks")
-            & takes("img_mask", "img_shapes"),
-            "Qwen-Image 2.1 runs one VLM sequence in which each image slot holds a 2x2 group of latent tokens (the "
-            "image's tokens are not in raster order), with a block-causal mask and per-token modulation; not "
-            "supported yet"),
     Refused("kandinsky3-unet", has("add_time_condition", "encoder_hid_proj", "conv_in") & has_list("down_blocks"),
             "Kandinsky 3's attention blocks take the (B, C, H, W) feature map and flatten it inside, and its "
             "self-attention passes the same tokens as queries and keys: no sub-module takes a token sequence to merge"),

@@ -139,6 +139,7 @@ class Mask:
     kwarg: str = "attention_mask"
     text: str = TEXT_NONE
     image: bool = True  # False: the mask covers the text only (Mochi) and passes whole
+    same: tuple[str, ...] = ()  # other masks over the same tokens, which follow alike (Qwen-Image 2.1's key_valid)
 
 
 @dataclass(frozen=True)
@@ -329,10 +330,12 @@ class ArgsGrid:
 @dataclass(frozen=True)
 class ShapesGrid:
     """The grid from per-sample shape lists (Qwen-Image's ``img_shapes``: ``[[(F, H, W), ...], ...]``, one list
-    per sample): the generated image's shape (the first of the first sample), its last ``rank`` entries."""
+    per sample): the generated image's shape (the first of the first sample, or its last with ``last``: Qwen-Image
+    2.1 puts condition images before it), its last ``rank`` entries."""
 
     arg: Arg = Arg("img_shapes")
     rank: int = 2
+    last: bool = False  # the generated image is the last shape (after condition images that sit before it)
 
 
 GridSource = LatentGrid | IdsGrid | ArgsGrid | ShapesGrid
