@@ -103,3 +103,14 @@ def test_hidream_called_with_patchified_tokens_is_refused_not_misread():
             model(**{**inputs, "hidden_states": tokens})
     finally:
         tokenmerge.remove_patch(model)
+
+
+def test_a_protein_denoiser_is_refused_with_its_reason():
+    import diffusers
+
+    if not hasattr(diffusers, "RFD4ProteinaTransformer"):
+        pytest.skip(f"RFD4ProteinaTransformer is not in diffusers {diffusers.__version__}")
+    model = diffusers.RFD4ProteinaTransformer(nlayers=1, token_dim=16, nheads=2, dim_cond=8, pair_repr_dim=8)
+    with pytest.raises(TypeError, match="no image grid: RFD4-Proteina"):
+        tokenmerge.apply_patch(model, ratio=0.5)
+    assert tokenmerge.describe_patch(model) is None

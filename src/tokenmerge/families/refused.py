@@ -47,6 +47,10 @@ REFUSED: tuple = (
             & takes("hidden_states", "encoder_hidden_states", "cross_attention_kwargs"),
             "DualTransformer2DModel is a part of Versatile Diffusion's UNet (two Transformer2DModels over two "
             "conditions, mixed); patch the UNet that holds it"),
+    Refused("rfd4-proteina", has("pair_repr_builder", "ca_linear") & has_list("transformer_layers")
+            & takes("bb_ca", "local_latents"),
+            "no image grid: RFD4-Proteina denoises a protein's residue tokens (backbone coordinates and local latents, "
+            "with a pair representation over every two residues), not an image or video"),
     Refused("cosmos3-omni", has("embed_tokens", "lm_head") & has_list("layers")
             & takes("vision_tokens", "vision_sequence_indexes"),
             "Cosmos 3 Omni is a mixture-of-transformers LLM over one packed, unbatched sequence of text, vision, sound "
