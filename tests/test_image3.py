@@ -53,6 +53,32 @@ def _seen_with_the_patch(model, kw, modules, look):
             h.remove()
 
 
+def _seen_unpatched_then_patched(model, kw, modules, look):
+    """Run ``model`` unpatched, then patched (ToMe 0.5), with ``look`` as a forward pre-hook on ``modules`` that
+    sees what each gets (after the patch's own hook); everything removed after."""
+    handles = [m.register_forward_pre_hook(look, with_kwargs=True) for m in modules]
+    try:
+        _run(model, kw)
+        tokenmerge.apply_patch(model, ratio=0.5)
+        for m, h in zip(modules, handles):
+            m._forward_pre_hooks.move_to_end(h.id)  # after the merge's hook
+        _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+        for h in handles:
+            h.remove()
+
+
+def _refused_at_the_call(model, kw, match, **patch):
+    """Patched with ``patch`` (ToMe 0.5), the call raises a RuntimeError matching ``match``; removed after."""
+    tokenmerge.apply_patch(model, ratio=0.5, **patch)
+    try:
+        with pytest.raises(RuntimeError, match=match):
+            _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+
+
 def _zimage_long_captions():
     """The catalogue's tiny Z-Image with room in its rotary tables for captions padded to 64 tokens."""
     from tiny_denoisers import _ZIMAGE, _cls
@@ -105,12 +131,7 @@ def test_zimage_latents_of_different_sizes_in_one_call_are_refused():
     entry, model = _need("z-image")
     kw = entry.inputs(batch=2)
     kw["x"] = [kw["x"][0], torch.randn(kw["x"][0].shape[0], 1, 6, 8)]
-    tokenmerge.apply_patch(model, ratio=0.5)
-    try:
-        with pytest.raises(RuntimeError, match="different sizes"):
-            _run(model, kw)
-    finally:
-        tokenmerge.remove_patch(model)
+    _refused_at_the_call(model, kw, "different sizes")
 
 
 def test_zimage_omni_layout_is_refused_by_name():
@@ -134,12 +155,7 @@ def test_lumina2_captions_of_one_length_merge_and_of_different_lengths_are_refus
     scale = plain.abs().max()
     torch.testing.assert_close(_permuted(model, kw, scope) / scale, plain / scale, rtol=0, atol=2e-5)
     kw["encoder_attention_mask"][1, -5:] = False  # sample 1's caption is shorter: its image sits elsewhere
-    tokenmerge.apply_patch(model, ratio=0.5, scope=scope)
-    try:
-        with pytest.raises(RuntimeError, match="differ in length"):
-            _run(model, kw)
-    finally:
-        tokenmerge.remove_patch(model)
+    _refused_at_the_call(model, kw, "differ in length", scope=scope)
 
 
 def test_lumina2_keys_are_the_merged_tokens():
@@ -226,15 +242,7 @@ def test_ernie_text_reaches_the_attention_unchanged(lengths):
     def look(module, args, kwargs):
         seen.append(args[0] if args else kwargs["hidden_states"])
 
-    handle = model.layers[0].self_attention.register_forward_pre_hook(look, with_kwargs=True)
-    try:
-        _run(model, kw)
-        tokenmerge.apply_patch(model, ratio=0.5)
-        model.layers[0].self_attention._forward_pre_hooks.move_to_end(handle.id)  # after the merge's hook
-        _run(model, kw)
-    finally:
-        tokenmerge.remove_patch(model)
-        handle.remove()
+    _seen_unpatched_then_patched(model, kw, [model.layers[0].self_attention], look)
     plain, merged = seen
     text = kw["text_bth"].shape[1]
     assert merged.shape[1] < plain.shape[1]
@@ -301,15 +309,7 @@ def test_ideogram4_text_and_padding_rows_reach_the_attention_unchanged():
         x = args[0] if args else kwargs["hidden_states"]
         seen.append((x, kwargs["attention_mask"], kwargs["image_rotary_emb"][0]))
 
-    handle = model.layers[0].attention.register_forward_pre_hook(look, with_kwargs=True)
-    try:
-        _run(model, kw)
-        tokenmerge.apply_patch(model, ratio=0.5)
-        model.layers[0].attention._forward_pre_hooks.move_to_end(handle.id)  # after the merge's hook
-        _run(model, kw)
-    finally:
-        tokenmerge.remove_patch(model)
-        handle.remove()
+    _seen_unpatched_then_patched(model, kw, [model.layers[0].attention], look)
     (plain, _, cos), (merged, mask, merged_cos) = seen
     n = plain.shape[1] - before
     assert merged.shape[1] == before + n // 2
@@ -349,12 +349,7 @@ def test_ideogram4_image_tags_it_cannot_follow_are_refused(layout, message):
         indicator[1] = torch.roll(indicator[1], 1)
     else:  # a text token inside the image's run
         indicator[:, -3] = 3
-    tokenmerge.apply_patch(model, ratio=0.5)
-    try:
-        with pytest.raises(RuntimeError, match=message):
-            _run(model, {**kw, "indicator": indicator})
-    finally:
-        tokenmerge.remove_patch(model)
+    _refused_at_the_call(model, {**kw, "indicator": indicator}, message)
 
 
 # ---- Bria FIBO 2: [gist | image | edit images] -----------------------------------------------------------------
@@ -405,17 +400,7 @@ def test_fibo2_gist_and_edit_image_rows_reach_the_attention_unchanged():
     def look(module, args, kwargs):
         seen[module].append(args[0] if args else kwargs["hidden_states"])
 
-    handles = [m.register_forward_pre_hook(look, with_kwargs=True) for m in modules]
-    try:
-        _run(model, kw)
-        tokenmerge.apply_patch(model, ratio=0.5)
-        for m, h in zip(modules, handles):
-            m._forward_pre_hooks.move_to_end(h.id)  # after the merge's hook
-        _run(model, kw)
-    finally:
-        tokenmerge.remove_patch(model)
-        for h in handles:
-            h.remove()
+    _seen_unpatched_then_patched(model, kw, modules, look)
     (refiner, refiner_merged), (layer, layer_merged) = seen[modules[0]], seen[modules[1]]
     gist, context = 8, 16
     assert refiner_merged.shape[1] == refiner.shape[1] - 8 and layer_merged.shape[1] == layer.shape[1] - 8
@@ -427,12 +412,7 @@ def test_fibo2_gist_and_edit_image_rows_reach_the_attention_unchanged():
 def test_fibo2_prompts_with_different_gist_counts_are_refused_with_the_reason(scope):
     entry, model = _need("bria-fibo2")
     kw = _fibo2_inputs(entry, lengths=(4, 16))  # 4 and 8 gist tokens: the gist goes after the image, masked
-    tokenmerge.apply_patch(model, ratio=0.5, scope=scope)
-    try:
-        with pytest.raises(RuntimeError, match="different numbers of gist tokens"):
-            _run(model, kw)
-    finally:
-        tokenmerge.remove_patch(model)
+    _refused_at_the_call(model, kw, "different numbers of gist tokens", scope=scope)
 
 
 # ---- Qwen-Image 2.1: [text with condition images | target image], block-causal --------------------------------
@@ -463,19 +443,13 @@ def test_qwen21_condition_image_and_padded_text_pass_whole():
     plain = _run(model, kw)
     torch.testing.assert_close(_permuted(model, kw, "attention"), plain, rtol=0, atol=1e-5)
     seen = []
-    _seen_with_the_patch(model, kw, [model.transformer_blocks[0].attn],
-                         lambda m, args, kwargs: seen.append((kwargs["hidden_states"], kwargs["key_valid"])))
-    (merged, key_valid), prefix = seen[0], plain.shape[1] - 16
+    _seen_unpatched_then_patched(model, kw, [model.transformer_blocks[0].attn],
+                                 lambda m, args, kwargs: seen.append((kwargs["hidden_states"], kwargs["key_valid"])))
+    (unpatched, _), (merged, key_valid) = seen
+    prefix = plain.shape[1] - 16
     assert merged.shape[1] == prefix + 8 and key_valid.shape == (2, prefix + 8)
     assert not bool(key_valid[1, :prefix].all()) and bool(key_valid[:, prefix:].all())
-    unpatched = []  # the rows before the target, as the unpatched attention gets them
-    handle = model.transformer_blocks[0].attn.register_forward_pre_hook(
-        lambda m, args, kwargs: unpatched.append(kwargs["hidden_states"]), with_kwargs=True)
-    try:
-        _run(model, kw)
-    finally:
-        handle.remove()
-    assert torch.equal(merged[:, :prefix], unpatched[0][:, :prefix])
+    assert torch.equal(merged[:, :prefix], unpatched[:, :prefix])
 
 
 def test_qwen21_prefix_kv_cache_with_the_target_merged():
