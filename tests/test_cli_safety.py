@@ -136,7 +136,7 @@ def test_a_foreign_record_file_is_not_taken_for_ours(tmp_path):
 
 def test_the_demo_reruns_into_its_default_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    argv = ["demo", "--steps", "1", "--methods", "tome:0.5", "--no-progress"]
+    argv = ["demo", "--steps", "1", "--methods", "tome:0.5", "--no-progress", "--no-speed"]  # speed: test_quality
     assert main(argv) == 0
     first = json.loads((tmp_path / "tokenmerge-demo" / "demo.json").read_text())
     assert main(argv) == 0  # its own files are replaced, its cache reused
