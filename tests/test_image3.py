@@ -455,9 +455,9 @@ def test_qwen21_condition_image_and_padded_text_pass_whole():
 def test_qwen21_prefix_kv_cache_with_the_target_merged():
     """The prefix KV cache (extract at the first step, cached after): the target never changes the prefix's keys
     (block-causal), so with the target merged, decoding from the cache gives the prefill's target rows."""
+    entry, model = _need("qwen-image-2.1")
     from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
 
-    entry, model = _need("qwen-image-2.1")
     kw = _qwen21_inputs(entry)
     tokenmerge.apply_patch(model, ratio=0.5)
     try:
