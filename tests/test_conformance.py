@@ -239,6 +239,10 @@ _COMPILE = sorted({(_entries(f.name)[0], f.name in _COMPILE_CORE) for f in BUILT
                   | {("toy", True)})
 
 
+# models whose own forward breaks the graph (checked: the unpatched model fails fullgraph, else this entry is stale)
+_BREAKS_WITHOUT_US = {"qwen-image-2.1": "diffusers' QwenImage21Rope reads its image mask with tolist()"}
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if core else pytest.mark.slow) for n, core in _COMPILE])
 @pytest.mark.parametrize("scope", ["attention", "block"])
@@ -249,6 +253,11 @@ def test_compile_fullgraph_matches_eager(name, scope):
     if scope == "block" and not all(s.whole is not None for s in match_family(model).find_blocks(model, "")):
         pytest.skip("the family does not declare scope='block'")
     torch._dynamo.reset()
+    if name in _BREAKS_WITHOUT_US:
+        with pytest.raises(torch._dynamo.exc.Unsupported), torch.no_grad():
+            torch.compile(model, fullgraph=True, backend="eager")(**inputs)
+        torch._dynamo.reset()
+        pytest.skip(f"the model itself is not one graph: {_BREAKS_WITHOUT_US[name]}")
     tokenmerge.apply_patch(model, ratio=0.5, scope=scope)
     try:
         with torch.no_grad():
