@@ -555,3 +555,17 @@ _add(PipelineCase("qwen-image-2.1", "QwenImage21Pipeline", _qwen21, denoiser="qw
                   requires=("QwenImage21Pipeline", "AutoencoderKLQwenImage21"), guidance=dict(true_cfg_scale=1.0), todo=False,
                   notes="prefix KV cache on (extract at the first step, cached after); cond and uncond as two calls "
                         "with their own caches; the processor (used only by the constructor here) a stand-in"))
+
+
+def _cogview4():
+    g = torch.Generator().manual_seed(1)
+    pipe = _pipe("CogView4Pipeline", tokenizer=None, text_encoder=None, vae=_vae_kl(),
+                 transformer=CATALOGUE["cogview4"].build(), scheduler=_d("FlowMatchEulerDiscreteScheduler")())
+    # GLM embeddings of 16 tokens (the pipeline pads prompts to a multiple of 16)
+    return pipe, dict(prompt_embeds=_randn(g, 1, 16, 8), negative_prompt_embeds=_randn(g, 1, 16, 8), height=32,
+                      width=32, num_inference_steps=2, guidance_scale=4.0, output_type="pt")
+
+
+_add(PipelineCase("cogview4", "CogView4Pipeline", _cogview4, denoiser="cogview4", requires=("CogView4Pipeline",),
+                  guidance=dict(guidance_scale=1.0), notes="cond and uncond as two calls; joint [text | image]"))
+
