@@ -8,6 +8,15 @@ checkpoints) is scripts/flow_training.py. At the end: EMA weights (fp16) to --ou
 (one row per class) and an animated GIF of the first clip of each class beside them.
 
     .venv/bin/python scripts/train_fashion_video.py [--steps 2000] [--batch 16] [--out PATH] [--checkpoint PATH]
+
+The shipped weights are two stages (logs: benchmarks/results/training/fashion-video{,-stage2}.log):
+
+    # stage 1: 3000 steps at lr 5e-4 (run as --steps 2000, then resumed with --steps 3000)
+    .venv/bin/python scripts/train_fashion_video.py --steps 3000 --out /tmp/fv1/fashion_video.safetensors \
+        --checkpoint /tmp/fv1/train.ckpt
+    # stage 2: 3500 more steps from stage 1's weights at lr 3e-4 (a fresh optimiser and cosine schedule)
+    .venv/bin/python scripts/train_fashion_video.py --init /tmp/fv1/fashion_video.safetensors --steps 3500 \
+        --lr 3e-4 --out /tmp/fv2/fashion_video.safetensors --checkpoint /tmp/fv2/train.ckpt
 """
 
 from __future__ import annotations
