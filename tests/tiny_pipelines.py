@@ -568,4 +568,3 @@ def _cogview4():
 
 _add(PipelineCase("cogview4", "CogView4Pipeline", _cogview4, denoiser="cogview4", requires=("CogView4Pipeline",),
                   guidance=dict(guidance_scale=1.0), notes="cond and uncond as two calls; joint [text | image]"))
-
