@@ -196,7 +196,16 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert [m["label"] for m in video["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 start=0.5",
                                                        "tome 0.5 scope=block start=0.5", "todo 1x2x2"]
     assert video["frames"] == 8 and "temporal_psnr_mean" in video["methods"][1]
-    assert (out / "demo-video.gif").stat().st_size > 0 and not (out / "demo-speed.md").exists()
+    assert dit["prompts"] == video["prompts"] == 5
+    assert not (out / "demo-speed.md").exists()
+    from PIL import Image
+
+    with Image.open(out / "demo-video.gif") as gif:  # the cached clips, 8 frames, the 5 methods side by side, 4x
+        assert gif.n_frames == 8 and gif.size == (5 * 32 * 4, 32 * 4)
+        gif.seek(3)
+        frame = gif.convert("L").resize((5 * 32, 32), Image.NEAREST)
+    with Image.open(video["images"][0]["image"]) as strip:  # vanilla's clip of the first prompt, as cached
+        assert frame.crop((0, 0, 32, 32)).tobytes() == strip.convert("L").crop((3 * 32, 0, 4 * 32, 32)).tobytes()
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -260,7 +269,7 @@ def test_demo_speed_figure_on_a_tiny_preset(tmp_path, capsys, monkeypatch):
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "1", "--out", str(out), "--no-progress", "--methods", "tome:0.5"]) == 0
     text = (out / "demo-speed.md").read_text()
-    assert "tiny-wan" in text and "todo 1x2x2" in text and "tokenmerge 0.5" in text
+    assert "tiny-wan" in text and "tokenmerge 0.5 scope=block" in text and "| tokenmerge 0.5 |" in text
     assert "RANDOM weights" in capsys.readouterr().out
 
 
