@@ -182,7 +182,7 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert main(["demo", "--steps", "2", "--out", str(out), "--no-progress", "--no-speed"]) == 0
     report = _report(out, "demo")
     assert [m["label"] for m in report["methods"]] == ["vanilla", "tome 0.3", "tome 0.5", "todo 2"]
-    assert report["prompts"] == 10
+    assert [row["prompt"] for row in report["images"][::4]] == ["T-shirt", "Trouser", "Dress", "Sneaker", "Bag"]
     assert (out / "demo-grid.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "| todo 2 |" in printed and "demo-grid.png" in printed
