@@ -42,6 +42,7 @@ def test_todo_mode(tmp_path):
     assert all(r["status"] == "ok" for r in rows)
 
 
+@pytest.mark.processes
 def test_memory_limit_reports_oom_and_goes_on(tmp_path):
     out = tmp_path / "res"
     # 100 MB of data cannot hold torch + the model (300 MB could, on one thread with old diffusers): every mode
@@ -54,6 +55,7 @@ def test_memory_limit_reports_oom_and_goes_on(tmp_path):
     assert "| 64 | 1 | OOM | OOM |" in (out / "bench.md").read_text()
 
 
+@pytest.mark.processes
 def test_memory_limit_that_fits_measures_memory(tmp_path):
     out = tmp_path / "res"
     rc = main(["bench", "--preset", "tiny", "--resolutions", "64", "--modes", "vanilla", "--repeats", "1",
@@ -63,6 +65,7 @@ def test_memory_limit_that_fits_measures_memory(tmp_path):
     assert row["status"] == "ok" and float(row["peak_mem_mb"]) > 50
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the inherited high-water mark is Linux's")
 def test_memory_probe_reports_its_own_peak_not_its_parents():
     """Linux carries ``ru_maxrss`` across fork + exec: a probe started by a parent holding 2 GB more than the
@@ -193,6 +196,7 @@ def test_whole_generation_of_transformer_families(kind):
 
 
 @pytest.mark.compile
+@pytest.mark.slow  # inductor on the bench path: about a minute
 def test_compiled_modes_side_by_side(tmp_path):
     pytest.importorskip("torch._inductor")
     out = tmp_path / "res"

@@ -18,10 +18,13 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+# the default ToMe patch compiles in the conformance suite (test_compile_fullgraph_matches_eager); these add the
+# other targets and radius 0 (a minute each: slow) and ToDo
 @pytest.mark.parametrize("apply", [
-    lambda m: tokenmerge.apply_patch(m, ratio=0.5, merge_crossattn=True, merge_mlp=True),
+    pytest.param(lambda m: tokenmerge.apply_patch(m, ratio=0.5, merge_crossattn=True, merge_mlp=True),
+                 marks=pytest.mark.slow),
     lambda m: tokenmerge.apply_todo(m, downsample=2),
-    lambda m: tokenmerge.apply_patch(m, ratio=0.5, match_radius=0),
+    pytest.param(lambda m: tokenmerge.apply_patch(m, ratio=0.5, match_radius=0), marks=pytest.mark.slow),
 ], ids=["tome-all-targets", "todo", "tome-local-matching"])
 def test_compiled_patched_unet_is_one_graph_and_matches_eager(apply):
     unet = make_unet("sd")

@@ -296,7 +296,8 @@ def test_downsample_errors():
 
 @pytest.mark.compile
 @pytest.mark.parametrize("shape, windows, radius", [
-    ((3, 6, 8), (1, 2, 2), (0, None, None)), ((3, 6, 8), (1, 2, 2), (0, 1, 1)), ((5, 6, 6), (2, 2, 2), 1),
+    ((3, 6, 8), (1, 2, 2), (0, None, None)), pytest.param((3, 6, 8), (1, 2, 2), (0, 1, 1), marks=pytest.mark.slow),
+    pytest.param((5, 6, 6), (2, 2, 2), 1, marks=pytest.mark.slow),
 ], ids=["same-frame", "same-frame-local", "local-3d-slabs"])
 def test_compiled_3d_matcher_is_one_graph_and_matches_eager(shape, windows, radius):
     pytest.importorskip("torch._inductor")

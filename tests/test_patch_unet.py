@@ -190,6 +190,7 @@ def test_seed_makes_the_pattern_reproducible_and_the_global_rng_is_untouched(une
     assert not torch.equal(other_t, fixed_other_t) and not torch.equal(other_t, vanilla_other_t)
 
 
+@pytest.mark.processes
 def test_seed_is_reproducible_across_processes(unet, tmp_path):
     import subprocess
     import sys

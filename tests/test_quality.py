@@ -225,6 +225,7 @@ def test_bad_arguments(argv, words, capsys, tmp_path):
     assert words in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_two_process_accelerate_run(tmp_path):
     out = tmp_path / "q"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
