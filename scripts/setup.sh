@@ -27,8 +27,9 @@ if ! "$VPY" -c "import $NEEDS" 2>/dev/null; then
   rm -f .venv/.compiled
 fi
 if [ "$EXTRAS" = test ] && [ ! -f .venv/.compiled ]; then  # test runs start many interpreters: compile once
-  "$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-    >/dev/null 2>&1 || true
+  # (not the packages the tests import a few modules of, if any: Python compiles those when it imports them)
+  "$VPY" -m compileall -q -j 0 -x '/(transformers|pip|fontTools|pygments|networkx|setuptools|[a-z_]+/tests)/' \
+    "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
   touch .venv/.compiled
 fi
 "$VPY" -c "import torch, diffusers, tokenmerge; print(f'ready: tokenmerge {tokenmerge.__version__}, torch {torch.__version__}, diffusers {diffusers.__version__}')"
