@@ -29,10 +29,12 @@ def memory_cell(preset: Preset, cell: Cell, mode: MethodSpec, dtype: str, limit_
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if lines:  # the probe's own verdict, "ok" or "OOM"
         return json.loads(lines[-1])
-    # killed (the kernel's OOM killer, or an allocation failure that aborted): out of memory as well
+    # killed (the kernel's OOM killer, or an allocation failure that aborted): out of memory as well; so is an
+    # OpenMP runtime that could not map a thread's stack under the limit (libgomp exits: "Thread creation failed")
     tail = proc.stderr[-4000:]
-    if proc.returncode < 0 or any(w in tail for w in ("MemoryError", "can't allocate memory", "Cannot allocate memory",
-                                                       "out of memory")):
+    words = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "out of memory")
+    words += ("Thread creation failed",) if limit_mb else ()
+    if proc.returncode < 0 or any(w in tail for w in words):
         return {"status": "OOM", "peak_rss_mb": None, "step_rss_mb": None}
     raise RuntimeError(f"memory probe failed for {cell} {mode}:\n{proc.stderr[-2000:]}")
 
