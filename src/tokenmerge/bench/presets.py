@@ -7,8 +7,8 @@ double-stream and 4 single-stream blocks (of 19 and 38): the full 12B model does
 The video and 2025-2026 image transformers have their published widths and REDUCED block counts, named in the
 preset (``wan-2b``: 2 of Wan 2.1 1.3B's 30 blocks, ``wan-1b`` (the demo's) 1; ``hunyuan-video-1+2``: 1 of 20
 double- and 2 of 40 single-stream blocks); the family names (``wan``, ``hunyuan-video``, ``ltx``, ``flux2``,
-``qwen-image``, ``sana``) are aliases of them. Their step inputs are the pipeline's: the latent of ``--frames`` pixel frames (the VAE's
-temporal and spatial compression), prompt embeddings of the text encoder's width and the pipeline's token count
+``qwen-image``, ``sana``) are aliases of them. Their step inputs are the pipeline's: the latent of ``--frames``
+pixel frames (the VAE's temporal and spatial compression), prompt embeddings of the text encoder's width and the pipeline's token count
 (padded as it pads, with its mask), and guidance as the pipeline runs it: the batch doubled in one call (LTX,
 SANA), separate conditional and unconditional calls (Wan, Qwen-Image), or guidance-distilled, one call
 (HunyuanVideo, Flux.2 dev).
@@ -262,15 +262,18 @@ _LTX_VIDEO = dict(frames_per_latent=8, vae_scale=32, patch=1, multiple=32)  # LT
 _IMAGE16 = dict(vae_scale=8, patch=2, multiple=16)  # Flux.2, Qwen-Image: 8x VAE, 2x2 latent pixels per token
 _IMAGE32 = dict(vae_scale=32, patch=1, multiple=32)  # SANA's DC-AE: 32x
 
+
+def _wan_1_3b(blocks: int) -> Preset:
+    """Wan 2.1 T2V 1.3B at its real widths with ``blocks`` of its 30 blocks: ``wan-{blocks}b``."""
+    return Preset(
+        f"wan-{blocks}b", "Wan 2.1 T2V 1.3B widths (1536 wide, 12 heads x 128, ffn 8960) with "
+        f"{blocks} of its 30 blocks (REDUCED); umT5 text 512 x 4096; guidance: cond + uncond calls",
+        dict(_WAN_1_3B, num_layers=blocks), text_tokens=512, family="wan", text_dim=4096, guidance="calls", **_VIDEO)
+
+
 PRESETS.update({
-    "wan-2b": Preset(
-        "wan-2b", "Wan 2.1 T2V 1.3B widths (1536 wide, 12 heads x 128, ffn 8960) with 2 of its 30 blocks (REDUCED); "
-        "umT5 text 512 x 4096; guidance: cond + uncond calls",
-        dict(_WAN_1_3B, num_layers=2), text_tokens=512, family="wan", text_dim=4096, guidance="calls", **_VIDEO),
-    "wan-1b": Preset(
-        "wan-1b", "Wan 2.1 T2V 1.3B widths (1536 wide, 12 heads x 128, ffn 8960) with 1 of its 30 blocks (REDUCED); "
-        "umT5 text 512 x 4096; guidance: cond + uncond calls",
-        dict(_WAN_1_3B, num_layers=1), text_tokens=512, family="wan", text_dim=4096, guidance="calls", **_VIDEO),
+    "wan-2b": _wan_1_3b(2),
+    "wan-1b": _wan_1_3b(1),
     "hunyuan-video-1+2": Preset(
         "hunyuan-video-1+2", "HunyuanVideo widths (3072 wide, 24 heads x 128) with 1 of its 20 double- and 2 of its "
         "40 single-stream blocks (REDUCED); LLaMA text 256 x 4096 (64 prompt tokens, masked); guidance-distilled",
