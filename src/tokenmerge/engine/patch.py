@@ -23,6 +23,7 @@ from ..config import ToDoConfig, ToMeConfig
 from ..families.spec import CROSS, JOINT, MLP, SELF, Arg, BlockSite, grid_rank
 from ..merge import bipartite_soft_matching, downsample, num_windows, random_offsets
 from ..merge.bipartite import _MASK32, _mix32
+from ..merge.windows import table
 from .discover import DenoiserSite
 from .grids import GridReader
 from .guards import on_call
@@ -265,21 +266,34 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
 
     def _new_plan(self, index: int, x: torch.Tensor, grid: tuple[int, ...], batch: int, image: int):
         cfg, state = self.config, self.state
+        r = int(image * state.ratio)
         offsets = None
         # odd batch: no cond/uncond pairs, tomesd turns rand off (a shared plan keeps it)
-        if cfg.use_rand and (batch % 2 == 0 or self.shared_plan):
-            salt = self._seed_key ^ ((index * 0xC2B2AE35) & _MASK32)
-            offsets = random_offsets(num_windows(grid, self.windows), math.prod(self.windows),
-                                     _mix32(state.step_key ^ salt), x.device)
+        if r > 0 and cfg.use_rand and (batch % 2 == 0 or self.shared_plan):
+            offsets = self._offsets(index, grid, x.device)
         if self.observer is not None:
             self.observer.begin("similarity")
-        plan = self.matcher(x, grid, self.windows, int(image * state.ratio), offsets, self.radius)
+        plan = self.matcher(x, grid, self.windows, r, offsets, self.radius)
         if self.observer is not None:
             self.observer.end("similarity")
         if self.shared_plan and plan.num_merged:
             plan = SharedPlan(plan)
         self._keep_plan(index, self.blocks[index], plan, batch, image)
         return plan
+
+    def _offsets(self, index: int, grid: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """Block ``index``'s random destination choice on ``grid`` at this call: a row of one draw for every
+        block, made at the first block that needs it (a few kernels per call and grid, none per block).
+
+        Each row is ``random_offsets`` keyed by ``lowbias32(step_key ^ salt)``, the block's salt mixing the
+        seed and the block index: the choice is a pure function of (seed, block, timestep)."""
+        state = self.state
+        draws = state.draws.get(grid)
+        if draws is None:
+            keys = _mix32(state.step_key ^ _salts(self._seed_key, len(self.blocks), device))  # (blocks, 1)
+            draws = state.draws[grid] = random_offsets(num_windows(grid, self.windows), math.prod(self.windows),
+                                                       keys, device)
+        return draws[index]
 
     def _reuse_key(self, index: int, site: BlockSite) -> int:
         return -1 - site.level if self.config.share_plans else index
@@ -316,6 +330,13 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         if call is not None and call.entry is not None and output is not None:
             return self._unmerge_block(call, self.blocks[index], output)
         return None
+
+@table
+def _salts(seed_key: int, blocks: int, device: torch.device) -> torch.Tensor:
+    """``(blocks, 1)`` int64: each block's salt of the random choice, ``seed_key ^ (index * 0xC2B2AE35)``."""
+    return torch.tensor([[seed_key ^ ((index * 0xC2B2AE35) & _MASK32)] for index in range(blocks)],
+                        dtype=torch.int64).to(device)
+
 
 def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
     """The grid ``level`` 2x downsamplings below ``grid`` (its last two axes; ``ceil``, as the UNets pad)."""

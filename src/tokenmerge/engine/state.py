@@ -67,6 +67,7 @@ class CallState:
         self.blocks: dict[int, BlockCall] = {}
         self.shared: dict[int, KeptPlan] = {}  # share_plans: reuse key -> plan of this call
         self.unchunked: dict[int, int] = {}  # feed-forward chunk sizes set aside during a block call
+        self.draws: dict[tuple[int, ...], torch.Tensor] = {}  # grid -> (blocks, windows) random choices of this call
 
 
 class SharedPlan:

@@ -16,9 +16,10 @@ import operator
 
 import torch
 
-from .local import local_best_matches, local_soft_matching, local_soft_matching_2d
+from .local import _slices, device_chunk, local_best_matches, local_soft_matching, local_soft_matching_2d
 from .plan import IdentityPlan, MergePlan
-from .windows import _MASK32, _mix32, check_grid, random_offsets, window_destinations, window_grid, window_split
+from .windows import (_MASK32, _mix32, arange, check_grid, random_offsets, table, window_destinations, window_grid,
+                      window_split)
 
 __all__ = [
     "bipartite_soft_matching", "bipartite_soft_matching_2d", "local_soft_matching", "local_soft_matching_2d",
@@ -37,7 +38,7 @@ def best_matches(src: torch.Tensor, dst: torch.Tensor, chunk: int | None = None)
 
     ``src`` ``(B, Ns, C)`` and ``dst`` ``(B, Nd, C)`` are unit vectors; scores are their dot products.
     """
-    chunk = SCORE_CHUNK if chunk is None else chunk
+    chunk = device_chunk(SCORE_CHUNK, src.device) if chunk is None else chunk
     batch, num_src, num_dst = src.shape[0], src.shape[1], dst.shape[1]
     rows = max(1, chunk // max(1, batch * num_dst))
     dst_t = dst.transpose(1, 2)
@@ -77,38 +78,44 @@ def _folded_axes(shape, windows, radius) -> int:
     return fold
 
 
+@table
+def _rank_slots(num_src: int, r: int, device: torch.device):
+    """``(merged, slot)`` ``(Ns,)`` by rank: whether the source ranked ``i`` is merged (``i < r``), and the slot
+    of a kept one (``i - r``: the kept sources in rank order come first)."""
+    rank = torch.arange(num_src)
+    return (rank < r).to(device), (rank - r).to(device)
+
+
 def global_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: torch.Tensor | None = None,
                          fold: int = 1) -> MergePlan:
     """ToMe's global matching: every source against every destination (of its slice when ``fold > 1``: the
     metric then holds ``fold`` grids ``shape`` one after the other, ranked together, slots numbered as in
     ``local_soft_matching``). Slots: the kept sources in rank order, then the destinations in window order."""
-    batch, tokens, _ = metric.shape
+    batch, tokens, channels = metric.shape
+    device = metric.device
     windows_each = math.prod(window_grid(shape, windows))
     if offsets is not None and fold > 1:
         offsets = offsets.view(fold, windows_each)
-    dst, src = window_split(shape, windows, offsets, metric.device)
+    dst, src = window_split(shape, windows, offsets, device)
     if fold > 1:  # token indices over the whole grid, slice by slice
-        slices = torch.arange(fold, device=metric.device).unsqueeze(1) * (tokens // fold)
+        slices = _slices(fold, tokens // fold, device)
         dst, src = (dst + slices).reshape(-1), (src + slices).reshape(-1)
     num_src, num_dst = src.shape[0], dst.shape[0]
     r = min(r, num_src)
     metric = metric / metric.norm(dim=-1, keepdim=True)
-    src_metric, dst_metric = (metric.index_select(1, i).view(batch * fold, -1, metric.shape[2]) for i in (src, dst))
+    src_metric, dst_metric = (metric.index_select(1, i).view(batch * fold, -1, channels) for i in (src, dst))
     best, best_dst = best_matches(src_metric, dst_metric)  # (B * fold, Ns / fold): each slice on its own
     if fold > 1:
-        shift = torch.arange(fold, device=metric.device).unsqueeze(1) * windows_each
-        best, best_dst = best.view(batch, -1), (best_dst.view(batch, fold, -1) + shift).view(batch, -1)
+        best = best.view(batch, -1)
+        best_dst = (best_dst.view(batch, fold, -1) + _slices(fold, windows_each, device)).view(batch, -1)
     order = best.argsort(dim=-1, descending=True)  # (B, Ns): merged sources first
     kept = num_src - r
     # Slot layout of the merged sequence: [kept sources in `order` ... | destinations in grid order].
-    slot_of_rank = torch.arange(num_src, device=metric.device).expand(batch, num_src)
-    slot_of_rank = torch.where(
-        slot_of_rank < r, kept + best_dst.gather(1, order), slot_of_rank - r
-    )  # (B, Ns): slot of the source ranked i
-    src_slot = torch.empty_like(order).scatter_(1, order, slot_of_rank)  # (B, Ns) by source position
-    dest = torch.empty(batch, tokens, dtype=torch.int64, device=metric.device)
-    dest.index_copy_(1, src, src_slot)
-    dest.index_copy_(1, dst, (kept + torch.arange(num_dst, device=metric.device)).expand(batch, num_dst))
+    merged, kept_slot = _rank_slots(num_src, r, device)
+    slot_of_rank = torch.where(merged, best_dst.gather(1, order) + kept, kept_slot)  # (B, Ns): of the source ranked i
+    dest = torch.empty(batch, tokens, dtype=torch.int64, device=device)
+    dest.index_copy_(1, src, torch.empty_like(order).scatter_(1, order, slot_of_rank))
+    dest.index_copy_(1, dst, (arange(kept + num_dst, device)[kept:]).expand(batch, num_dst))
     return MergePlan(dest, kept + num_dst)
 
 

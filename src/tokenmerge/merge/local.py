@@ -15,7 +15,7 @@ import math
 import torch
 
 from .plan import MergePlan
-from .windows import _cached, _grid, _raster, coords, strides, window_grid, window_split
+from .windows import _grid, _raster, arange, coords, strides, table, window_grid, window_split
 
 __all__ = ["local_soft_matching", "local_soft_matching_2d", "local_best_matches"]
 
@@ -25,6 +25,15 @@ __all__ = ["local_soft_matching", "local_soft_matching_2d", "local_best_matches"
 # temporary is near the size at which allocators map fresh pages (32 MB for glibc).
 LOCAL_TILE = 4
 LOCAL_CHUNK = 2**20
+# Off the CPU (CUDA, MPS) a chunk is kernels to launch, each costing the host about as much as a small kernel runs:
+# the products are taken whole, up to GPU_CHUNK elements (512 MB of fp16 scores) at once.
+GPU_CHUNK = 2**28
+
+
+def device_chunk(chunk: int, device: torch.device) -> int:
+    """The elements handled at once on ``device``: ``chunk`` (sized for CPU caches) on the CPU, ``GPU_CHUNK``
+    elsewhere."""
+    return chunk if device.type == "cpu" else max(chunk, GPU_CHUNK)
 
 
 def tile_sizes(grid, radii, tile=None) -> tuple[int, ...]:
@@ -54,7 +63,7 @@ def _slabs(shape, windows, radii) -> list[tuple[bool, ...]]:
     return [(False,) * rank] + [f for f in flags if any(f) and all(e > 0 for e, a in zip(extra, f) if a)]
 
 
-@functools.lru_cache(maxsize=256)
+@table
 def _tiling(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, tiles: tuple[int, ...],
             device: torch.device):
     """Index tables of the local matching (cached: pure shape logic).
@@ -70,7 +79,7 @@ def _tiling(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, tile
       ``candidates`` ``(T, K)``: the window of each neighbourhood place (0 outside the grid, masked);
       ``blocked`` ``(T, P, K)``: whether that position's token may NOT match that window (it may when its own
       window and the candidate are inside the grid and at most ``R_i`` windows apart along each int axis);
-    - ``inside`` ``(sum T * P,)``: whether a position holds a token of the grid (a window's, or a slab's);
+    - ``outside`` ``(sum T * P,)``: whether a position holds no token of the grid (a window's, or a slab's);
     - ``first`` ``(W,)``: the flat position of each window's choice 0;
     - ``position`` ``(N,)``: the flat position of every token (the groups one after the other; the tokens
       ``rest`` come last, numbered in their order);
@@ -131,10 +140,10 @@ def _tiling(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, tile
     position[rest] = base + torch.arange(rest.shape[0])
     to = functools.partial(torch.Tensor.to, device=device)
     groups = tuple(tuple(to(t) for t in group) for group in groups)
-    return groups, to(torch.cat(insides)), to(first), to(position), to(rest)
+    return groups, to(~torch.cat(insides)), to(first), to(position), to(rest)
 
 
-@functools.lru_cache(maxsize=256)
+@table
 def _rest_candidates(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, device: torch.device):
     """``(Nr, K)`` candidate destinations of the tokens outside every window (cached: pure shape logic).
 
@@ -154,9 +163,10 @@ def _rest_candidates(shape: tuple[int, ...], windows: tuple[int, ...], radii: tu
     return table.to(device)
 
 
-def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.Tensor, chunk: int = 2**24):
+def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.Tensor, chunk: int | None = None):
     """``best_matches`` restricted to each source's candidate destinations ``(Ns, K)`` (a gather and a
     product: for the few tokens outside every window), ``chunk`` gathered elements at a time at most."""
+    chunk = device_chunk(2**24, src.device) if chunk is None else chunk
     batch, num_src, channels = src.shape
     rows = max(1, chunk // max(1, batch * candidates.shape[1] * channels))
     values, picks = [], []
@@ -184,29 +194,26 @@ def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: t
     ``(B, N, C)`` metric is copied once, a chunk at a time, and never normalised whole.
     """
     shape, windows, radii = tuple(shape), tuple(windows), tuple(radius)
-    chunk = LOCAL_CHUNK if chunk is None else chunk
-    tiles = tile_sizes(window_grid(shape, windows), radii, tile)
     outer, all_tokens, channels = metric.shape
     batch, tokens, device = outer * fold, all_tokens // fold, metric.device
+    chunk = device_chunk(LOCAL_CHUNK, device) if chunk is None else chunk
+    tiles = tile_sizes(window_grid(shape, windows), radii, tile)
     windows_each = math.prod(window_grid(shape, windows))
     num_windows = windows_each * fold
     num_src = all_tokens - num_windows
     r = min(r, num_src)
     kept = num_src - r
-    groups, inside, first, position, rest = _cached(_tiling)(shape, windows, radii, tiles, device)
-    flat = metric.reshape(batch * tokens, channels)
-    base = torch.arange(batch, device=device)
-
-    def rows(source, index, per):  # (B * index.numel(), C): rows ``index`` of every batch element of ``source``
-        return source.index_select(0, (index + base.view(batch, *[1] * index.dim()) * per).reshape(-1))
-
+    groups, outside, first, position, rest = _tiling(shape, windows, radii, tiles, device)
+    metric = metric.reshape(batch, tokens, channels)  # the slices of a folded grid side by side in the batch
     if offsets is not None:
         offsets = offsets.view(fold, windows_each)
     dst = window_split(shape, windows, offsets, device)[0].view(-1, windows_each)  # (fold or 1, W)
-    each = dst.expand(outer, fold, windows_each).reshape(batch, windows_each)
-    dst_metric = flat.index_select(0, (each + base.unsqueeze(1) * tokens).reshape(-1)).view(batch, -1, channels)
+    if dst.shape[0] == 1:  # the same destinations in every slice
+        dst_metric = metric.index_select(1, dst[0])
+    else:  # (outer, fold, W, C): slice f's own destinations
+        dst_metric = metric.view(outer, fold, tokens, channels).gather(
+            2, dst.view(1, fold, windows_each, 1).expand(outer, -1, -1, channels)).view(batch, -1, channels)
     dst_metric = dst_metric / dst_metric.norm(dim=-1, keepdim=True)
-    dst_flat = dst_metric.view(-1, channels)
     tiny = torch.finfo(metric.dtype).tiny
     values, matched = [], []
     for at, candidates, blocked in groups:
@@ -214,37 +221,48 @@ def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: t
         step = max(1, chunk // max(1, batch * places * (channels + span)))
         for i in range(0, num_tiles, step):
             cand = candidates[i: i + step]
-            x = rows(flat, at[i: i + step], tokens).view(batch, -1, places, channels)
-            near = rows(dst_flat, cand, windows_each).view(batch, -1, span, channels)
+            x = metric.index_select(1, at[i: i + step].reshape(-1)).view(batch, -1, places, channels)
+            near = dst_metric.index_select(1, cand.reshape(-1)).view(batch, -1, span, channels)
             scores = (x @ near.transpose(2, 3)).masked_fill_(blocked[i: i + step], -torch.inf)  # (B, n, P, K)
             best, pick = scores.max(dim=-1)
             values.append((best / x.norm(dim=-1).clamp_min_(tiny)).view(batch, -1))
             matched.append(cand.expand(batch, -1, -1).gather(2, pick).view(batch, -1))
-    best, window = (torch.cat(v, 1) for v in (values, matched))
-    if offsets is None:
-        source = inside.index_fill(0, first, False).expand(fold, -1)  # every windowed token but the destinations
+    best, window = (torch.cat(v, 1) if len(v) > 1 else v[0] for v in (values, matched))
+    if offsets is None:  # every windowed token but the destinations is a source
+        other = outside.index_fill(0, first, True).expand(fold, -1)
     else:
-        source = inside.expand(fold, -1).scatter(1, first + offsets, False)
+        other = outside.expand(fold, -1).scatter(1, first + offsets, True)
     if rest.shape[0]:  # tokens outside every window: each against the windows near its own
-        rest_metric = rows(flat, rest, tokens).view(batch, -1, channels)
+        rest_metric = metric.index_select(1, rest)
         rest_metric = rest_metric / rest_metric.norm(dim=-1, keepdim=True)
-        table = _cached(_rest_candidates)(shape, windows, radii, device)
+        table = _rest_candidates(shape, windows, radii, device)
         rest_best, rest_window = local_best_matches(rest_metric, dst_metric, table)
         best, window = torch.cat([best, rest_best], 1), torch.cat([window, rest_window], 1)
-        source = torch.cat([source, source.new_ones(source.shape[0], rest.shape[0])], 1)
+        other = torch.cat([other, other.new_zeros(other.shape[0], rest.shape[0])], 1)
     if fold > 1:  # the slices side by side: positions, windows and tokens of slice f shifted by f slices
-        slices = torch.arange(fold, device=device).unsqueeze(1)
-        window = (window.view(outer, fold, -1) + slices * windows_each).view(outer, -1)
+        window = (window.view(outer, fold, -1) + _slices(fold, windows_each, device)).view(outer, -1)
         best = best.view(outer, -1)
-        position = (position + slices * source.shape[1]).reshape(-1)
-        dst = (dst + slices * tokens).reshape(-1)
-    source = source.reshape(1, -1)
-    best = best.masked_fill(~source, -torch.inf)
+        position = _folded(position, fold, other.shape[1])
+        dst = (dst + _slices(fold, tokens, device)).reshape(-1)
+    other = other.reshape(1, -1)  # (1, positions): a destination, or no token of the grid
+    best = best.masked_fill(other, -torch.inf)
     merged = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(r, dim=-1).indices, True)
-    slot = torch.where(merged, kept + window, (source & ~merged).cumsum(1) - 1)  # by position
+    # a kept source: neither merged nor another (merged ones are sources); kept ones numbered in position order
+    slot = torch.where(merged, window + kept, (merged == other).cumsum(1) - 1)  # by position
     dest = slot.index_select(1, position)  # by token
-    dest.index_copy_(1, dst.reshape(-1), (kept + torch.arange(num_windows, device=device)).expand(outer, -1))
+    dest.index_copy_(1, dst.reshape(-1), arange(kept + num_windows, device)[kept:].expand(outer, -1))
     return MergePlan(dest, kept + num_windows)
+
+
+@table
+def _slices(fold: int, step: int, device: torch.device) -> torch.Tensor:
+    """``(fold, 1)``: the shift of each slice of a folded grid, ``step`` apart."""
+    return (torch.arange(fold) * step).unsqueeze(1).to(device)
+
+
+def _folded(position: torch.Tensor, fold: int, places: int) -> torch.Tensor:
+    """The positions of every token of ``fold`` slices side by side (slice ``f``'s shifted by ``f * places``)."""
+    return (position + _slices(fold, places, position.device)).reshape(-1)
 
 
 def local_soft_matching_2d(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int,

@@ -6,7 +6,15 @@ import math
 
 import torch
 
+from .windows import arange, table
+
 __all__ = ["MergePlan", "IdentityPlan", "SlicePlan", "slice_match", "slice_matcher"]
+
+
+@table
+def _ones(n: int, device: torch.device) -> torch.Tensor:
+    """``(n,)`` float32 ones kept on ``device`` (a slot's token count is a sum of them)."""
+    return torch.ones(n, dtype=torch.float32).to(device)
 
 
 class IdentityPlan:
@@ -32,7 +40,9 @@ class MergePlan:
 
     It is stored as one index per token (``dest``: the slot of the merged sequence a token lands in), so
     merging is a single ``index_add`` (a mean over each slot) and unmerging a single ``index_select``
-    (every token reads back its slot). Both work for any trailing channel count and any float dtype.
+    (every token reads back its slot). Both work for any trailing channel count and any float dtype. A plan made
+    for batch 1 applies to every element of a batch of any size (one pattern for all, along the token axis);
+    a plan made for batch ``B`` maps each element its own way.
 
     Args:
         dest: ``(B, N)`` int64, values in ``[0, M)``; every slot receives at least one token.
@@ -43,23 +53,22 @@ class MergePlan:
         batch, tokens = dest.shape
         self.batch, self.num_tokens, self.num_slots = batch, tokens, num_slots
         self.num_merged = tokens - num_slots
-        offsets = torch.arange(batch, device=dest.device).unsqueeze(1) * num_slots
-        self.flat_dest = (dest + offsets).reshape(-1)  # (B*N,)
-        counts = torch.zeros(batch * num_slots, device=dest.device, dtype=torch.float32)
-        counts.index_add_(0, self.flat_dest, torch.ones_like(self.flat_dest, dtype=torch.float32))
+        self.dest = dest
+        device = dest.device
+        # (B * N,): each token's slot in the flattened (B * M) merged tokens
+        self.flat_dest = dest.reshape(-1) if batch == 1 else (dest + arange(batch, device).unsqueeze(1) * num_slots
+                                                             ).reshape(-1)
+        counts = torch.zeros(batch * num_slots, device=device, dtype=torch.float32)
+        counts.index_add_(0, self.flat_dest, _ones(batch * tokens, device))
         self._inv_counts = counts.reciprocal_().unsqueeze(1)  # (B*M, 1)
         self._inv_counts_by_dtype: dict[torch.dtype, torch.Tensor] = {}
 
-    @property
-    def dest(self) -> torch.Tensor:
-        offsets = torch.arange(self.batch, device=self.flat_dest.device).unsqueeze(1) * self.num_slots
-        return self.flat_dest.view(self.batch, self.num_tokens) - offsets
-
     def expand(self, batch: int) -> "MergePlan":
-        """This batch-1 plan applied to every element of a batch of ``batch`` (one pattern for all)."""
+        """This batch-1 plan applied to every element of a batch of ``batch`` (one pattern for all): itself, which
+        merges a batch of any size that way."""
         if self.batch != 1:
             raise ValueError(f"expand needs a plan made for batch 1, this one has batch {self.batch}")
-        return self if batch == 1 else MergePlan(self.dest.expand(batch, -1), self.num_slots)
+        return self
 
     def representatives(self) -> torch.Tensor:
         """``(B, M)``: for each slot, the lowest index of the tokens merged into it (its position's owner).
@@ -67,12 +76,12 @@ class MergePlan:
         ``amin`` is order-independent, so the answer is the same on every device and run.
         """
         dest = self.dest
-        tokens = torch.arange(self.num_tokens, device=dest.device).expand_as(dest)
+        tokens = arange(self.num_tokens, dest.device).expand_as(dest)
         out = torch.full((self.batch, self.num_slots), self.num_tokens, device=dest.device, dtype=dest.dtype)
         return out.scatter_reduce(1, dest, tokens, "amin")
 
     def _check(self, x: torch.Tensor, tokens: int, what: str) -> None:
-        if x.dim() != 3 or x.shape[0] != self.batch or x.shape[1] != tokens:
+        if x.dim() != 3 or (x.shape[0] != self.batch and self.batch != 1) or x.shape[1] != tokens:
             raise RuntimeError(
                 f"token merging: {what} expects a (batch={self.batch}, tokens={tokens}, channels) tensor, "
                 f"got shape {tuple(x.shape)}"
@@ -87,14 +96,18 @@ class MergePlan:
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, N, C) -> (B, M, C)``: each slot is the mean of the tokens that land in it."""
         self._check(x, self.num_tokens, "merge")
-        channels = x.shape[2]
-        out = x.new_zeros(self.batch * self.num_slots, channels)
-        out = out.index_add(0, self.flat_dest, x.reshape(-1, channels))
+        batch, _, channels = x.shape
+        if self.batch == 1:  # one pattern for the batch: along the token axis
+            out = x.new_zeros(batch, self.num_slots, channels).index_add_(1, self.flat_dest, x)
+            return out * self._inv(x.dtype)
+        out = x.new_zeros(self.batch * self.num_slots, channels).index_add_(0, self.flat_dest, x.reshape(-1, channels))
         return (out * self._inv(x.dtype)).view(self.batch, self.num_slots, channels)
 
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, M, C) -> (B, N, C)``: each token takes the value of its slot."""
         self._check(x, self.num_slots, "unmerge")
+        if self.batch == 1:
+            return x.index_select(1, self.flat_dest)
         channels = x.shape[2]
         out = x.reshape(-1, channels).index_select(0, self.flat_dest)
         return out.view(self.batch, self.num_tokens, channels)
@@ -122,7 +135,7 @@ class SlicePlan:
         """``(1, M)``: the merged token ``i`` is token ``i`` (the first ``M`` tokens keep their own positions), so
         rotary positions and mask entries follow a limit as they follow a real merge (``MergePlan``)."""
         if self._reps is None:
-            self._reps = torch.arange(self.num_slots, device=self.device).unsqueeze(0)
+            self._reps = arange(self.num_slots, torch.device(self.device or "cpu")).unsqueeze(0)
         return self._reps
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:

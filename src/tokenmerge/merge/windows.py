@@ -7,8 +7,10 @@ tokens (its *choices*) are numbered row-major over the window's axes (2-D ``(sy,
 The tokens past the last whole window on some axis (a coordinate ``>= (n_i // s_i) * s_i``) belong to no
 window: they are always sources.
 
-Everything here is pure shape logic, cached per (shape, windows, ..., device), and written with static-shape
-tensor ops only, because torch.compile traces it when it bypasses the caches (see ``_cached``).
+Everything here is pure shape logic, built once per (shape, windows, ..., device) and kept on the device
+(``table``): under torch.compile the tables are constants of the compiled graph, computed when it is traced and
+loaded from memory when it runs, so no index arithmetic of theirs is left for the compiler to fuse into a kernel's
+int32 index (a hash multiplying an ``arange`` by 0x9E3779B1 does not fit there).
 """
 
 from __future__ import annotations
@@ -18,9 +20,53 @@ import math
 
 import torch
 
-__all__ = ["num_windows", "window_grid", "window_split", "window_destinations", "random_offsets"]
+__all__ = ["num_windows", "window_grid", "window_split", "window_destinations", "random_offsets", "table",
+           "arange"]
 
 _MASK32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B1  # the window index's multiplier in the random choice
+_TABLES: dict = {}  # name -> the cached builder of a table (``table``)
+
+
+def _symbolic(args) -> bool:
+    """Whether ``args`` hold a symbolic size (torch.compile with dynamic shapes): then a table is traced."""
+    return any(_symbolic(a) if isinstance(a, (tuple, list)) else isinstance(a, torch.SymInt) for a in args)
+
+
+def _constant(name: str, *args):
+    """The table ``name`` of ``args``, from its cache, when torch.compile traces a call: the function is marked
+    as ``torch.compiler.assume_constant_result`` (by hand, so that importing tokenmerge does not import dynamo),
+    so dynamo runs it while tracing and keeps its result as a constant of the graph (a get_attr: loaded from
+    memory, a static address for CUDA graphs).
+
+    Dynamo names each such constant after the function, and two constants of one graph may not share a name:
+    each call renames the function's code for the next one (a Python counter, run at trace time, that no guard
+    reads).
+    """
+    global _fetches
+    _fetches += 1
+    _constant.__code__ = _constant.__code__.replace(co_name=f"_tokenmerge_table_{_fetches}")
+    return _TABLES[name](*args)
+
+
+_fetches = 0
+_constant._dynamo_marked_constant = True
+
+
+def table(fn):
+    """``fn`` (pure shape logic returning tensors on a device) cached per arguments, and a constant of the graph
+    under torch.compile (see ``_constant``). ``fn.__wrapped__`` builds without the cache."""
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    cached = _TABLES[name] = functools.lru_cache(maxsize=256)(fn)
+
+    @functools.wraps(fn)
+    def get(*args):
+        if not torch.compiler.is_compiling():
+            return cached(*args)
+        return fn(*args) if _symbolic(args) else _constant(name, *args)
+
+    get.cache_clear, get.cache_info = cached.cache_clear, cached.cache_info
+    return get
 
 
 def _mix32(x):
@@ -32,20 +78,27 @@ def _mix32(x):
     return x ^ (x >> 16)
 
 
+@table
+def arange(n: int, device: torch.device) -> torch.Tensor:
+    """``torch.arange(n)`` (int64) kept on ``device``: a constant of the hot path, never written to."""
+    return torch.arange(n, dtype=torch.int64).to(device)
+
+
+@table
+def _window_hashes(num_windows: int, device: torch.device) -> torch.Tensor:
+    """``(W,)`` int64: ``window * 0x9E3779B1 mod 2**32``, the window's part of the random choice."""
+    return ((torch.arange(num_windows, dtype=torch.int64) * _GOLDEN) & _MASK32).to(device)
+
+
 def random_offsets(num_windows: int, choices: int, key, device: torch.device) -> torch.Tensor:
-    """One offset in ``[0, choices)`` per window, a pure function of ``key``.
+    """One offset in ``[0, choices)`` per window, a pure function of ``key``:
+    ``lowbias32((window * 0x9E3779B1 + key) mod 2**32) % choices``.
 
     Args:
-        key: a Python int or an int64 tensor of one element (on ``device``) identifying the draw
-            (seed, block and timestep mixed together).
+        key: a Python int or an int64 tensor (on ``device``) identifying the draw (seed, block and timestep mixed
+            together): one element, or ``(..., 1)`` for several draws at once (the result is then ``(..., W)``).
     """
-    window = torch.arange(num_windows, device=device, dtype=torch.int64)
-    return _mix32((window * 0x9E3779B1 + key) & _MASK32) % choices
-
-
-def _cached(fn):
-    """``fn`` under its cache, or the bare function while torch.compile traces (it bakes the tables in)."""
-    return fn.__wrapped__ if torch.compiler.is_compiling() else fn
+    return _mix32((_window_hashes(num_windows, torch.device(device)) + key) & _MASK32) % choices
 
 
 def check_grid(shape, windows, what: str = "windows") -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -97,7 +150,7 @@ def _rest(shape, covered) -> torch.Tensor:
     return rest
 
 
-@functools.lru_cache(maxsize=256)
+@table
 def _grid(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device):
     """``(origin, offset, other_offsets, rest)``: each window's first token ``(W,)``, the token offset of each
     choice ``(S,)``, of the other choices of each choice ``(S, S - 1)``, the tokens outside every window."""
@@ -112,7 +165,7 @@ def _grid(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device
     return to(origin), to(offset), to(offset[others]), to(rest)
 
 
-@functools.lru_cache(maxsize=256)
+@table
 def _top_left(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device):
     origin, offset, other_offsets, rest = _grid.__wrapped__(shape, windows, device)
     src = (origin.unsqueeze(1) + other_offsets[0]).reshape(-1)
@@ -129,8 +182,8 @@ def window_split(shape, windows, offsets: torch.Tensor | None, device):
     device = torch.device(device)
     shape, windows = tuple(shape), tuple(windows)
     if offsets is None:
-        return _cached(_top_left)(shape, windows, device)
-    origin, offset, other_offsets, rest = _cached(_grid)(shape, windows, device)
+        return _top_left(shape, windows, device)
+    origin, offset, other_offsets, rest = _grid(shape, windows, device)
     dst = origin + offset[offsets]
     src = (origin.unsqueeze(-1) + other_offsets[offsets]).flatten(-2)
     return dst, torch.cat([src, rest.expand(*src.shape[:-1], -1)], -1)
