@@ -192,8 +192,12 @@ def test_flux_plan_is_shared_across_the_batch():
     finally:
         handle.remove()
         tokenmerge.remove_patch(model)
-    merge = plans[0]._for(2)
-    assert torch.equal(merge.dest[0], merge.dest[1])
+    plan = plans[0]
+    assert plan.plan.batch == 1  # one pattern, made once for the batch
+    x = torch.randn(2, plan.num_tokens, 4)
+    both = plan.merge(x)  # each element merged exactly as it would be alone with that pattern
+    assert torch.equal(both[0], plan.merge(x[:1])[0]) and torch.equal(both[1], plan.merge(x[1:])[0])
+    assert torch.equal(plan.unmerge(both)[1], plan.unmerge(both[1:])[0])
 
 
 def test_flux_schedule_reads_its_0_to_1_timestep():

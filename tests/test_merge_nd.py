@@ -314,3 +314,41 @@ def test_compiled_3d_matcher_is_one_graph_and_matches_eager(shape, windows, radi
     finally:
         torch._dynamo.reset()
     torch.testing.assert_close(compiled, step(x, key))
+
+
+# ------------------------------------------------------------------------------------- dense local matching (GPU)
+
+@pytest.mark.parametrize("shape, windows, radius", [
+    ((9, 11), (2, 2), (1, 1)), ((13, 10), (3, 2), (0, 2)), ((8, 8), (2, 2), (None, 1)),
+    ((5, 9, 11), (1, 2, 2), (0, 1, 1)), ((6, 9, 10), (2, 2, 2), (1, 1, 1)), ((7, 9, 11), (2, 2, 3), (1, 0, 2)),
+    ((5, 9, 11), (1, 2, 2), (1, None, None)), ((7, 9, 11), (2, 2, 2), (None, 1, 0)),
+])
+@pytest.mark.parametrize("use_rand", [False, True])
+def test_dense_local_matching_is_the_reference(shape, windows, radius, use_rand):
+    """The one-product local matching used off the CPU gives the reference plan: same candidates (the reach
+    masked from a table), kept sources first (in rank order), destinations in window order."""
+    torch.manual_seed(4)
+    metric = torch.randn(2, math.prod(shape), 6)
+    offsets = random_offsets(num_windows(shape, windows), math.prod(windows), 11, CPU) if use_rand else None
+    r = math.prod(shape) // 2
+    plan = local_soft_matching(metric, shape, windows, r, offsets, radius, dense=True)
+    want, num_src = _reference(metric, shape, windows, r, offsets, radius)
+    assert plan.num_slots == math.prod(shape) - min(r, num_src)
+    assert torch.equal(_content(plan, num_src), want)
+
+
+@pytest.mark.parametrize("radius", [(0, 1, 1), (0, 2, None)])
+def test_dense_local_matching_of_folded_frames(radius, monkeypatch):
+    """Through ``bipartite_soft_matching`` (frames folded into the batch, ranked together), as a CUDA call runs
+    it: the dense path gives the tiles' plan."""
+    from tokenmerge.merge import local
+
+    shape, windows = (4, 9, 10), (1, 2, 2)
+    torch.manual_seed(6)
+    metric = torch.randn(2, math.prod(shape), 6)
+    offsets = random_offsets(num_windows(shape, windows), 4, 5, CPU)
+    tiles = bipartite_soft_matching(metric, shape, windows, 150, offsets, radius)
+    monkeypatch.setattr(local, "use_dense", lambda tokens, windows, device, dense=None: True)
+    dense = bipartite_soft_matching(metric, shape, windows, 150, offsets, radius)
+    want, num_src = _reference(metric, shape, windows, 150, offsets, radius)
+    assert torch.equal(_content(dense, num_src), want) and torch.equal(_content(tiles, num_src), want)

@@ -181,7 +181,7 @@ def _compiled(model, site) -> str | None:
 def _ran_compiled(site) -> bool:
     """Whether the denoiser ran compiled code with a tokenmerge patch (compiled by a wrapper not seen here)."""
     previous = getattr(site.module, "_tokenmerge_patch", None)
-    return site.module in _RAN_COMPILED or bool(getattr(getattr(previous, "_traced", None), "calls", 0))
+    return site.module in _RAN_COMPILED or bool(getattr(getattr(previous, "_traced", None), "ran", False))
 
 
 def _compile_message(name: str, how: str) -> str:
@@ -273,7 +273,7 @@ def detach(patch) -> None:
     for _, attn in _pooled(patch.config, patch.blocks):
         if isinstance(attn.__dict__.get("to_kv"), FusedKV):
             del attn.__dict__["to_kv"]
-    if getattr(getattr(patch, "_traced", None), "calls", 0):
+    if getattr(getattr(patch, "_traced", None), "ran", False):
         _RAN_COMPILED.add(patch.site.module)
     patch.__dict__.pop(_GUARD_ATTR, None)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
+from ..merge.windows import arange
 
 __all__ = ["sides", "image_part", "join", "keep_index", "take_rotary", "take_mask"]
 
@@ -50,10 +51,8 @@ def keep_index(rows: int, image: int, reps: torch.Tensor, text: str, trailing: i
     before, after = sides(rows, image, text, trailing)
     if not (before or after):
         return reps
-    device = reps.device
-    parts = ([torch.arange(before, device=device)] if before else []) + [before + reps] + \
-        ([before + image + torch.arange(after, device=device)] if after else [])
-    return torch.cat(parts)
+    every = arange(rows, reps.device)
+    return torch.cat([every[:before], reps + before, every[before + image:]])
 
 
 def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: int = 0):

@@ -201,9 +201,10 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         timestep = site.timestep.read(args, kwargs) if site.timestep is not None else None
         state.step_key = step_key(timestep, device)
         state.ratio = cfg.ratio
-        state.calls += 1
-        if not (cfg.scheduled or cfg.reuse_steps > 1):
+        state.ran = True  # (written, never read while traced: a changing int here would be guarded on and
+        if not (cfg.scheduled or cfg.reuse_steps > 1):  # recompile every call)
             return None
+        state.calls += 1  # counted for reuse_steps only, with the host-side timestep reads
         # one host read per denoiser call (not per block): schedules and reuse are host-side control flow
         t = host_timestep(timestep)
         progress = None if t is None else site.timestep.progress(t, cfg.num_train_timesteps)
@@ -248,12 +249,10 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
             raise RuntimeError(
                 f"tokenmerge: block {site.path} (level {site.level}) got {x.shape[1]} tokens, but a latent grid of "
                 f"{_shape(state.grid)} gives {_shape(grid)} = {image} tokens at that level")
-        batch = x.shape[0]
-        if self.shared_plan:  # one pattern for the batch: a merged token has one position for all elements
-            x, batch = x.mean(0, keepdim=True), 1
-        plan = self._reused_plan(index, site, batch, image)
+        batch = 1 if self.shared_plan else x.shape[0]  # shared: one pattern for the batch (a merged token has one
+        plan = self._reused_plan(index, site, batch, image)  # position for all elements)
         if plan is None:
-            plan = self._new_plan(index, x, grid, batch, image)
+            plan = self._new_plan(index, x.mean(0, keepdim=True) if self.shared_plan else x, grid, batch, image)
         state.blocks[index] = call = BlockCall(plan, grid)
         if self.whole and plan.num_merged:
             return self._merge_block(index, site, call, args, kwargs)

@@ -48,7 +48,8 @@ class CallState:
 
     def __init__(self) -> None:
         self.reset()
-        self.calls = 0
+        self.calls = 0  # denoiser calls, counted when plans are kept across them (reuse_steps)
+        self.ran = False  # whether a denoiser call ran with this state (torch.compile's: code was compiled)
         self.last_t: float | None = None
         self.kept: dict[int, KeptPlan] = {}
 
@@ -79,6 +80,21 @@ class SharedPlan:
         self.num_tokens, self.num_slots, self.num_merged = plan.num_tokens, plan.num_slots, plan.num_merged
         self._by_batch: dict[int, object] = {}
         self._reps = None
+        self._taken: list[tuple] = []  # (value, spec, trailing, taken): per-token tables already taken
+
+    def take(self, take, spec, value, trailing: int):
+        """``take(spec, value, num_tokens, representatives, trailing)`` (a rotary table or mask at the merged
+        tokens), once per table: the blocks that share this plan get the same tables (Flux passes one rotary
+        tuple to all of its blocks), so each is taken at its first block only. Under torch.compile the graph's
+        common subexpressions are merged anyway: no lookup there."""
+        if torch.compiler.is_compiling():
+            return take(spec, value, self.num_tokens, self.representatives(), trailing)
+        for v, s, t, taken in self._taken:
+            if v is value and s is spec and t == trailing:
+                return taken
+        taken = take(spec, value, self.num_tokens, self.representatives(), trailing)
+        self._taken = self._taken[-7:] + [(value, spec, trailing, taken)]  # a plan kept across calls (reuse_steps)
+        return taken  # meets new tables at each call: the last few only
 
     def _for(self, batch: int):
         plan = self._by_batch.get(batch)

@@ -114,7 +114,7 @@ class TargetHooks:
                 raise RuntimeError(f"tokenmerge: {target.spec.attr} takes per-token positions or masks, which need "
                                    f"one merge pattern for the batch: family {self.family.name!r} must set "
                                    "shared_plan=True")
-            taken = take(spec, value, plan.num_tokens, plan.representatives(), self.state.trailing)
+            taken = plan.take(take, spec, value, self.state.trailing)
             args, kwargs = bound.replace(args, kwargs, taken)
             if take is take_rotary:  # the same table under another name (Lumina-Next's key_rotary_emb)
                 args, kwargs = self._replace_same(target, target.twins, value, taken, bound.name, args, kwargs)

@@ -42,8 +42,7 @@ class WholeBlocks:
                     raise RuntimeError(f"tokenmerge: {site.path} takes per-token positions or masks, which need one "
                                        f"merge pattern for the batch: family {self.family.name!r} must set "
                                        "shared_plan=True")
-                args, kwargs = bound.replace(args, kwargs, take(spec, value, image, plan.representatives(),
-                                                                self.state.trailing))
+                args, kwargs = bound.replace(args, kwargs, plan.take(take, spec, value, self.state.trailing))
         return args, kwargs
 
     def _unmerge_block(self, call: BlockCall, site: BlockSite, output):

@@ -16,7 +16,7 @@ import operator
 
 import torch
 
-from .local import _slices, device_chunk, local_best_matches, local_soft_matching, local_soft_matching_2d
+from .local import _rank_slots, _slices, device_chunk, local_best_matches, local_soft_matching, local_soft_matching_2d
 from .plan import IdentityPlan, MergePlan
 from .windows import (_MASK32, _mix32, arange, check_grid, random_offsets, table, window_destinations, window_grid,
                       window_split)
@@ -76,14 +76,6 @@ def _folded_axes(shape, windows, radius) -> int:
     while fold < len(shape) - 2 and windows[fold] == 1 and (radius[fold] == 0 or shape[fold] == 1):
         fold += 1
     return fold
-
-
-@table
-def _rank_slots(num_src: int, r: int, device: torch.device):
-    """``(merged, slot)`` ``(Ns,)`` by rank: whether the source ranked ``i`` is merged (``i < r``), and the slot
-    of a kept one (``i - r``: the kept sources in rank order come first)."""
-    rank = torch.arange(num_src)
-    return (rank < r).to(device), (rank - r).to(device)
 
 
 def global_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: torch.Tensor | None = None,

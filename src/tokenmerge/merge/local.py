@@ -15,7 +15,7 @@ import math
 import torch
 
 from .plan import MergePlan
-from .windows import _grid, _raster, arange, coords, strides, table, window_grid, window_split
+from .windows import _grid, _raster, arange, coords, strides, table, window_dst, window_grid, window_split
 
 __all__ = ["local_soft_matching", "local_soft_matching_2d", "local_best_matches"]
 
@@ -28,6 +28,10 @@ LOCAL_CHUNK = 2**20
 # Off the CPU (CUDA, MPS) a chunk is kernels to launch, each costing the host about as much as a small kernel runs:
 # the products are taken whole, up to GPU_CHUNK elements (512 MB of fp16 scores) at once.
 GPU_CHUNK = 2**28
+# Off the CPU, a grid whose (tokens x windows) scores fit DENSE_LIMIT elements per grid is matched by one product of
+# every token with every destination, the windows out of reach masked (a cached table): a handful of kernels, where
+# the tiles take a dozen more (on a CPU the tiles' O(N) work is the faster: there they are always used).
+DENSE_LIMIT = 2**22
 
 
 def device_chunk(chunk: int, device: torch.device) -> int:
@@ -179,8 +183,75 @@ def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.T
     return (values[0], picks[0]) if len(values) == 1 else (torch.cat(values, 1), torch.cat(picks, 1))
 
 
+@table
+def _rank_slots(num_src: int, r: int, device: torch.device):
+    """``(merged, slot)`` ``(Ns,)`` by rank: whether the source ranked ``i`` is merged (``i < r``), and the slot
+    of a kept one (``i - r``: the kept sources in rank order come first)."""
+    rank = torch.arange(num_src)
+    return (rank < r).to(device), (rank - r).to(device)
+
+
+@table
+def _far(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, device: torch.device) -> torch.Tensor:
+    """``(N, W)`` bool: whether token ``t`` may NOT match window ``w``'s destination: along some int axis ``i``
+    the window is more than ``R_i`` windows from the token's own (a token outside every window belongs to the
+    nearest window, as in ``_rest_candidates``). The same reach as the tiles'."""
+    grid = window_grid(shape, windows)
+    token = torch.arange(math.prod(shape))
+    window = torch.arange(math.prod(grid))
+    far = torch.zeros(token.shape[0], window.shape[0], dtype=torch.bool)
+    for coord, wcoord, s, g, rad in zip(coords(token, shape), coords(window, grid), windows, grid, radii):
+        if rad is not None:
+            far |= ((coord // s).clamp(max=g - 1).unsqueeze(1) - wcoord.unsqueeze(0)).abs() > rad
+    return far.to(device)
+
+
+@table
+def _destinations(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``(1, N)`` bool: the top-left destinations (no random choice)."""
+    dst = window_split(shape, windows, None, torch.device("cpu"))[0]
+    return torch.zeros(1, math.prod(shape), dtype=torch.bool).index_fill_(1, dst, True).to(device)
+
+
+def use_dense(tokens: int, windows: int, device: torch.device, dense: bool | None = None) -> bool:
+    """Whether local matching scores every token against every destination (masked to its reach): off the CPU,
+    for grids of at most ``DENSE_LIMIT`` scores; ``dense`` forces it either way."""
+    return (device.type != "cpu" and tokens * windows <= DENSE_LIMIT) if dense is None else dense
+
+
+def _dense_matching(metric: torch.Tensor, dst_metric: torch.Tensor, dst: torch.Tensor, top_left: bool, shape,
+                    windows, radii, r: int, outer: int) -> torch.Tensor:
+    """``dest`` ``(outer, fold * N)`` of the local matching computed as one product (see ``DENSE_LIMIT``).
+
+    ``metric`` ``(outer * fold, N, C)``, ``dst_metric`` its normalised destinations ``(outer * fold, W, C)``,
+    ``dst`` ``(fold or 1, W)`` their tokens (``top_left``: each window's first). Sources are ranked together over the slices; kept ones take the
+    first slots in rank order, then the destinations in window order (slice by slice), as in the global matching.
+    """
+    batch, tokens, _ = metric.shape
+    fold, device = batch // outer, metric.device
+    windows_each = dst.shape[1]
+    scores = (metric @ dst_metric.transpose(1, 2)).masked_fill_(_far(shape, windows, radii, device), -torch.inf)
+    best, window = scores.max(dim=-1)  # (B * fold, N): each token's nearest destination in reach
+    best = best / metric.norm(dim=-1).clamp_min_(torch.finfo(metric.dtype).tiny)
+    if top_left:
+        other = _destinations(shape, windows, device)
+    else:
+        other = torch.zeros(dst.shape[0], tokens, dtype=torch.bool, device=device).scatter_(1, dst, True)
+    best = best.view(outer, -1, tokens).masked_fill(other, -torch.inf).view(outer, -1)  # destinations last
+    if fold > 1:
+        window = window.view(outer, fold, -1) + _slices(fold, windows_each, device)
+    num_src = fold * (tokens - windows_each)
+    kept = num_src - r
+    order = best.argsort(dim=-1, descending=True)
+    merged, kept_slot = _rank_slots(best.shape[1], r, device)
+    slot_of_rank = torch.where(merged, window.reshape(outer, -1).gather(1, order) + kept, kept_slot)
+    dest = torch.empty_like(order).scatter_(1, order, slot_of_rank)
+    every = (dst if fold == 1 else (dst + _slices(fold, tokens, device))).reshape(-1)
+    return dest.index_copy_(1, every, arange(kept + fold * windows_each, device)[kept:].expand(outer, -1))
+
+
 def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: torch.Tensor | None, radius,
-                        chunk: int | None = None, tile=None, fold: int = 1) -> MergePlan:
+                        chunk: int | None = None, tile=None, fold: int = 1, dense: bool | None = None) -> MergePlan:
     """ToMe's plan with every source matched only against the destinations of the windows within ``radius``
     (a tuple: an int or ``None`` per axis) on a grid ``shape`` with ``windows`` (see ``windows.py``).
 
@@ -192,6 +263,10 @@ def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: t
     against its neighbourhood's destinations in a dense product. Only the destinations are normalised: a
     source's best match does not depend on its own norm, so its best score is divided by it afterwards. The
     ``(B, N, C)`` metric is copied once, a chunk at a time, and never normalised whole.
+
+    ``dense``: score every token against every destination instead, the windows out of reach masked (default:
+    off the CPU, for grids small enough; see ``DENSE_LIMIT``). The same candidates; kept sources are then
+    numbered in rank order (as in the global matching) instead of position order.
     """
     shape, windows, radii = tuple(shape), tuple(windows), tuple(radius)
     outer, all_tokens, channels = metric.shape
@@ -207,13 +282,16 @@ def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: t
     metric = metric.reshape(batch, tokens, channels)  # the slices of a folded grid side by side in the batch
     if offsets is not None:
         offsets = offsets.view(fold, windows_each)
-    dst = window_split(shape, windows, offsets, device)[0].view(-1, windows_each)  # (fold or 1, W)
+    dst = window_dst(shape, windows, offsets, device).view(-1, windows_each)  # (fold or 1, W)
     if dst.shape[0] == 1:  # the same destinations in every slice
         dst_metric = metric.index_select(1, dst[0])
     else:  # (outer, fold, W, C): slice f's own destinations
         dst_metric = metric.view(outer, fold, tokens, channels).gather(
             2, dst.view(1, fold, windows_each, 1).expand(outer, -1, -1, channels)).view(batch, -1, channels)
     dst_metric = dst_metric / dst_metric.norm(dim=-1, keepdim=True)
+    if use_dense(tokens, windows_each, device, dense):
+        dest = _dense_matching(metric, dst_metric, dst, offsets is None, shape, windows, radii, r, outer)
+        return MergePlan(dest, kept + num_windows)
     tiny = torch.finfo(metric.dtype).tiny
     values, matched = [], []
     for at, candidates, blocked in groups:

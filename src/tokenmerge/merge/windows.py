@@ -189,6 +189,16 @@ def window_split(shape, windows, offsets: torch.Tensor | None, device):
     return dst, torch.cat([src, rest.expand(*src.shape[:-1], -1)], -1)
 
 
+def window_dst(shape, windows, offsets: torch.Tensor | None, device) -> torch.Tensor:
+    """``window_split(...)[0]`` alone: each window's destination token (``(..., W)``)."""
+    device = torch.device(device)
+    shape, windows = tuple(shape), tuple(windows)
+    if offsets is None:
+        return _top_left(shape, windows, device)[0]
+    origin, offset, _, _ = _grid(shape, windows, device)
+    return origin + offset[offsets]
+
+
 def window_destinations(h: int, w: int, sx: int, sy: int, offsets: torch.Tensor | None, device):
     """``window_split`` of an ``h`` x ``w`` grid with ``sy`` x ``sx`` windows (the 2-D API)."""
     return window_split((h, w), (sy, sx), offsets, device)
