@@ -8,6 +8,7 @@ are scored against its neighbourhood's destinations (``T_i + 2 R_i`` windows per
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -34,10 +35,29 @@ GPU_CHUNK = 2**28
 DENSE_LIMIT = 2**22
 
 
+_PATHS: str | None = None  # the device type whose code paths run, whatever the tensors' (``code_paths``)
+
+
+@contextlib.contextmanager
+def code_paths(device_type: str):
+    """Run the code paths of ``device_type`` ("cuda", "cpu") whatever device the tensors are on: the kernels a
+    CUDA call launches can then be counted on a CPU (``tokenmerge.bench.kernels``)."""
+    global _PATHS
+    before, _PATHS = _PATHS, device_type
+    try:
+        yield
+    finally:
+        _PATHS = before
+
+
+def _on_cpu(device: torch.device) -> bool:
+    return (_PATHS or device.type) == "cpu"
+
+
 def device_chunk(chunk: int, device: torch.device) -> int:
     """The elements handled at once on ``device``: ``chunk`` (sized for CPU caches) on the CPU, ``GPU_CHUNK``
     elsewhere."""
-    return chunk if device.type == "cpu" else max(chunk, GPU_CHUNK)
+    return chunk if _on_cpu(device) else max(chunk, GPU_CHUNK)
 
 
 def tile_sizes(grid, radii, tile=None) -> tuple[int, ...]:
@@ -216,7 +236,7 @@ def _destinations(shape: tuple[int, ...], windows: tuple[int, ...], device: torc
 def use_dense(tokens: int, windows: int, device: torch.device, dense: bool | None = None) -> bool:
     """Whether local matching scores every token against every destination (masked to its reach): off the CPU,
     for grids of at most ``DENSE_LIMIT`` scores; ``dense`` forces it either way."""
-    return (device.type != "cpu" and tokens * windows <= DENSE_LIMIT) if dense is None else dense
+    return (not _on_cpu(device) and tokens * windows <= DENSE_LIMIT) if dense is None else dense
 
 
 def _dense_matching(metric: torch.Tensor, dst_metric: torch.Tensor, dst: torch.Tensor, top_left: bool, shape,

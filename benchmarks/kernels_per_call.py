@@ -1,0 +1,95 @@
+"""Kernels launched per denoiser step, vanilla against each method: the cost that decides eager speed on a GPU.
+
+Counts the backend operators a step dispatches (``tokenmerge.bench.kernels.count_kernels``: on CUDA nearly each is
+one kernel launch; views and allocations left out), after a warm-up step (cached index tables built), on a bench
+preset with RANDOM weights. By default the code paths a CUDA call takes are run on whatever device is used
+(``tokenmerge.merge.local.code_paths("cuda")``), so a CPU run counts what an H100 run launches; ``--cpu-paths``
+counts the CPU's own paths. ``--blocks`` keeps that many blocks of each stack (REDUCED; the count per merged block
+does not depend on it, the per-call part is then shared by fewer blocks).
+
+    .venv/bin/python benchmarks/kernels_per_call.py --preset pixart --resolution 1024 --blocks 7 \\
+        --methods tome:0.5 tome:0.5,match_radius=None tome:0.5,scope=block tome:0.5,share_plans=true todo:2
+
+Prints a Markdown table: kernels per step, the ratio to vanilla, the extra kernels per merged block, host syncs.
+An older tokenmerge (e.g. a ``git worktree`` of an earlier commit on ``PYTHONPATH``) runs the same script: the
+``code_paths`` switch is skipped where it does not exist (the old code had one path for every device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import subprocess
+import sys
+
+import torch
+
+import tokenmerge
+from tokenmerge.bench.cell import set_attention, step
+from tokenmerge.bench.kernels import count_kernels
+from tokenmerge.bench.presets import resolve
+from tokenmerge.tools.methods import parse_spec
+
+
+def _resolution(text: str):
+    return int(text) if text.isdigit() else text
+
+
+def _paths(cpu: bool):
+    try:
+        from tokenmerge.merge.local import code_paths
+    except ImportError:  # an older tokenmerge: one code path for every device
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if cpu else code_paths("cuda")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", required=True)
+    p.add_argument("--resolution", type=_resolution, default=1024)
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--blocks", type=int, default=None, help="keep this many blocks of each stack (REDUCED)")
+    p.add_argument("--methods", nargs="+", default=["tome:0.5"])
+    p.add_argument("--cpu-paths", action="store_true", help="count the CPU's code paths instead of CUDA's")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    preset = resolve(args.preset)
+    if args.blocks is not None:
+        config = dict(preset.unet)
+        for key in ("num_layers", "num_single_layers", "num_refiner_layers", "n_layers"):
+            if key in config:
+                config[key] = min(config[key], args.blocks)
+        preset = dataclasses.replace(preset, unet=config)
+    model = preset.build(torch.float32, "cpu")
+    set_attention(model, "sdpa", preset.family)
+    inputs = preset.inputs(1, args.resolution, torch.float32, torch.device("cpu"), frames=args.frames)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=tokenmerge.__path__[0]).stdout.strip()
+    paths = "CPU paths" if args.cpu_paths else "CUDA paths"
+    reduced = f", REDUCED to {args.blocks} blocks per stack" if args.blocks is not None else ""
+    print(f"`{' '.join(sys.argv)}`\n\ntokenmerge {commit}, torch {torch.__version__}, {preset.name} "
+          f"({preset.description}{reduced}), {args.resolution}, RANDOM weights, {paths}, one step as the pipeline "
+          "runs it\n")
+    print("| method | kernels per step | vs vanilla | extra per merged block | host syncs |\n|---|---|---|---|---|")
+    base = None
+    for text in ["vanilla"] + args.methods:
+        spec = parse_spec(text, bench=True)
+        with spec.applied(model), _paths(args.cpu_paths), torch.no_grad():
+            step(model, inputs)  # warm-up: tables built, ids read
+            blocks = sum(len(patch.blocks) for patch in _patches(model))
+            counted = count_kernels(step, "cpu", model, inputs)
+        kernels = counted["kernels"]
+        base = kernels if base is None else base
+        extra = f"{(kernels - base) / blocks:.1f} ({blocks} blocks)" if blocks else ""
+        print(f"| {text} | {kernels} | {kernels / base:.2f}x | {extra} | {counted['syncs']} |", flush=True)
+
+
+def _patches(model):
+    from tokenmerge.engine.patch import PATCH_ATTR
+
+    return [m.__dict__[PATCH_ATTR] for m in model.modules() if PATCH_ATTR in m.__dict__]
+
+
+if __name__ == "__main__":
+    main()
