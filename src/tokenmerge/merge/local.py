@@ -226,25 +226,18 @@ def _far(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, device:
     return far.to(device)
 
 
-@table
-def _destinations(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """``(1, N)`` bool: the top-left destinations (no random choice)."""
-    dst = window_split(shape, windows, None, torch.device("cpu"))[0]
-    return torch.zeros(1, math.prod(shape), dtype=torch.bool).index_fill_(1, dst, True).to(device)
-
-
 def use_dense(tokens: int, windows: int, device: torch.device, dense: bool | None = None) -> bool:
     """Whether local matching scores every token against every destination (masked to its reach): off the CPU,
     for grids of at most ``DENSE_LIMIT`` scores; ``dense`` forces it either way."""
     return (not _on_cpu(device) and tokens * windows <= DENSE_LIMIT) if dense is None else dense
 
 
-def _dense_matching(metric: torch.Tensor, dst_metric: torch.Tensor, dst: torch.Tensor, top_left: bool, shape,
-                    windows, radii, r: int, outer: int) -> torch.Tensor:
+def _dense_matching(metric: torch.Tensor, dst_metric: torch.Tensor, dst: torch.Tensor, shape, windows, radii, r: int,
+                    outer: int) -> torch.Tensor:
     """``dest`` ``(outer, fold * N)`` of the local matching computed as one product (see ``DENSE_LIMIT``).
 
     ``metric`` ``(outer * fold, N, C)``, ``dst_metric`` its normalised destinations ``(outer * fold, W, C)``,
-    ``dst`` ``(fold or 1, W)`` their tokens (``top_left``: each window's first). Sources are ranked together over the slices; kept ones take the
+    ``dst`` ``(fold or 1, W)`` their tokens. Sources are ranked together over the slices; kept ones take the
     first slots in rank order, then the destinations in window order (slice by slice), as in the global matching.
     """
     batch, tokens, _ = metric.shape
@@ -253,11 +246,8 @@ def _dense_matching(metric: torch.Tensor, dst_metric: torch.Tensor, dst: torch.T
     scores = (metric @ dst_metric.transpose(1, 2)).masked_fill_(_far(shape, windows, radii, device), -torch.inf)
     best, window = scores.max(dim=-1)  # (B * fold, N): each token's nearest destination in reach
     best = best / metric.norm(dim=-1).clamp_min_(torch.finfo(metric.dtype).tiny)
-    if top_left:
-        other = _destinations(shape, windows, device)
-    else:
-        other = torch.zeros(dst.shape[0], tokens, dtype=torch.bool, device=device).scatter_(1, dst, True)
-    best = best.view(outer, -1, tokens).masked_fill(other, -torch.inf).view(outer, -1)  # destinations last
+    best = best.view(outer, -1, tokens)  # (outer, fold, N): the destinations' own scores set to -inf (ranked last)
+    best = best.scatter_(2, dst.expand(outer, fold, -1), -torch.inf).view(outer, -1)
     if fold > 1:
         window = window.view(outer, fold, -1) + _slices(fold, windows_each, device)
     num_src = fold * (tokens - windows_each)
@@ -310,7 +300,7 @@ def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: t
             2, dst.view(1, fold, windows_each, 1).expand(outer, -1, -1, channels)).view(batch, -1, channels)
     dst_metric = dst_metric / dst_metric.norm(dim=-1, keepdim=True)
     if use_dense(tokens, windows_each, device, dense):
-        dest = _dense_matching(metric, dst_metric, dst, offsets is None, shape, windows, radii, r, outer)
+        dest = _dense_matching(metric, dst_metric, dst, shape, windows, radii, r, outer)
         return MergePlan(dest, kept + num_windows)
     tiny = torch.finfo(metric.dtype).tiny
     values, matched = [], []

@@ -17,6 +17,12 @@ def _ones(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, dtype=torch.float32).to(device)
 
 
+@table
+def _starts(batch: int, num_slots: int, device: torch.device) -> torch.Tensor:
+    """``(B, 1)``: where each element's slots start in the flattened ``(B * M)`` merged tokens."""
+    return (torch.arange(batch) * num_slots).unsqueeze(1).to(device)
+
+
 class IdentityPlan:
     """The exact fast path: nothing is merged, inputs pass through untouched (bit for bit).
 
@@ -56,8 +62,7 @@ class MergePlan:
         self.dest = dest
         device = dest.device
         # (B * N,): each token's slot in the flattened (B * M) merged tokens
-        self.flat_dest = dest.reshape(-1) if batch == 1 else (dest + arange(batch, device).unsqueeze(1) * num_slots
-                                                             ).reshape(-1)
+        self.flat_dest = dest.reshape(-1) if batch == 1 else (dest + _starts(batch, num_slots, device)).reshape(-1)
         counts = torch.zeros(batch * num_slots, device=device, dtype=torch.float32)
         counts.index_add_(0, self.flat_dest, _ones(batch * tokens, device))
         self._inv_counts = counts.reciprocal_().unsqueeze(1)  # (B*M, 1)

@@ -183,10 +183,21 @@ def window_split(shape, windows, offsets: torch.Tensor | None, device):
     shape, windows = tuple(shape), tuple(windows)
     if offsets is None:
         return _top_left(shape, windows, device)
-    origin, offset, other_offsets, rest = _grid(shape, windows, device)
-    dst = origin + offset[offsets]
-    src = (origin.unsqueeze(-1) + other_offsets[offsets]).flatten(-2)
-    return dst, torch.cat([src, rest.expand(*src.shape[:-1], -1)], -1)
+    tokens, others, rest = _choices(shape, windows, device)
+    tokens = tokens.expand(*offsets.shape, tokens.shape[1])
+    dst = tokens.gather(-1, offsets.unsqueeze(-1)).squeeze(-1)
+    src = tokens.gather(-1, others[offsets]).flatten(-2)
+    return dst, (torch.cat([src, rest.expand(*src.shape[:-1], -1)], -1) if rest.shape[0] else src)
+
+
+@table
+def _choices(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device):
+    """``(tokens, others, rest)``: the token of each window's each choice ``(W, S)``, the other choices of each
+    choice ``(S, S - 1)``, the tokens outside every window."""
+    origin, offset, _, rest = _grid.__wrapped__(shape, windows, torch.device("cpu"))
+    j = torch.arange(offset.shape[0] - 1).unsqueeze(0)
+    others = j + (j >= torch.arange(offset.shape[0]).unsqueeze(1)).long()  # (S, S-1): the choices but k, in order
+    return (origin.unsqueeze(1) + offset).to(device), others.to(device), rest.to(device)
 
 
 def window_dst(shape, windows, offsets: torch.Tensor | None, device) -> torch.Tensor:
@@ -195,8 +206,8 @@ def window_dst(shape, windows, offsets: torch.Tensor | None, device) -> torch.Te
     shape, windows = tuple(shape), tuple(windows)
     if offsets is None:
         return _top_left(shape, windows, device)[0]
-    origin, offset, _, _ = _grid(shape, windows, device)
-    return origin + offset[offsets]
+    tokens = _choices(shape, windows, device)[0]
+    return tokens.expand(*offsets.shape, tokens.shape[1]).gather(-1, offsets.unsqueeze(-1)).squeeze(-1)
 
 
 def window_destinations(h: int, w: int, sx: int, sy: int, offsets: torch.Tensor | None, device):
