@@ -138,3 +138,24 @@ BUDGET = {"tome": 25, "tome-global": 24, "whole-block": 28, "shared": 4, "todo":
 @pytest.mark.parametrize("method", sorted(BUDGET))
 def test_kernels_per_merged_block(method):
     assert _per_block(method)["kernels"] <= BUDGET[method]
+
+
+def test_describe_patch_says_where_a_setting_cannot_pay_on_a_gpu():
+    """Attention-only ToMe on an image transformer and plans built block by block are named plainly; whole-block
+    merging with shared plans, and ToDo without query merging, get no such note; a UNet gets no attention note."""
+    from tokenmerge.patch import NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK
+
+    model = CATALOGUE["pixart"].build()
+    tokenmerge.apply_patch(model, ratio=0.5)
+    notes = tokenmerge.describe_patch(model).notes
+    assert notes == (NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK) and "note: merging around attention" in \
+        str(tokenmerge.describe_patch(model))
+    tokenmerge.apply_patch(model, ratio=0.5, scope="block", share_plans=True)
+    assert tokenmerge.describe_patch(model).notes == ()
+    tokenmerge.apply_todo(model, downsample=2)
+    assert tokenmerge.describe_patch(model).notes == ()
+    unet = CATALOGUE["unet-sd"].build()
+    tokenmerge.apply_patch(unet, ratio=0.5)
+    assert tokenmerge.describe_patch(unet).notes == (NOTE_PLAN_PER_BLOCK,)
+    tokenmerge.remove_patch(model)
+    tokenmerge.remove_patch(unet)
