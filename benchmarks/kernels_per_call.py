@@ -37,11 +37,12 @@ def _resolution(text: str):
 
 
 def _paths(cpu: bool):
+    """``(context, what it runs)``: the CUDA code paths, or the CPU's (an older tokenmerge has one for all)."""
     try:
         from tokenmerge.merge.local import code_paths
-    except ImportError:  # an older tokenmerge: one code path for every device
-        return contextlib.nullcontext()
-    return contextlib.nullcontext() if cpu else code_paths("cuda")
+    except ImportError:
+        return contextlib.nullcontext(), "one code path for every device"
+    return (contextlib.nullcontext(), "CPU paths") if cpu else (code_paths("cuda"), "CUDA paths")
 
 
 def main() -> None:
@@ -66,7 +67,7 @@ def main() -> None:
     inputs = preset.inputs(1, args.resolution, torch.float32, torch.device("cpu"), frames=args.frames)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=tokenmerge.__path__[0]).stdout.strip()
-    paths = "CPU paths" if args.cpu_paths else "CUDA paths"
+    paths = _paths(args.cpu_paths)[1]
     reduced = f", REDUCED to {args.blocks} blocks per stack" if args.blocks is not None else ""
     print(f"`{' '.join(sys.argv)}`\n\ntokenmerge {commit}, torch {torch.__version__}, {preset.name} "
           f"({preset.description}{reduced}), {args.resolution}, RANDOM weights, {paths}, one step as the pipeline "
@@ -75,7 +76,7 @@ def main() -> None:
     base = None
     for text in ["vanilla"] + args.methods:
         spec = parse_spec(text, bench=True)
-        with spec.applied(model), _paths(args.cpu_paths), torch.no_grad():
+        with spec.applied(model), _paths(args.cpu_paths)[0], torch.no_grad():
             step(model, inputs)  # warm-up: tables built, ids read
             blocks = sum(len(patch.blocks) for patch in _patches(model))
             counted = count_kernels(step, "cpu", model, inputs)
