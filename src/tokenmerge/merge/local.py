@@ -16,7 +16,7 @@ import math
 import torch
 
 from .plan import MergePlan
-from .windows import _grid, _raster, arange, coords, strides, table, window_dst, window_grid, window_split
+from .windows import _grid, _raster, arange, coords, strides, table, window_dst, window_grid
 
 __all__ = ["local_soft_matching", "local_soft_matching_2d", "local_best_matches"]
 
@@ -204,6 +204,17 @@ def local_best_matches(src: torch.Tensor, dst: torch.Tensor, candidates: torch.T
 
 
 @table
+def _slices(fold: int, step: int, device: torch.device) -> torch.Tensor:
+    """``(fold, 1)``: the shift of each slice of a folded grid, ``step`` apart."""
+    return (torch.arange(fold) * step).unsqueeze(1).to(device)
+
+
+def _folded(position: torch.Tensor, fold: int, places: int) -> torch.Tensor:
+    """The positions of every token of ``fold`` slices side by side (slice ``f``'s shifted by ``f * places``)."""
+    return (position + _slices(fold, places, position.device)).reshape(-1)
+
+
+@table
 def _rank_slots(num_src: int, r: int, device: torch.device):
     """``(merged, slot)`` ``(Ns,)`` by rank: whether the source ranked ``i`` is merged (``i < r``), and the slot
     of a kept one (``i - r``: the kept sources in rank order come first)."""
@@ -211,7 +222,7 @@ def _rank_slots(num_src: int, r: int, device: torch.device):
     return (rank < r).to(device), (rank - r).to(device)
 
 
-@table
+@table(maxsize=16)  # up to DENSE_LIMIT bytes each
 def _far(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, device: torch.device) -> torch.Tensor:
     """``(N, W)`` bool: whether token ``t`` may NOT match window ``w``'s destination: along some int axis ``i``
     the window is more than ``R_i`` windows from the token's own (a token outside every window belongs to the
@@ -340,17 +351,6 @@ def local_soft_matching(metric: torch.Tensor, shape, windows, r: int, offsets: t
     dest = slot.index_select(1, position)  # by token
     dest.index_copy_(1, dst.reshape(-1), arange(kept + num_windows, device)[kept:].expand(outer, -1))
     return MergePlan(dest, kept + num_windows)
-
-
-@table
-def _slices(fold: int, step: int, device: torch.device) -> torch.Tensor:
-    """``(fold, 1)``: the shift of each slice of a folded grid, ``step`` apart."""
-    return (torch.arange(fold) * step).unsqueeze(1).to(device)
-
-
-def _folded(position: torch.Tensor, fold: int, places: int) -> torch.Tensor:
-    """The positions of every token of ``fold`` slices side by side (slice ``f``'s shifted by ``f * places``)."""
-    return (position + _slices(fold, places, position.device)).reshape(-1)
 
 
 def local_soft_matching_2d(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int,

@@ -53,11 +53,13 @@ _fetches = 0
 _constant._dynamo_marked_constant = True
 
 
-def table(fn):
-    """``fn`` (pure shape logic returning tensors on a device) cached per arguments, and a constant of the graph
-    under torch.compile (see ``_constant``). ``fn.__wrapped__`` builds without the cache."""
+def table(fn=None, *, maxsize: int = 256):
+    """``fn`` (pure shape logic returning tensors on a device) cached per arguments (the ``maxsize`` latest), and a
+    constant of the graph under torch.compile (see ``_constant``). ``fn.__wrapped__`` builds without the cache."""
+    if fn is None:
+        return functools.partial(table, maxsize=maxsize)
     name = f"{fn.__module__}.{fn.__qualname__}"
-    cached = _TABLES[name] = functools.lru_cache(maxsize=256)(fn)
+    cached = _TABLES[name] = functools.lru_cache(maxsize=maxsize)(fn)
 
     @functools.wraps(fn)
     def get(*args):
