@@ -484,3 +484,78 @@ def test_z_image_preset_inputs_as_the_pipeline_makes_them():
     assert [c.shape for c in call["cap_feats"]] == [(64, 2560), (6, 2560)]
     assert torch.equal(call["t"], torch.full((2,), 0.5))
     assert z.grid(1024) == (64, 64)
+
+
+# ---- full-size presets (the GPU's): configs checked on the meta device, inputs without building ------------------
+# published parameter counts (billions): a wrong width or block count moves them by far more than the tolerance
+FULL_SIZE = {"sd15": 0.86, "sd21": 0.866, "sdxl": 2.567, "sd3": 2.03, "pixart-alpha-1024": 0.611,
+             "pixart-sigma-1024": 0.611, "flux1-dev": 11.9, "wan2.1-1.3b": 1.42, "wan2.1-14b": 14.29,
+             "hunyuan-video-13b": 12.8, "ltx-video-2b": 1.92, "cogvideox-5b": 5.57, "qwen-image-20b": 20.4,
+             "sana-1600m": 1.60, "z-image-6b": 6.15, "flux2-dev": 32.2}
+
+
+@pytest.mark.parametrize("name, billions", sorted(FULL_SIZE.items()))
+def test_full_size_presets_have_the_published_parameter_counts(name, billions):
+    """Built on the meta device (no memory), in bfloat16 as on a GPU: every parameter is made in that dtype."""
+    import torch
+
+    from tokenmerge.bench.presets import PRESETS, resolve
+
+    _skip_without_class(name)
+    preset = resolve(name)
+    assert preset.full_size or name in ("sd15", "sd21", "sdxl", "sd3")
+    model = preset.build(torch.bfloat16, "meta")
+    params = list(model.parameters())
+    assert {p.dtype for p in params} == {torch.bfloat16} and {p.device.type for p in params} == {"meta"}
+    assert sum(p.numel() for p in params) / 1e9 == pytest.approx(billions, rel=0.02), name
+    assert torch.get_default_dtype() == torch.float32  # restored after the build
+    if preset.full_size:
+        assert "full size, random weights" in preset.description and preset.sizes
+        assert all(preset.check_resolution(size) is None for size in preset.sizes)
+        assert "REDUCED" not in preset.description
+    assert PRESETS[preset.name] is preset
+
+
+def test_full_size_inputs_as_the_pipelines_make_them():
+    """The step inputs of the full-size presets at their usual sizes, without building the models."""
+    import torch
+
+    from tokenmerge.bench.presets import resolve
+
+    cpu = torch.device("cpu")
+    wan = resolve("wan2.1-14b")
+    assert wan.default_frames == 81 and wan.grid("480x832", 81) == (21, 30, 52)
+    assert wan.grid("720x1280", 81) == (21, 45, 80)
+    pixart = resolve("pixart-alpha-1024").inputs(1, 1024, torch.float16, cpu)
+    assert pixart["added_cond_kwargs"]["resolution"].tolist() == [[1024.0, 1024.0]] * 2  # the batch doubled
+    assert pixart["added_cond_kwargs"]["aspect_ratio"].dtype == torch.float16
+    assert resolve("pixart-sigma-1024").inputs(1, 1024, torch.float16, cpu)["added_cond_kwargs"]["resolution"] is None
+    flux = resolve("flux1-dev").inputs(1, 1024, torch.bfloat16, cpu)
+    assert tuple(flux["hidden_states"].shape) == (1, 4096, 64) and tuple(flux["img_ids"].shape) == (4096, 3)
+    cog = resolve("cogvideox-5b")
+    if _has_class("CogVideoXTransformer3DModel"):
+        call = cog.inputs(1, "480x720", torch.bfloat16, cpu, frames=49)
+        assert tuple(call["hidden_states"].shape) == (2, 13, 16, 60, 90)  # frames before channels, CFG doubled
+        assert tuple(call["image_rotary_emb"][0].shape) == (13 * 30 * 45, 64)
+        assert tuple(call["encoder_hidden_states"].shape) == (2, 226, 4096)
+    assert resolve("hunyuan-video-13b").grid("720x1280", 61) == (16, 45, 80)
+    assert resolve("ltx-video-2b").grid("480x704", 161) == (21, 15, 22)
+
+
+def _has_class(name: str) -> bool:
+    import diffusers
+
+    return hasattr(diffusers, name)
+
+
+def test_merged_resolution_is_the_grid_limit_of_whole_block_merging():
+    """grid-limit: the same model at the merged token count (rows x (1 - ratio), the width kept)."""
+    from tokenmerge.bench.presets import resolve
+
+    flux = resolve("flux1-dev")
+    assert flux.merged_resolution(1024, 0.5) == "512x1024" and flux.grid("512x1024") == (32, 64)  # 2,048 tokens
+    assert resolve("wan2.1-14b").merged_resolution("480x832", 0.5, 81) == "240x832"
+    assert resolve("hunyuan-video-13b").merged_resolution("720x1280", 0.5, 61) == "352x1280"  # 22 of 45 rows
+    assert resolve("pixart-alpha-1024").merged_resolution(1024, 0.25) == "768x1024"
+    with pytest.raises(ValueError, match="UNet"):
+        resolve("sd15").merged_resolution(512, 0.5)

@@ -46,17 +46,37 @@ class Preset:
     default_frames: int = 33  # video: pixel frames when --frames is not given
     patch: int = 1  # spatial patch size after the VAE (2x2 latent pixels per token: 2)
     multiple: int = 8  # resolutions must be multiples of this (the VAE's scale x the patch size)
+    sizes: tuple = ()  # full-size presets: the model's usual resolutions (pixels, or "HxW")
+    full_size: bool = False  # every block of the published model (the GPU presets): built in the target dtype
 
     def build(self, dtype=torch.float32, device="cpu"):
+        """The model with random weights (seeded), on ``device`` in ``dtype``, in eval mode.
+
+        Parameters are created on ``device`` in ``dtype`` directly (the default dtype is switched while the model is
+        built, then restored): a 14B model never has a float32 or CPU copy. ``device="meta"`` builds the structure
+        only (parameter counts without memory).
+
+        Args:
+            dtype: parameter dtype (float32, float16, bfloat16).
+            device: where the parameters are created.
+        """
         import diffusers
 
         if self.model is not None:
             return load_model(self.model, dtype)[0].to(device).eval()
         torch.manual_seed(0)
-        with torch.device(device):
-            model = getattr(diffusers, _CLASSES[self.family])(**self.unet)
-        # diffusers warns on every ``.to(dtype)`` of a UNet, even a no-op one: cast only when needed
-        return (model if model.dtype == dtype else model.to(dtype)).eval()
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                model = getattr(diffusers, _CLASSES[self.family])(**self.unet)
+        finally:
+            torch.set_default_dtype(previous)
+        # a buffer or parameter made in an explicit dtype stays so; diffusers warns on every ``.to(dtype)`` of a
+        # UNet, even a no-op one: cast only when a parameter differs
+        if any(p.dtype != dtype for p in model.parameters()):
+            model = model.to(dtype)
+        return model.eval()
 
     def __post_init__(self):
         if self.guidance is None:
@@ -87,7 +107,7 @@ class Preset:
     def check_resolution(self, resolution: int | str) -> str | None:
         """Why ``resolution`` does not suit this preset (None if it does)."""
         h, w = _size(resolution)
-        if h != w and self.family not in BUILDERS:
+        if h != w and self.family == "unet":
             return f"{self.name} takes square resolutions (one number); got {resolution}"
         if h % self.multiple or w % self.multiple:
             return (f"{self.name} needs sides that are multiples of {self.multiple} (the VAE's scale x the patch "
@@ -101,6 +121,24 @@ class Preset:
         scale = self.vae_scale * self.patch
         spatial = (h // scale, w // scale)
         return ((self.latent_frames(frames),) + spatial) if self.video else spatial
+
+    def merged_resolution(self, resolution: int | str, ratio: float, frames: int | None = None) -> str:
+        """The resolution whose token grid holds what ``ratio`` leaves of this one's: the grid's rows times
+        ``1 - ratio`` (rounded, at least one), the width kept: ``"HxW"`` (the ``grid-limit`` reference of
+        whole-block merging; transformers only: a UNet's levels would all shrink).
+
+        Args:
+            resolution: pixels per side or ``"HxW"``.
+            ratio: the merge ratio.
+            frames: pixel frames (video).
+        """
+        if self.family == "unet":
+            raise ValueError(f"grid-limit runs a transformer at the merged token count; {self.name} is a UNet, "
+                             "whose every level would shrink (use limit with scope=block)")
+        h, w = _size(resolution)
+        rows = self.grid(resolution, frames)[-2]
+        kept = max(1, round(rows * (1 - ratio)))
+        return f"{h * kept // rows}x{w}"
 
     @property
     def guidance_text(self) -> str:
@@ -125,26 +163,31 @@ class Preset:
         if self.family in BUILDERS:
             calls = BUILDERS[self.family](self, n, h, w, frames, t, randn, device)
             return calls[0] if len(calls) == 1 else calls
-        if isinstance(resolution, str) and h != w:
+        if isinstance(resolution, str) and h != w and self.family == "unet":
             raise ValueError(f"{self.name} takes square resolutions; got {resolution}")
-        latent = h // self.vae_scale
+        lh, lw = h // self.vae_scale, w // self.vae_scale
         if self.family == "unet":
             extra = {k: randn(n, *shape) for k, shape in self.added_cond.items()}
-            inputs = dict(sample=randn(n, self.unet["in_channels"], latent, latent), timestep=t,
+            inputs = dict(sample=randn(n, self.unet["in_channels"], lh, lw), timestep=t,
                           encoder_hidden_states=randn(n, self.text_tokens, self.unet["cross_attention_dim"]))
             return dict(inputs, added_cond_kwargs=extra) if extra else inputs
         text = randn(n, self.text_tokens, self.text_dim)
         if self.family == "pixart":
-            return dict(hidden_states=randn(n, 4, latent, latent), timestep=t, encoder_hidden_states=text,
-                        added_cond_kwargs={"resolution": None, "aspect_ratio": None})
+            conditions = {"resolution": None, "aspect_ratio": None}
+            if self.unet.get("use_additional_conditions", self.unet.get("sample_size") == 128):
+                # PixArtAlphaPipeline at 1024: the micro-conditions (height, width) and height / width
+                conditions = {"resolution": torch.tensor([[float(h), float(w)]] * n).to(device, dtype),
+                              "aspect_ratio": torch.tensor([[h / w]] * n).to(device, dtype)}
+            return dict(hidden_states=randn(n, 4, lh, lw), timestep=t, encoder_hidden_states=text,
+                        added_cond_kwargs=conditions)
         if self.family == "sd3":
-            return dict(hidden_states=randn(n, self.unet["in_channels"], latent, latent), timestep=t,
+            return dict(hidden_states=randn(n, self.unet["in_channels"], lh, lw), timestep=t,
                         encoder_hidden_states=text, pooled_projections=randn(n, self.unet["pooled_projection_dim"]))
-        side = latent // 2  # Flux packs 2x2 latent pixels into one token
-        ids = torch.zeros(side, side, 3)
-        ids[..., 1], ids[..., 2] = torch.arange(side)[:, None], torch.arange(side)[None, :]
+        rows, cols = lh // 2, lw // 2  # Flux packs 2x2 latent pixels into one token
+        ids = torch.zeros(rows, cols, 3)
+        ids[..., 1], ids[..., 2] = torch.arange(rows)[:, None], torch.arange(cols)[None, :]
         guidance = {"guidance": torch.full((n,), 3.5, device=device)} if self.unet.get("guidance_embeds") else {}
-        return dict(hidden_states=randn(n, side * side, self.unet["in_channels"]), timestep=t / 1000,
+        return dict(hidden_states=randn(n, rows * cols, self.unet["in_channels"]), timestep=t / 1000,
                     encoder_hidden_states=text, pooled_projections=randn(n, self.unet["pooled_projection_dim"]),
                     img_ids=ids.reshape(-1, 3).to(device), txt_ids=torch.zeros(self.text_tokens, 3, device=device),
                     **guidance)
@@ -160,7 +203,8 @@ _CLASSES = {"unet": "UNet2DConditionModel", "pixart": "PixArtTransformer2DModel"
             "flux": "FluxTransformer2DModel", "wan": "WanTransformer3DModel",
             "hunyuan-video": "HunyuanVideoTransformer3DModel", "ltx": "LTXVideoTransformer3DModel",
             "flux2": "Flux2Transformer2DModel", "qwen-image": "QwenImageTransformer2DModel",
-            "sana": "SanaTransformer2DModel", "z-image": "ZImageTransformer2DModel"}
+            "sana": "SanaTransformer2DModel", "z-image": "ZImageTransformer2DModel",
+            "cogvideox": "CogVideoXTransformer3DModel"}
 
 GUIDANCE = {
     "batch": "classifier-free guidance in one call, the batch doubled (the denoiser sees 2 x batch)",
@@ -322,6 +366,12 @@ PRESETS.update({
         dict(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
              cross_attention_dim=16, num_layers=2, caption_channels=16),
         text_tokens=8, prompt_tokens=5, family="ltx", text_dim=16, guidance="batch", **_LTX_VIDEO),
+    "tiny-cogvideox": Preset(
+        "tiny-cogvideox", "a tiny CogVideoX-5B-shaped video transformer for tests (3-D rotary)",
+        dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,
+             text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8, sample_frames=9, patch_size=2,
+             temporal_compression_ratio=4, max_text_seq_length=8, use_rotary_positional_embeddings=True),
+        text_tokens=8, family="cogvideox", text_dim=16, guidance="batch", **_VIDEO),
     "tiny-flux2": Preset(
         "tiny-flux2", "a tiny Flux.2-shaped image transformer for tests",
         dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
@@ -347,9 +397,93 @@ PRESETS.update({
         **_IMAGE16),
 })
 
+
+# ---- full-size presets for the GPU: every block of the published model, named by the model -----------------------
+# Built on the device in the target dtype (Preset.build); the parameter counts are checked on the meta device
+# (tests/test_cli_bench.py). Configs: diffusers' transformer/config.json of each model (or its conversion script),
+# as cited beside each; sizes and frames are the pipelines' usual ones; guidance as the pipeline runs it.
+# CogVideoX-5B (THUDM/CogVideoX-5b; scripts/convert_cogvideox_to_diffusers.py: 42 layers, 48 heads, rotary)
+_COGVIDEOX_5B = dict(num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16, num_layers=42,
+                     text_embed_dim=4096, time_embed_dim=512, sample_width=90, sample_height=60, sample_frames=49,
+                     patch_size=2, temporal_compression_ratio=4, max_text_seq_length=226,
+                     use_rotary_positional_embeddings=True)
+# Wan 2.1 T2V 14B (Wan-AI/Wan2.1-T2V-14B-Diffusers, transformer/config.json): 40 heads x 128 (5120 wide), ffn 13824
+_WAN_14B = dict(_WAN_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40)
+# Flux.1 [dev] (black-forest-labs/FLUX.1-dev, transformer/config.json): 19 double- and 38 single-stream blocks
+_FLUX1_DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+                  num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+                  axes_dims_rope=(16, 56, 56))
+# PixArt-Sigma XL/2 1024 (PixArt-alpha/PixArt-Sigma-XL-2-1024-MS; scripts/convert_pixart_sigma_to_diffusers.py:
+# interpolation scale 2 at 1024, no micro-conditions)
+_PIXART_SIGMA = dict(_PIXART, sample_size=128, interpolation_scale=2, use_additional_conditions=False)
+
+
+def _full(name: str, description: str, config: dict, **fields) -> Preset:
+    return Preset(name, description + " (full size, random weights)", config, full_size=True, **fields)
+
+
+PRESETS.update({
+    "pixart-alpha-1024": _full(
+        "pixart-alpha-1024", "PixArt-alpha XL/2 1024 (PixArt-alpha/PixArt-XL-2-1024-MS: 28 blocks, 1152 wide; "
+        "micro-conditions on); T5 text 120 x 4096; guidance: batch doubled; usual size 1024",
+        dict(_PIXART, sample_size=128, use_additional_conditions=True), text_tokens=120, family="pixart",
+        text_dim=4096, patch=2, sizes=(1024,)),
+    "pixart-sigma-1024": _full(
+        "pixart-sigma-1024", "PixArt-Sigma XL/2 1024 (28 blocks, 1152 wide); T5 text 300 x 4096; guidance: batch "
+        "doubled; usual size 1024", _PIXART_SIGMA, text_tokens=300, family="pixart", text_dim=4096, patch=2,
+        sizes=(1024,)),
+    "flux1-dev": _full(
+        "flux1-dev", "Flux.1 [dev] (19 double- and 38 single-stream blocks, 3072 wide); T5 text 512 x 4096; "
+        "guidance-distilled; usual sizes 1024, 2048", _FLUX1_DEV, text_tokens=512, family="flux", text_dim=4096,
+        patch=2, sizes=(1024, 2048)),
+    "wan2.1-1.3b": _full(
+        "wan2.1-1.3b", "Wan 2.1 T2V 1.3B (30 blocks, 1536 wide); umT5 text 512 x 4096; guidance: cond + uncond "
+        "calls; usual size 480x832, 81 frames", _WAN_1_3B, text_tokens=512, family="wan", text_dim=4096,
+        guidance="calls", sizes=("480x832",), **dict(_VIDEO, default_frames=81)),
+    "wan2.1-14b": _full(
+        "wan2.1-14b", "Wan 2.1 T2V 14B (40 blocks, 5120 wide, ffn 13824); umT5 text 512 x 4096; guidance: cond + "
+        "uncond calls; usual sizes 480x832 and 720x1280, 81 frames", _WAN_14B, text_tokens=512, family="wan",
+        text_dim=4096, guidance="calls", sizes=("480x832", "720x1280"), **dict(_VIDEO, default_frames=81)),
+    "hunyuan-video-13b": _full(
+        "hunyuan-video-13b", "HunyuanVideo (20 double- and 40 single-stream blocks, 3072 wide); LLaMA text 256 x "
+        "4096 (64 prompt tokens, masked); guidance-distilled; usual sizes 720x1280 and 544x960, 129 frames",
+        _HUNYUAN_VIDEO, text_tokens=256, prompt_tokens=64, family="hunyuan-video", text_dim=4096,
+        guidance="distilled", sizes=("720x1280", "544x960"), **dict(_VIDEO, default_frames=129)),
+    "ltx-video-2b": _full(
+        "ltx-video-2b", "LTX-Video 2B 0.9 (28 blocks, 2048 wide); T5 text 128 x 4096 (64 prompt tokens, masked); "
+        "guidance: batch doubled; usual size 480x704, 161 frames", _LTX_2B, text_tokens=128, prompt_tokens=64,
+        family="ltx", text_dim=4096, guidance="batch", sizes=("480x704",), **dict(_LTX_VIDEO, default_frames=161)),
+    "cogvideox-5b": _full(
+        "cogvideox-5b", "CogVideoX-5B (42 blocks, 48 heads x 64, 3-D rotary); T5 text 226 x 4096; guidance: batch "
+        "doubled; usual size 480x720, 49 frames", _COGVIDEOX_5B, text_tokens=226, family="cogvideox",
+        text_dim=4096, guidance="batch", sizes=("480x720",), **dict(_VIDEO, default_frames=49)),
+    "qwen-image-20b": _full(
+        "qwen-image-20b", "Qwen-Image (60 blocks, 3072 wide); Qwen2.5-VL text 128 x 3584 (negative prompt 6 "
+        "tokens); true guidance: cond + uncond calls; bfloat16 (20B: 41 GB); usual sizes 1328, 1024",
+        _QWEN_IMAGE, text_tokens=128, negative_tokens=6, family="qwen-image", text_dim=3584, guidance="calls",
+        sizes=(1328, 1024), **_IMAGE16),
+    "sana-1600m": _full(
+        "sana-1600m", "SANA 1600M 1024px (20 blocks, 2240 wide, linear attention); Gemma-2 text 300 x 2304 (64 "
+        "prompt tokens, masked); guidance: batch doubled; usual size 1024", _SANA_1600M, text_tokens=300,
+        prompt_tokens=64, family="sana", text_dim=2304, guidance="batch", sizes=(1024,), **_IMAGE32),
+    "z-image-6b": _full(
+        "z-image-6b", "Z-Image (30 layers, 2 noise- and 2 caption-refiner layers, 3840 wide); Qwen3 caption 64 x "
+        "2560 (negative prompt 6); guidance: batch doubled; usual size 1024", _Z_IMAGE, text_tokens=64,
+        prompt_tokens=64, negative_tokens=6, family="z-image", text_dim=2560, guidance="batch", sizes=(1024,),
+        **_IMAGE16),
+    "flux2-dev": _full(
+        "flux2-dev", "Flux.2 [dev] (8 double- and 48 single-stream blocks, 6144 wide); Mistral text 512 x 15360; "
+        "guidance-distilled; bfloat16 only: 32B parameters are 64 GB, so on an 80 GB card (H100) it fits at 1024 "
+        "with about 14 GB left for activations (eager; 2048 and reduce-overhead's graph pools are tight), on a "
+        "141 GB card (H200) at every size; usual size 1024", _FLUX2_DEV, text_tokens=512, family="flux2",
+        text_dim=15360, guidance="distilled", sizes=(1024,), **_IMAGE16),
+})
+# the published models that the CPU presets above already hold at full size, under their model names
+FULL_SIZE_NAMES = {"sd1.5": "sd15", "sd2.1": "sd21", "sdxl-base": "sdxl", "sd3-medium": "sd3"}
+
 # the family names: the reduced preset of each (the tables name the preset, with its block counts)
 ALIASES = {"wan": "wan-2b", "hunyuan-video": "hunyuan-video-1+2", "ltx": "ltx-4b", "flux2": "flux2-1+1",
-           "qwen-image": "qwen-image-2b", "sana": "sana-4b", "z-image": "z-image-1+1"}
+           "qwen-image": "qwen-image-2b", "sana": "sana-4b", "z-image": "z-image-1+1", **FULL_SIZE_NAMES}
 
 
 def load_model(path_or_id: str, dtype=torch.float32):
