@@ -85,7 +85,8 @@ def _speed(r: dict, base: dict) -> str:
     ratio = r.get("speedup_vs_compiled") if r.get("compiled") else r.get("speedup")
     if ratio is None:
         return ""
-    text = f"{ratio:.2f}x" + (" (graph breaks)" if r.get("fullgraph") is False else "")
+    text = f"{ratio:.2f}x" + (" (graph breaks)" if r.get("fullgraph") is False else "") \
+        + (" (CUDA graphs skipped)" if r.get("cudagraph_skips") else "")
     if r.get("limit_share") is not None and r["mode"] not in ("limit", "grid-limit", "todo-limit"):
         text += f" ({r['limit_share'] * 100:.0f}% of {r['limit_label'].split(' compiled')[0]})"
     return text

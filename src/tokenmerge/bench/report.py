@@ -114,7 +114,8 @@ def _fmt(r) -> str:
         return ""
     if r["status"] != "ok":
         return r["status"]
-    text = f"{r['median_s']:.3g} s" + (" (not one graph)" if r.get("fullgraph") is False else "")
+    text = f"{r['median_s']:.3g} s" + (" (not one graph)" if r.get("fullgraph") is False else "") \
+        + (" (CUDA graphs skipped)" if r.get("cudagraph_skips") else "")
     if r.get("speedup_vs_compiled") and r["mode"] != "vanilla":
         text += f" ({(r['speedup_vs_compiled'] - 1) * 100:+.0f}% vs vanilla{_suffix(r)})"
         if r.get("gain_kept") is not None:
@@ -340,7 +341,7 @@ def write_outputs(records: list[dict], meta: dict, out_dir: Path | Outputs, comm
                "generate_speedup", "phases_s", "peak_mem_mb", "step_mem_mb", "dtype", "device", "frames", "grid",
                "tokens", "reference", "compile_mode", "host_median_s", "kernels_per_call", "launches_per_call",
                "syncs_per_call", "kernel_time_s", "device_busy", "launch_bound", "kernels_vs_vanilla",
-               "limit_label", "limit_share", "compiled_vs_eager"]
+               "limit_label", "limit_share", "compiled_vs_eager", "fullgraph", "cudagraph_skips"]
     flat = {k: v for k, v in meta.items() if not isinstance(v, dict)}  # per-preset descriptions: in the JSONL
 
     def write_csv(tmp: Path) -> None:
