@@ -42,6 +42,8 @@ def run_gpu(args, parser, grid_options) -> int:
                                for n in (gpu.QUICK if name == "quick" else (name,))))
     rows = {name: gpu.ROWS[name] for name in names}
     device = pick_device(args.device, parser)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {device}: torch sees no CUDA device here (torch {torch.__version__})")
     if device.type != "cuda" and any(row.full_size for row in rows.values()):
         parser.error(f"--gpu: its rows are full-size models (up to 14B parameters, minutes per step on a CPU): they "
                      f"need a CUDA device; got --device {device} (the CPU presets are the REDUCED ones)")
