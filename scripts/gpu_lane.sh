@@ -9,8 +9,10 @@
 #   lane-compile   the CUDA lane's torch.compile tests: pytest -m "cuda and compile" (15 inductor compiles)
 #   quick          the GPU table's quick rows (sd15-512, flux1-dev-1024, wan2.1-1.3b-480p), eager
 #   bench [ROW..]  GPU table rows, eager, one bench command per row -> benchmarks/results/gpu/ROW-eager.*
-#   compiled [ROW..]  the same rows compiled (inductor default and reduce-overhead) -> ROW-compiled.*
-#   summary        benchmarks/results/gpu/gpu-table.md: the table of every ROW-*.jsonl there
+#   compiled [ROW..]  the same rows compiled, one command per row and compile mode (inductor's default, then
+#                  reduce-overhead) -> ROW-compiled-MODE.*; every method is compiled by itself (about a minute
+#                  or two each for the big models): GPU_METHODS picks a few per command
+#   summary        benchmarks/results/gpu/gpu-table.md: the table of every ROW-eager / ROW-compiled-MODE .jsonl
 #   all            check, lane, lane-compile, bench, compiled, summary
 # ROW: the rows of `tokenmerge bench --gpu` (all when none is named): sd15-512 sd15-1024 sdxl-1024 sdxl-2048
 #   pixart-alpha-1024 flux1-dev-1024 flux1-dev-2048 wan2.1-1.3b-480p wan2.1-14b-480p hunyuan-video-720p
@@ -20,8 +22,10 @@
 # with src/, nothing else is touched): from the wheel folder --wheels DIR (or $TOKENMERGE_WHEELS, or .gpu/whl when
 # it exists), offline, exactly as `pip install --no-index --no-deps --no-compile --target .gpu/site DIR/*.whl`;
 # else from the package index (diffusers==0.42.1 with its dependencies, tomesd==0.1.3 without torch, pytest).
-# Environment: BENCH_ARGS adds options to every bench command (e.g. BENCH_ARGS="--repeats 5"), PYTEST_ARGS to the
-# lane's pytest (e.g. PYTEST_ARGS="-k flux -x"); TOKENMERGE_LANE_DEVICE=cpu runs the lane's logic on the CPU.
+# Environment: BENCH_ARGS adds options to every bench command (e.g. BENCH_ARGS="--repeats 5"); GPU_METHODS
+# replaces the rows' methods (vanilla always runs; e.g. GPU_METHODS="tome:0.5 grid-limit:0.5"), TAG is added to
+# the file names so such partial runs sit beside each other; COMPILE_MODES (default "default reduce-overhead");
+# PYTEST_ARGS goes to the lane's pytest (e.g. "-k flux -x"); TOKENMERGE_LANE_DEVICE=cpu runs the lane on the CPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -37,7 +41,7 @@ PART=${1:-}
 shift || true
 ROWS=("$@")
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2; }
 case "$PART" in
   check|lane|lane-compile|quick|bench|compiled|summary|all) ;;
   "") usage; exit 2 ;;
@@ -135,19 +139,23 @@ lane() { has_lane_device && "$PY" -m pytest -q -p no:cacheprovider tests/test_cu
 lane_compile() { has_lane_device && "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_lane.py \
   -m "cuda and compile" -rfEs --durations=20 ${PYTEST_ARGS:-}; }
 
-bench_row() {  # bench_row ROW eager|compiled
-  local row=$1 kind=$2 extra=()
-  [ "$kind" = compiled ] && extra=(--compile default reduce-overhead --compiled-only)
+bench_row() {  # bench_row ROW eager|compiled [COMPILE_MODE]
+  local row=$1 kind=$2 stem=$1-$2 extra=()
+  if [ "$kind" = compiled ]; then
+    extra=(--compile "$3" --compiled-only)
+    stem=$row-compiled-$3
+  fi
+  [ -n "${GPU_METHODS:-}" ] && extra+=(--methods $GPU_METHODS)
   # shellcheck disable=SC2086
   "$PY" -m tokenmerge bench --gpu "$row" "${extra[@]}" --device cuda --no-progress --out "$OUT" \
-    --stem "$row-$kind" ${BENCH_ARGS:-}
+    --stem "$stem${TAG:+-$TAG}" ${BENCH_ARGS:-}
 }
 
 summary() {
-  local files=("$OUT"/*-eager.jsonl "$OUT"/*-compiled.jsonl)
+  local files=("$OUT"/*-eager*.jsonl "$OUT"/*-compiled-*.jsonl)
   local found=()
   for f in "${files[@]}"; do [ -f "$f" ] && found+=("$f"); done
-  [ ${#found[@]} -gt 0 ] || { echo "gpu_lane.sh: no ROW-eager.jsonl / ROW-compiled.jsonl in $OUT yet" >&2; return 1; }
+  [ ${#found[@]} -gt 0 ] || { echo "gpu_lane.sh: no ROW-eager / ROW-compiled-MODE .jsonl in $OUT yet" >&2; return 1; }
   "$PY" -m tokenmerge bench --summarize "${found[@]}" --out "$OUT" --stem gpu-table
 }
 
@@ -158,7 +166,8 @@ run_part() {
     lane-compile) timed lane-compile lane_compile ;;
     quick) for row in sd15-512 flux1-dev-1024 wan2.1-1.3b-480p; do timed "bench $row" bench_row "$row" eager; done ;;
     bench) for row in $(rows); do timed "bench $row" bench_row "$row" eager; done ;;
-    compiled) for row in $(rows); do timed "compiled $row" bench_row "$row" compiled; done ;;
+    compiled) for row in $(rows); do for mode in ${COMPILE_MODES:-default reduce-overhead}; do
+        timed "compiled $row $mode" bench_row "$row" compiled "$mode"; done; done ;;
     summary) timed summary summary ;;
   esac
 }

@@ -659,6 +659,10 @@ def test_gpu_table_rows_and_summary(tmp_path, monkeypatch, capsys, fast_cpu):
     records = [r for r in _records_of(out / "gpu.jsonl") if r["kind"] == "step"]
     assert {r["gpu_row"] for r in records} == {"tiny-unet", "tiny-wan"}
     assert all(r["kernels_per_call"] for r in records if r["status"] == "ok")
+    # --methods replaces each row's own (vanilla always runs)
+    assert main(["bench", "--gpu", "tiny-wan", "--methods", "grid-limit:0.5", "--device", "cpu", "--warmup", "0",
+                 "--out", str(out), "--stem", "few", "--no-progress"]) == 0
+    assert [r["label"] for r in _records_of(out / "few.jsonl")] == ["vanilla", "grid-limit 0.5"]
     capsys.readouterr()
     summary = tmp_path / "sum"
     assert main(["bench", "--summarize", str(out / "gpu.jsonl"), "--out", str(summary), "--stem", "table"]) == 0
@@ -675,6 +679,8 @@ def _records_of(path):
     (["--gpu", "--preset", "sd15"], "leave out --preset"),
     (["--gpu", "--resolutions", "1024", "--frames", "9"], "leave out --resolutions, --frames"),
     (["--gpu", "nope"], "invalid choice"),
+    (["--gpu", "sd15-512", "--methods", "grid-limit:0.5"], "row sd15-512: grid-limit:0.5: grid-limit is for"),
+    (["--gpu", "flux1-dev-1024", "--methods", "todo:2x2x2"], "3 factors"),
 ])
 def test_gpu_argument_errors(args, words, capsys, tmp_path):
     with pytest.raises(SystemExit) as err:

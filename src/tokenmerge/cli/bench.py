@@ -28,7 +28,7 @@ table. --summarize puts the records of several runs (their .jsonl) into one such
 
 # what --gpu sets itself: the options that describe the grid
 _GRID_OPTIONS = ("preset", "model", "resolutions", "frames", "batch_sizes", "modes", "ratios", "todo_factors",
-                 "methods", "steps", "breakdown", "memory", "memory_limit")
+                 "steps", "breakdown", "memory", "memory_limit")
 
 
 def _resolution(text: str) -> int | str:
@@ -182,7 +182,8 @@ def add_parser(sub) -> None:
                         "tomesd 0.5 (UNets) and their zero-overhead limits, with --kernels; add --compile default "
                         "reduce-overhead for the compiled tables. Rows (all when none is named): "
                         + ", ".join(ROWS) + f"; quick = {' '.join(QUICK)}. Sets presets, sizes, frames, dtypes "
-                        "and modes itself (leave those options out)")
+                        "and modes itself (leave those options out); --methods, if given, replaces each row's "
+                        "methods (vanilla is always run), e.g. to compile a few at a time")
     p.add_argument("--summarize", nargs="+", type=Path, default=None, metavar="JSONL",
                    help="no run: write STEM.md with the GPU table of the records in these .jsonl files of earlier "
                         "runs (e.g. one per row, eager and compiled)")

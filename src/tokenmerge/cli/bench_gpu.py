@@ -41,13 +41,18 @@ def run_gpu(args, parser, grid_options) -> int:
     names = list(dict.fromkeys(n for name in (args.gpu or list(gpu.ROWS))
                                for n in (gpu.QUICK if name == "quick" else (name,))))
     rows = {name: gpu.ROWS[name] for name in names}
+    for name, row in rows.items():
+        problem = _row_problem(resolve(row.preset), args.methods)
+        if problem:
+            parser.error(f"--methods: row {name}: {problem}")
     device = pick_device(args.device, parser)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {device}: torch sees no CUDA device here (torch {torch.__version__})")
     if device.type != "cuda" and any(row.full_size for row in rows.values()):
         parser.error(f"--gpu: its rows are full-size models (up to 14B parameters, minutes per step on a CPU): they "
                      f"need a CUDA device; got --device {device} (the CPU presets are the REDUCED ones)")
-    if any("tomesd" in spec for row in rows.values() for spec in row.methods):
+    wanted = [m.text for m in args.methods] or [spec for row in rows.values() for spec in row.methods]
+    if any(spec.startswith("tomesd") for spec in wanted):
         try:
             import tomesd  # noqa: F401
         except ImportError:
@@ -59,7 +64,8 @@ def run_gpu(args, parser, grid_options) -> int:
     for name, row in rows.items():
         preset = resolve(row.preset)
         dtype = getattr(torch, args.dtype or row.dtype)
-        modes = [parse_spec(spec, bench=True) for spec in row.methods]
+        modes = [parse_spec(spec, bench=True) for spec in row.methods] if not args.methods else \
+            list(dict.fromkeys([parse_spec("vanilla", bench=True)] + list(args.methods)))
         print(f"== {name}: {preset.name} {row.resolution}" + (f" x {row.frames} frames" if row.frames else "")
               + f", {dtype}", flush=True)
         rows_records, meta = runner.run_grid(
@@ -79,6 +85,21 @@ def run_gpu(args, parser, grid_options) -> int:
     print(preface)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _row_problem(preset, methods) -> str | None:
+    """What a row's preset refuses of the ``--methods`` given to replace its own (None: nothing)."""
+    rank = 3 if preset.video else 2
+    for m in methods:
+        if m.name == "tomesd" and preset.family != "unet":
+            return f"{m.text}: tomesd patches UNets only; {preset.name} is a transformer"
+        if m.name == "grid-limit" and preset.family == "unet":
+            return f"{m.text}: grid-limit is for transformers; {preset.name} is a UNet (use limit)"
+        if isinstance(m.value, tuple) and m.is_factor and len(m.value) != rank:
+            return f"{m.text}: {len(m.value)} factors, but {preset.name}'s token grid has {rank} axes"
+        if dict(m.options).get("st", 1) != 1 and not preset.video:
+            return f"{m.text}: st applies to video; {preset.name} is an image model"
+    return None
 
 
 def summarize(args, parser) -> int:
