@@ -64,10 +64,16 @@ class Preset:
                 model = getattr(diffusers, _CLASSES[self.family])(**self.unet)
         finally:
             torch.set_default_dtype(previous)
-        # a buffer or parameter made in an explicit dtype stays so; diffusers warns on every ``.to(dtype)`` of a
-        # UNet, even a no-op one: cast only when a parameter differs
-        if any(p.dtype != dtype for p in model.parameters()):
-            model = model.to(dtype)
+        # as from_pretrained(torch_dtype=...) loads it: floating tensors in ``dtype``, except, in half precision, the
+        # modules the class keeps in float32 (``_keep_in_fp32_modules``: Wan's rotary tables and norms...); what
+        # init made from NumPy (on the CPU) is moved. Set through ``.data``: diffusers warns on every ``.to(dtype)``
+        keep = (getattr(model, "_keep_in_fp32_modules", None) or []) if dtype in (torch.float16, torch.bfloat16) else []
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            want = torch.float32 if any(k in name.split(".") for k in keep) else dtype
+            if tensor.is_floating_point() and tensor.dtype != want:
+                tensor.data = tensor.data.to(want)
+        if any(t.device.type != torch.device(device).type for t in [*model.parameters(), *model.buffers()]):
+            model = model.to(device)
         return model.eval()
 
     def __post_init__(self):
