@@ -5,8 +5,9 @@
 constant, a fused index) fails only when inductor compiles. Inductor takes minutes on a tiny diffusers model on
 this project's 2-core CPU, so CI runs it on the smallest patched model, the user-registered toy video DiT (a
 3-D grid, ToMe's random windows, local matching; global matching with the slow tests). Measured here, 2 busy
-cores: 12 s with inductor's caches warm, about 100 s cold (the first run on a machine). The CUDA lane (tests/test_cuda_lane.py) compiles every
-family with inductor on a GPU, where the int32 indices of a CUDA kernel differ from the CPU's int64 ones.
+cores: 12 s with inductor's caches warm, about 100 s cold (the first run on a machine). The CUDA lane
+(tests/test_cuda_lane.py) compiles every family with inductor on a GPU, where the int32 indices of a CUDA kernel
+differ from the CPU's int64 ones.
 """
 
 from __future__ import annotations
