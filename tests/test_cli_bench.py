@@ -484,3 +484,219 @@ def test_z_image_preset_inputs_as_the_pipeline_makes_them():
     assert [c.shape for c in call["cap_feats"]] == [(64, 2560), (6, 2560)]
     assert torch.equal(call["t"], torch.full((2,), 0.5))
     assert z.grid(1024) == (64, 64)
+
+
+# ---- full-size presets (the GPU's): configs checked on the meta device, inputs without building ------------------
+# published parameter counts (billions): a wrong width or block count moves them by far more than the tolerance
+FULL_SIZE = {"sd15": 0.86, "sd21": 0.866, "sdxl": 2.567, "sd3": 2.03, "pixart-alpha-1024": 0.611,
+             "pixart-sigma-1024": 0.611, "flux1-dev": 11.9, "wan2.1-1.3b": 1.42, "wan2.1-14b": 14.29,
+             "hunyuan-video-13b": 12.8, "ltx-video-2b": 1.92, "cogvideox-5b": 5.57, "qwen-image-20b": 20.4,
+             "sana-1600m": 1.60, "z-image-6b": 6.15, "flux2-dev": 32.2}
+
+
+@pytest.mark.parametrize("name, billions", sorted(FULL_SIZE.items()))
+def test_full_size_presets_have_the_published_parameter_counts(name, billions):
+    """Built on the meta device (no memory), in bfloat16 as on a GPU: every parameter in that dtype, but those
+    of the modules the class keeps in float32 (as from_pretrained(torch_dtype=torch.bfloat16) loads them)."""
+    import torch
+
+    from tokenmerge.bench.presets import PRESETS, resolve
+
+    _skip_without_class(name)
+    preset = resolve(name)
+    assert preset.full_size or name in ("sd15", "sd21", "sdxl", "sd3")
+    model = preset.build(torch.bfloat16, "meta")
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    params = list(model.parameters())
+    for param_name, p in model.named_parameters():
+        kept = any(k in param_name.split(".") for k in keep)
+        assert p.dtype == (torch.float32 if kept else torch.bfloat16), param_name
+    assert {p.device.type for p in params} == {"meta"}
+    assert sum(p.numel() for p in params) / 1e9 == pytest.approx(billions, rel=0.02), name
+    assert torch.get_default_dtype() == torch.float32  # restored after the build
+    if preset.full_size:
+        assert "full size, random weights" in preset.description and preset.sizes
+        assert all(preset.check_resolution(size) is None for size in preset.sizes)
+        assert "REDUCED" not in preset.description
+    assert PRESETS[preset.name] is preset
+
+
+def test_full_size_inputs_as_the_pipelines_make_them():
+    """The step inputs of the full-size presets at their usual sizes, without building the models."""
+    import torch
+
+    from tokenmerge.bench.presets import resolve
+
+    cpu = torch.device("cpu")
+    wan = resolve("wan2.1-14b")
+    assert wan.default_frames == 81 and wan.grid("480x832", 81) == (21, 30, 52)
+    assert wan.grid("720x1280", 81) == (21, 45, 80)
+    pixart = resolve("pixart-alpha-1024").inputs(1, 1024, torch.float16, cpu)
+    assert pixart["added_cond_kwargs"]["resolution"].tolist() == [[1024.0, 1024.0]] * 2  # the batch doubled
+    assert pixart["added_cond_kwargs"]["aspect_ratio"].dtype == torch.float16
+    assert resolve("pixart-sigma-1024").inputs(1, 1024, torch.float16, cpu)["added_cond_kwargs"]["resolution"] is None
+    flux = resolve("flux1-dev").inputs(1, 1024, torch.bfloat16, cpu)
+    assert tuple(flux["hidden_states"].shape) == (1, 4096, 64) and tuple(flux["img_ids"].shape) == (4096, 3)
+    cog = resolve("cogvideox-5b")
+    if _has_class("CogVideoXTransformer3DModel"):
+        call = cog.inputs(1, "480x720", torch.bfloat16, cpu, frames=49)
+        assert tuple(call["hidden_states"].shape) == (2, 13, 16, 60, 90)  # frames before channels, CFG doubled
+        assert tuple(call["image_rotary_emb"][0].shape) == (13 * 30 * 45, 64)
+        assert tuple(call["encoder_hidden_states"].shape) == (2, 226, 4096)
+    assert resolve("hunyuan-video-13b").grid("720x1280", 61) == (16, 45, 80)
+    assert resolve("ltx-video-2b").grid("480x704", 161) == (21, 15, 22)
+
+
+def _has_class(name: str) -> bool:
+    import diffusers
+
+    return hasattr(diffusers, name)
+
+
+def test_merged_resolution_is_the_grid_limit_of_whole_block_merging():
+    """grid-limit: the same model at the merged token count (rows x (1 - ratio), the width kept)."""
+    from tokenmerge.bench.presets import resolve
+
+    flux = resolve("flux1-dev")
+    assert flux.merged_resolution(1024, 0.5) == "512x1024" and flux.grid("512x1024") == (32, 64)  # 2,048 tokens
+    assert resolve("wan2.1-14b").merged_resolution("480x832", 0.5, 81) == "240x832"
+    assert resolve("hunyuan-video-13b").merged_resolution("720x1280", 0.5, 61) == "352x1280"  # 22 of 45 rows
+    assert resolve("pixart-alpha-1024").merged_resolution(1024, 0.25) == "768x1024"
+    with pytest.raises(ValueError, match="UNet"):
+        resolve("sd15").merged_resolution(512, 0.5)
+
+
+# ---- the GPU columns: kernels per call, host time, compiled modes, grid-limit, --gpu, --summarize ----------------
+def test_kernels_per_call_and_the_grid_limit(tmp_path, fast_cpu):
+    """--kernels counts each mode's operators per denoiser call (two calls per step for Wan: per call); grid-limit
+    runs the unpatched model on the merged token count and is the reference of whole-block merging."""
+    _skip_without_class("tiny-wan")
+    out = tmp_path / "res"
+    assert main(["bench", "--preset", "tiny-wan", "--resolutions", "64x96", "--frames", "9", "--modes", "vanilla",
+                 "tokenmerge", "limit", "grid-limit", "--methods", "tome:0.5,scope=block", "--kernels", "--repeats",
+                 "1", "--warmup", "0", "--out", str(out), "--no-progress"]) == 0
+    steps = {r["label"]: r for r in _records(out) if r["kind"] == "step"}
+    vanilla, tome, grid = steps["vanilla"], steps["tokenmerge 0.5"], steps["grid-limit 0.5"]
+    assert vanilla["kernels_per_call"] > 10 and vanilla["syncs_per_call"] is not None
+    assert tome["kernels_per_call"] > vanilla["kernels_per_call"]  # the merge's own operators
+    assert tome["kernels_vs_vanilla"] == pytest.approx(tome["kernels_per_call"] / vanilla["kernels_per_call"])
+    assert grid["kernels_per_call"] == vanilla["kernels_per_call"]  # no hooks at all: the same operators
+    assert (grid["tokens"], grid["limit_tokens"], grid["limit_grid"]) == (72, 36, "3x2x6")
+    assert steps["tokenmerge 0.5 scope=block"]["limit_label"] == "grid-limit 0.5"  # not the hooks' limit
+    assert tome["limit_label"] == "limit 0.5" and vanilla["launch_bound"] is None  # CPU: no launch-bound flag
+    md = (out / "bench.md").read_text()
+    assert "kernels per denoiser call and host time" in md and "kernels/call (" in md
+
+
+def test_grid_limit_is_refused_for_unets(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--preset", "tiny", "--modes", "vanilla", "grid-limit", "--out", str(tmp_path / "r")])
+    assert "grid-limit runs a transformer" in capsys.readouterr().err
+
+
+def test_each_compiled_mode_is_compiled_by_itself(tmp_path, monkeypatch, fast_cpu):
+    """Without inductor's minutes: torch.compile stubbed (it records its calls and returns the model). Every mode
+    is compiled after a reset, fullgraph first, in each compile mode, and compared with compiled vanilla of the
+    same compile mode; --compiled-only leaves the eager rounds out."""
+    import torch
+
+    from tokenmerge.bench import steps
+
+    compiled, resets = [], []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None, fullgraph=False: compiled.append(
+        (mode, fullgraph)) or model)
+    monkeypatch.setattr(torch.compiler, "reset", lambda: resets.append(1))
+    out = tmp_path / "res"
+    assert main(["bench", "--preset", "tiny", "--resolutions", "64", "--modes", "vanilla", "tokenmerge",
+                 "--compile", "default", "reduce-overhead", "--compiled-only", "--kernels", "--repeats", "2",
+                 "--out", str(out), "--no-progress"]) == 0
+    records = [r for r in _records(out) if r["kind"] == "step"]
+    assert [(r["label"], r["compile_mode"]) for r in records] == [
+        ("vanilla compiled", "default"), ("tokenmerge 0.5 compiled", "default"),
+        ("vanilla compiled reduce-overhead", "reduce-overhead"),
+        ("tokenmerge 0.5 compiled reduce-overhead", "reduce-overhead")]
+    assert compiled == [(None, True), (None, True), ("reduce-overhead", True), ("reduce-overhead", True)]
+    assert len(resets) >= 2 * len(records)  # before and after each compiled mode
+    assert all(r["status"] == "ok" and r["runs"] == 2 and r["fullgraph"] is True for r in records)
+    assert records[1]["speedup_vs_compiled"] == pytest.approx(records[0]["median_s"] / records[1]["median_s"])
+    assert records[3]["speedup_vs_compiled"] == pytest.approx(records[2]["median_s"] / records[3]["median_s"])
+    # the "compiled" model is the patched one here: its output is the eager patched output
+    assert records[1]["compiled_vs_eager"] == 0.0
+    assert "vs vanilla compiled reduce-overhead" in (out / "bench.md").read_text()
+    assert steps.compile_suffix("default") == " compiled"
+
+
+def test_compiled_only_needs_compile(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--preset", "tiny", "--compiled-only", "--out", str(tmp_path / "r")])
+    assert "--compiled-only needs --compile" in capsys.readouterr().err
+
+
+def _tiny_rows(monkeypatch):
+    from tokenmerge.bench import gpu
+
+    rows = {"tiny-unet": gpu.Row("tiny", 64, None, "float32", ("vanilla", "tome:0.5", "tome:0.5,scope=block",
+                                                                "todo:2", "limit:0.5", "limit:0.5,scope=block",
+                                                                "todo-limit:2"), repeats=1, full_size=False),
+            "tiny-wan": gpu.Row("tiny-wan", "64x96", 9, "float32", ("vanilla", "tome:0.5", "tome:0.5,scope=block",
+                                                                   "todo:2x2x2", "grid-limit:0.5",
+                                                                   "todo-limit:2x2x2"), repeats=1, full_size=False)}
+    monkeypatch.setattr(gpu, "ROWS", rows)
+    return rows
+
+
+def test_gpu_table_rows_and_summary(tmp_path, monkeypatch, capsys, fast_cpu):
+    """--gpu runs each row (its own preset, size, frames, dtype, methods) with kernels; its table has one row per
+    cell and a column per method, in four figures; --summarize rebuilds the table from the JSONL."""
+    _skip_without_class("tiny-wan")
+    _tiny_rows(monkeypatch)
+    out = tmp_path / "res"
+    assert main(["bench", "--gpu", "tiny-unet", "tiny-wan", "--device", "cpu", "--warmup", "0", "--out", str(out),
+                 "--stem", "gpu", "--no-progress"]) == 0
+    md = (out / "gpu.md").read_text()
+    assert md.startswith("## GPU table") and "## Every cell" in md
+    for heading in ("speed-up over vanilla", "kernels launched per denoiser call", "host time to issue"):
+        assert heading in md
+    assert "peak memory (GB" not in md  # the CUDA allocator's: none on a CPU
+    assert "| tiny 64 (float32) |" in md and "| tiny-wan 64x96 x 9 (float32) |" in md
+    assert "| whole-block 0.5 |" in md and "| ToDo 2x2x2 |" in md
+    assert "of grid-limit 0.5)" in md  # whole-block merging of the transformer row is measured against it
+    records = [r for r in _records_of(out / "gpu.jsonl") if r["kind"] == "step"]
+    assert {r["gpu_row"] for r in records} == {"tiny-unet", "tiny-wan"}
+    assert all(r["kernels_per_call"] for r in records if r["status"] == "ok")
+    # --methods replaces each row's own (vanilla always runs)
+    assert main(["bench", "--gpu", "tiny-wan", "--methods", "grid-limit:0.5", "--device", "cpu", "--warmup", "0",
+                 "--out", str(out), "--stem", "few", "--no-progress"]) == 0
+    assert [r["label"] for r in _records_of(out / "few.jsonl")] == ["vanilla", "grid-limit 0.5"]
+    capsys.readouterr()
+    summary = tmp_path / "sum"
+    assert main(["bench", "--summarize", str(out / "gpu.jsonl"), "--out", str(summary), "--stem", "table"]) == 0
+    text = (summary / "table.md").read_text()
+    assert "| tiny-wan 64x96 x 9 (float32) |" in text and "Command: `tokenmerge bench" in text
+
+
+def _records_of(path):
+    return [json.loads(line) for line in path.open()]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpu", "sd15-512", "--device", "cpu"], "need a CUDA device"),
+    (["--gpu", "--preset", "sd15"], "leave out --preset"),
+    (["--gpu", "--resolutions", "1024", "--frames", "9"], "leave out --resolutions, --frames"),
+    (["--gpu", "nope"], "invalid choice"),
+    (["--gpu", "sd15-512", "--methods", "grid-limit:0.5"], "row sd15-512: grid-limit:0.5: grid-limit is for"),
+    (["--gpu", "flux1-dev-1024", "--methods", "todo:2x2x2"], "3 factors"),
+])
+def test_gpu_argument_errors(args, words, capsys, tmp_path):
+    with pytest.raises(SystemExit) as err:
+        main(["bench", *args, "--out", str(tmp_path / "res")])
+    assert err.value.code == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "res").exists()
+
+
+def test_summarize_refuses_what_is_not_bench_records(tmp_path, capsys):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text('{"a": 1}\n')
+    with pytest.raises(SystemExit):
+        main(["bench", "--summarize", str(bad), "--out", str(tmp_path / "o")])
+    assert "holds no bench records" in capsys.readouterr().err

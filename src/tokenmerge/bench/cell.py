@@ -13,7 +13,7 @@ __all__ = ["Cell", "MODE_NAMES", "ATTENTION_BACKENDS", "OWN_METHODS", "GENERIC_P
            "record_fields", "set_attention", "available_attention", "is_oom", "size", "step"]
 
 # --modes names; each becomes a MethodSpec (tools.methods.parse_spec) per ratio or factor
-MODE_NAMES = ("vanilla", "tokenmerge", "tomesd", "limit", "todo", "todo-limit")
+MODE_NAMES = ("vanilla", "tokenmerge", "tomesd", "limit", "todo", "todo-limit", "grid-limit")
 ATTENTION_BACKENDS = ("vanilla", "sdpa", "xformers")
 # this library's methods: they install tokenmerge hooks, so their phases can be timed (--breakdown)
 OWN_METHODS = ("tome", "todo", "limit", "todo-limit")

@@ -58,6 +58,38 @@ def _ltx(preset, n, h, w, frames, t, randn, device):
                  rope_interpolation_scale=(preset.frames_per_latent / 25, preset.vae_scale, preset.vae_scale))]
 
 
+def _crop_region(grid, width, height):
+    """The region of a ``height x width`` base grid that ``grid`` (rows, columns) is resized and centred into:
+    ``((top, left), (bottom, right))``, as the CogVideoX pipeline's ``get_resize_crop_region_for_grid`` (not
+    imported: its module imports transformers, which the bench does not need)."""
+    rows, cols = grid
+    if rows / cols > height / width:
+        new_rows, new_cols = height, int(round(height / rows * cols))
+    else:
+        new_rows, new_cols = int(round(width / cols * rows)), width
+    top, left = int(round((height - new_rows) / 2.0)), int(round((width - new_cols) / 2.0))
+    return (top, left), (top + new_rows, left + new_cols)
+
+
+def _cogvideox(preset, n, h, w, frames, t, randn, device):
+    """CogVideoXPipeline (1.0, 5B): latent (B, F, 16, H/8, W/8) (frames before channels), T5 embeddings padded to
+    226 tokens (no mask), the batch doubled for guidance, timestep on 0..1000, and the 3-D rotary (cos, sin) the
+    pipeline computes for the grid (``_prepare_rotary_positional_embeddings``: the grid cropped to the training
+    size's region)."""
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    cfg, f = preset.unet, preset.latent_frames(frames)
+    lh, lw = h // preset.vae_scale, w // preset.vae_scale
+    rows, cols = lh // cfg["patch_size"], lw // cfg["patch_size"]
+    crops = _crop_region((rows, cols), cfg["sample_width"] // cfg["patch_size"],
+                         cfg["sample_height"] // cfg["patch_size"])
+    cos, sin = get_3d_rotary_pos_embed(embed_dim=cfg["attention_head_dim"], crops_coords=crops,
+                                       grid_size=(rows, cols), temporal_size=f)
+    return [dict(hidden_states=randn(n, f, cfg["in_channels"], lh, lw),
+                 encoder_hidden_states=randn(n, preset.text_tokens, preset.text_dim), timestep=t,
+                 image_rotary_emb=(cos.to(device), sin.to(device)))]
+
+
 def _flux2(preset, n, h, w, frames, t, randn, device):
     """Flux2Pipeline (dev): packed 2x2 tokens (B, H/16*W/16, 128), ids (t, row, col, layer), Mistral embeddings
     (3 layers stacked: 15360 wide) padded to 512 tokens, guidance embedded; timestep t / 1000; one call."""
@@ -103,5 +135,5 @@ def _z_image(preset, n, h, w, frames, t, randn, device):
     return [dict(x=latents, t=(1000 - t) / 1000, cap_feats=[randn(k, preset.text_dim) for k in lengths])]
 
 
-BUILDERS = {"wan": _wan, "z-image": _z_image, "hunyuan-video": _hunyuan_video, "ltx": _ltx, "flux2": _flux2, "qwen-image": _qwen_image,
-             "sana": _sana}
+BUILDERS = {"wan": _wan, "z-image": _z_image, "hunyuan-video": _hunyuan_video, "ltx": _ltx, "flux2": _flux2,
+            "qwen-image": _qwen_image, "sana": _sana, "cogvideox": _cogvideox}

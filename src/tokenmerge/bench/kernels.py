@@ -7,7 +7,9 @@ Two counts of one call:
   composite operators are decomposed, as on every device), without views and bare allocations, which launch
   nothing. One such operator is one kernel on CUDA for nearly every operator (elementwise ops, reductions,
   gathers, matmuls, SDPA), so this count, taken on a CPU, shows what a change does to a CUDA call's launches.
-- on CUDA, ``launches``: the kernel launches, memsets and copies ``torch.profiler`` records.
+- on CUDA, ``launches``: the kernel launches, memsets and copies ``torch.profiler`` records, and
+  ``kernel_time_s``: the summed duration of the kernels, memsets and copies on the device (``profile_launches``;
+  for a compiled function, whose operators a dispatch mode would not see, the bench takes only these).
 
 Operators that read device memory on the host (``.item()``, ``nonzero``, ``equal``...: a sync on CUDA) are
 counted apart as ``syncs``.
@@ -26,7 +28,7 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["count_kernels", "host_device_times", "NO_KERNEL", "SYNCS"]
+__all__ = ["count_kernels", "profile_launches", "host_device_times", "NO_KERNEL", "SYNCS"]
 
 # operators that launch no kernel besides the views (``OpOverload.is_view``): allocations and metadata
 NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view",
@@ -59,7 +61,7 @@ def count_kernels(fn, device, *args, **kwargs) -> dict:
 
     Returns a dict: ``kernels`` (the kernel-launching operators dispatched, syncs left out), ``syncs``
     (operators that read device memory on the host), ``ops`` (a Counter by operator name) and, on CUDA,
-    ``launches`` (kernel launches, memsets and copies the profiler recorded; None elsewhere).
+    ``launches`` and ``kernel_time_s`` (``profile_launches``, a second call; None elsewhere).
     """
     device = torch.device(device)
     counter = _Counter()
@@ -67,16 +69,33 @@ def count_kernels(fn, device, *args, **kwargs) -> dict:
         fn(*args, **kwargs)
     ops = counter.ops
     syncs = sum(n for name, n in ops.items() if name in SYNCS)
-    launches = None
-    if device.type == "cuda":
-        from torch.profiler import ProfilerActivity, profile
+    launched = profile_launches(fn, device, *args, **kwargs)
+    return dict(kernels=sum(ops.values()) - syncs, syncs=syncs, ops=ops, **launched)
 
+
+def profile_launches(fn, device, *args, **kwargs) -> dict:
+    """``launches`` (kernel launches, memsets, copies, CUDA graph launches) and ``kernel_time_s`` (their summed
+    duration on the device) of one call of ``fn`` under ``torch.profiler``, on CUDA; both None elsewhere.
+
+    A compiled function's kernels are counted here (a ``TorchDispatchMode`` would make dynamo run it another way);
+    a CUDA graph replay (``mode="reduce-overhead"``) is one launch.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return dict(launches=None, kernel_time_s=None)
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn(*args, **kwargs)
         torch.cuda.synchronize(device)
-        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fn(*args, **kwargs)
-            torch.cuda.synchronize(device)
-        launches = sum(1 for e in prof.events() if e.name in _LAUNCHES)
-    return dict(kernels=sum(ops.values()) - syncs, syncs=syncs, ops=ops, launches=launches)
+    events = prof.events()
+    launches = sum(1 for e in events if e.name in _LAUNCHES)
+    try:  # the device-side events: kernels, memsets and copies as the GPU ran them
+        busy_us = sum(e.time_range.elapsed_us() for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception:  # noqa: BLE001 - a profiler whose event fields changed: no busy time, the counts stand
+        busy_us = None
+    return dict(launches=launches, kernel_time_s=None if busy_us is None else busy_us / 1e6)
 
 
 def host_device_times(fn, device, *args, **kwargs) -> tuple[float, float]:

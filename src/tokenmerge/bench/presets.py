@@ -12,172 +12,24 @@ pixel frames (the VAE's temporal and spatial compression), prompt embeddings of 
 (padded as it pads, with its mask), and guidance as the pipeline runs it: the batch doubled in one call (LTX,
 SANA), separate conditional and unconditional calls (Wan, Qwen-Image), or guidance-distilled, one call
 (HunyuanVideo, Flux.2 dev).
+
+The full-size presets for the GPU (every block, named by the model: ``flux1-dev``, ``wan2.1-14b``...) are in
+``full_size.py`` and registered here too; the ``Preset`` record is in ``preset.py``, the published configs in
+``configs.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from ..tools.pipelines import load_pipeline
-from .cell import size as _size
-from .inputs import BUILDERS
+from .configs import (FLUX2_DEV, HUNYUAN_VIDEO, IMAGE16, IMAGE32, LTX_2B, LTX_VIDEO, PIXART_512, QWEN_IMAGE,
+                      SANA_1600M, SD_UNET, VIDEO, WAN_1_3B, Z_IMAGE)
+from .full_size import FULL_SIZE, FULL_SIZE_NAMES
+from .preset import _CLASSES, GUIDANCE, Preset, load_model
 
 __all__ = ["PRESETS", "ALIASES", "GUIDANCE", "Preset", "load_model", "load_pipeline", "resolve"]
-
-
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    description: str
-    unet: dict
-    text_tokens: int = 77
-    added_cond: dict = field(default_factory=dict)  # name -> trailing shape of SDXL-style extra conditioning
-    vae_scale: int = 8
-    model: str | None = None  # a real pipeline (folder or hub id) instead of random weights
-    family: str = "unet"  # which diffusers class ``unet`` (the denoiser's config) is for; see _CLASSES
-    text_dim: int | None = None  # transformers: channels of the text embeddings they take
-    guidance: str | None = None  # how a pipeline step runs guidance: one of GUIDANCE (None: Flux.1 "distilled",
-    # the others "batch")
-    negative_tokens: int | None = None  # guidance "calls": text tokens of the unconditional call (None: text_tokens)
-    prompt_tokens: int | None = None  # the prompt's tokens in a padded, masked text (None: no mask passed)
-    frames_per_latent: int | None = None  # video: pixel frames per latent frame (the VAE's temporal compression)
-    default_frames: int = 33  # video: pixel frames when --frames is not given
-    patch: int = 1  # spatial patch size after the VAE (2x2 latent pixels per token: 2)
-    multiple: int = 8  # resolutions must be multiples of this (the VAE's scale x the patch size)
-
-    def build(self, dtype=torch.float32, device="cpu"):
-        import diffusers
-
-        if self.model is not None:
-            return load_model(self.model, dtype)[0].to(device).eval()
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = getattr(diffusers, _CLASSES[self.family])(**self.unet)
-        # diffusers warns on every ``.to(dtype)`` of a UNet, even a no-op one: cast only when needed
-        return (model if model.dtype == dtype else model.to(dtype)).eval()
-
-    def __post_init__(self):
-        if self.guidance is None:
-            object.__setattr__(self, "guidance", "distilled" if self.family == "flux" else "batch")
-        if self.guidance not in GUIDANCE:
-            raise ValueError(f"guidance must be one of {', '.join(GUIDANCE)}; got {self.guidance!r}")
-
-    @property
-    def video(self) -> bool:
-        """Whether the preset is a video model (its inputs take ``frames``)."""
-        return self.frames_per_latent is not None
-
-    def latent_frames(self, frames: int | None) -> int:
-        """Latent frames of ``frames`` pixel frames: ``(frames - 1) / temporal compression + 1``."""
-        frames = self.default_frames if frames is None else frames
-        return (frames - 1) // self.frames_per_latent + 1
-
-    def check_frames(self, frames: int) -> str | None:
-        """Why ``frames`` does not suit this preset (None if it does)."""
-        if not self.video:
-            return f"{self.name} is an image preset: --frames applies to video presets only"
-        k = self.frames_per_latent
-        if frames < 1 or (frames - 1) % k:
-            return (f"{self.name} takes {k}k+1 frames (its VAE compresses {k} frames into one latent frame after the "
-                    f"first): e.g. {k + 1}, {4 * k + 1}, {8 * k + 1}; got {frames}")
-        return None
-
-    def check_resolution(self, resolution: int | str) -> str | None:
-        """Why ``resolution`` does not suit this preset (None if it does)."""
-        h, w = _size(resolution)
-        if h != w and self.family not in BUILDERS:
-            return f"{self.name} takes square resolutions (one number); got {resolution}"
-        if h % self.multiple or w % self.multiple:
-            return (f"{self.name} needs sides that are multiples of {self.multiple} (the VAE's scale x the patch "
-                    f"size); got {resolution}")
-        return None
-
-    def grid(self, resolution: int | str, frames: int | None = None) -> tuple[int, ...]:
-        """The token grid of one call after patching: ``(frames, height, width)`` for video, else
-        ``(height, width)`` (UNets: their finest level)."""
-        h, w = _size(resolution)
-        scale = self.vae_scale * self.patch
-        spatial = (h // scale, w // scale)
-        return ((self.latent_frames(frames),) + spatial) if self.video else spatial
-
-    @property
-    def guidance_text(self) -> str:
-        return GUIDANCE[self.guidance]
-
-    def inputs(self, batch: int, resolution: int | str, dtype, device, timestep: int = 500,
-               frames: int | None = None) -> dict | list[dict]:
-        """Keyword inputs of one denoising step for ``batch`` images or videos, as the pipeline makes them: one
-        call with the batch doubled (guidance "batch": the denoiser sees ``2 * batch``), one call per
-        conditional / unconditional prediction (guidance "calls": a list of two dicts), or one call
-        (guidance-distilled). ``resolution``: pixels per side or ``"HxW"``; ``frames``: pixel frames (video)."""
-        if frames is not None and not self.video:
-            raise ValueError(f"{self.name} is an image preset: it takes no frames")
-        g = torch.Generator().manual_seed(0)
-        h, w = _size(resolution)
-        n = 2 * batch if self.guidance == "batch" else batch
-
-        def randn(*shape):
-            return torch.randn(*shape, generator=g).to(device, dtype)
-
-        t = torch.full((n,), float(timestep), device=device)
-        if self.family in BUILDERS:
-            calls = BUILDERS[self.family](self, n, h, w, frames, t, randn, device)
-            return calls[0] if len(calls) == 1 else calls
-        if isinstance(resolution, str) and h != w:
-            raise ValueError(f"{self.name} takes square resolutions; got {resolution}")
-        latent = h // self.vae_scale
-        if self.family == "unet":
-            extra = {k: randn(n, *shape) for k, shape in self.added_cond.items()}
-            inputs = dict(sample=randn(n, self.unet["in_channels"], latent, latent), timestep=t,
-                          encoder_hidden_states=randn(n, self.text_tokens, self.unet["cross_attention_dim"]))
-            return dict(inputs, added_cond_kwargs=extra) if extra else inputs
-        text = randn(n, self.text_tokens, self.text_dim)
-        if self.family == "pixart":
-            return dict(hidden_states=randn(n, 4, latent, latent), timestep=t, encoder_hidden_states=text,
-                        added_cond_kwargs={"resolution": None, "aspect_ratio": None})
-        if self.family == "sd3":
-            return dict(hidden_states=randn(n, self.unet["in_channels"], latent, latent), timestep=t,
-                        encoder_hidden_states=text, pooled_projections=randn(n, self.unet["pooled_projection_dim"]))
-        side = latent // 2  # Flux packs 2x2 latent pixels into one token
-        ids = torch.zeros(side, side, 3)
-        ids[..., 1], ids[..., 2] = torch.arange(side)[:, None], torch.arange(side)[None, :]
-        guidance = {"guidance": torch.full((n,), 3.5, device=device)} if self.unet.get("guidance_embeds") else {}
-        return dict(hidden_states=randn(n, side * side, self.unet["in_channels"]), timestep=t / 1000,
-                    encoder_hidden_states=text, pooled_projections=randn(n, self.unet["pooled_projection_dim"]),
-                    img_ids=ids.reshape(-1, 3).to(device), txt_ids=torch.zeros(self.text_tokens, 3, device=device),
-                    **guidance)
-
-    @property
-    def latent_channels(self) -> int:
-        """Channels of the VAE latent (Flux packs 2x2 latent pixels into one token's channels)."""
-        channels = self.unet.get("in_channels", 4)
-        return channels // 4 if self.family == "flux" else channels
-
-
-_CLASSES = {"unet": "UNet2DConditionModel", "pixart": "PixArtTransformer2DModel", "sd3": "SD3Transformer2DModel",
-            "flux": "FluxTransformer2DModel", "wan": "WanTransformer3DModel",
-            "hunyuan-video": "HunyuanVideoTransformer3DModel", "ltx": "LTXVideoTransformer3DModel",
-            "flux2": "Flux2Transformer2DModel", "qwen-image": "QwenImageTransformer2DModel",
-            "sana": "SanaTransformer2DModel", "z-image": "ZImageTransformer2DModel"}
-
-GUIDANCE = {
-    "batch": "classifier-free guidance in one call, the batch doubled (the denoiser sees 2 x batch)",
-    "calls": "classifier-free guidance as two calls of the batch, conditional then unconditional",
-    "distilled": "guidance-distilled: one call of the batch (the guidance scale is an input)",
-}
-
-
-_SD = dict(
-    in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280, 1280),
-    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
-    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
-)
-
-_PIXART = dict(num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8, num_layers=28,
-               cross_attention_dim=1152, sample_size=64, patch_size=2, caption_channels=4096,
-               norm_type="ada_norm_single", use_additional_conditions=False)
+_ = _CLASSES  # re-exported: the tests name a preset's diffusers class through it
 
 PRESETS = {
     "tiny": Preset(
@@ -188,10 +40,10 @@ PRESETS = {
         text_tokens=8,
     ),
     "sd15": Preset("sd15", "Stable Diffusion 1.5 UNet (860M parameters)",
-                   dict(_SD, cross_attention_dim=768, attention_head_dim=8, sample_size=64)),
+                   dict(SD_UNET, cross_attention_dim=768, attention_head_dim=8, sample_size=64)),
     "sd21": Preset("sd21", "Stable Diffusion 2.1 768-v UNet (865M parameters)",
-                   dict(_SD, cross_attention_dim=1024, attention_head_dim=(5, 10, 20, 20), use_linear_projection=True,
-                        sample_size=96)),
+                   dict(SD_UNET, cross_attention_dim=1024, attention_head_dim=(5, 10, 20, 20),
+                        use_linear_projection=True, sample_size=96)),
     "sdxl": Preset(
         "sdxl", "SDXL base 1.0 UNet (2.6B parameters)",
         dict(in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280),
@@ -202,11 +54,11 @@ PRESETS = {
              projection_class_embeddings_input_dim=2816, sample_size=128),
         added_cond={"text_embeds": (1280,), "time_ids": (6,)},
     ),
-    "pixart": Preset("pixart", "PixArt-alpha 512 transformer (610M parameters, 28 blocks)", _PIXART,
+    "pixart": Preset("pixart", "PixArt-alpha 512 transformer (610M parameters, 28 blocks)", PIXART_512,
                      text_tokens=120, family="pixart", text_dim=4096, patch=2),
     "pixart-7": Preset("pixart-7",
                        "PixArt-alpha widths (1152 wide, 16 heads x 72) with 7 of its 28 blocks (REDUCED)",
-                       dict(_PIXART, num_layers=7), text_tokens=120, family="pixart", text_dim=4096, patch=2),
+                       dict(PIXART_512, num_layers=7), text_tokens=120, family="pixart", text_dim=4096, patch=2),
     "sd3": Preset(
         "sd3", "Stable Diffusion 3 medium MMDiT (2B parameters, 24 joint blocks)",
         dict(sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64,
@@ -224,51 +76,12 @@ PRESETS = {
 }
 
 
-# ---- video and 2025-2026 image transformers: published widths, REDUCED block counts (named in the preset) --------
-# Wan 2.1 T2V 1.3B (Wan-AI/Wan2.1-T2V-1.3B-Diffusers, transformer/config.json)
-_WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-                 text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-                 qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
-# HunyuanVideo 1.0 T2V (hunyuanvideo-community/HunyuanVideo, transformer/config.json)
-_HUNYUAN_VIDEO = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=20,
-                      num_single_layers=40, num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
-                      qk_norm="rms_norm", guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768,
-                      rope_theta=256.0, rope_axes_dim=(16, 56, 56))
-# LTX-Video 2B 0.9 (Lightricks/LTX-Video, transformer/config.json)
-_LTX_2B = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, num_attention_heads=32,
-               attention_head_dim=64, cross_attention_dim=2048, num_layers=28, activation_fn="gelu-approximate",
-               qk_norm="rms_norm_across_heads", norm_elementwise_affine=False, norm_eps=1e-6, caption_channels=4096,
-               attention_bias=True, attention_out_bias=True)
-# Flux.2 [dev] (black-forest-labs/FLUX.2-dev, transformer/config.json: diffusers' defaults)
-_FLUX2_DEV = dict(patch_size=1, in_channels=128, num_layers=8, num_single_layers=48, attention_head_dim=128,
-                  num_attention_heads=48, joint_attention_dim=15360, timestep_guidance_channels=256, mlp_ratio=3.0,
-                  axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=True)
-# Qwen-Image (Qwen/Qwen-Image, transformer/config.json)
-_QWEN_IMAGE = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
-                   num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))
-# SANA 1600M 1024px (Efficient-Large-Model/Sana_1600M_1024px_diffusers, transformer/config.json)
-_SANA_1600M = dict(in_channels=32, out_channels=32, num_attention_heads=70, attention_head_dim=32, num_layers=20,
-                   num_cross_attention_heads=20, cross_attention_head_dim=112, cross_attention_dim=2240,
-                   caption_channels=2304, mlp_ratio=2.5, dropout=0.0, attention_bias=False, sample_size=32, patch_size=1,
-                   norm_elementwise_affine=False, norm_eps=1e-6, interpolation_scale=None)
-
-# Z-Image (Tongyi-MAI/Z-Image-Turbo, transformer/config.json)
-_Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=30, n_refiner_layers=2,
-                n_heads=30, n_kv_heads=30, norm_eps=1e-5, qk_norm=True, cap_feat_dim=2560, rope_theta=256.0,
-                t_scale=1000.0, axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512])
-
-_VIDEO = dict(frames_per_latent=4, vae_scale=8, patch=2, multiple=16)  # Wan / HunyuanVideo: VAE 4x time, 8x space
-_LTX_VIDEO = dict(frames_per_latent=8, vae_scale=32, patch=1, multiple=32)  # LTX's VAE: 8x time, 32x space
-_IMAGE16 = dict(vae_scale=8, patch=2, multiple=16)  # Flux.2, Qwen-Image: 8x VAE, 2x2 latent pixels per token
-_IMAGE32 = dict(vae_scale=32, patch=1, multiple=32)  # SANA's DC-AE: 32x
-
-
 def _wan_1_3b(blocks: int) -> Preset:
     """Wan 2.1 T2V 1.3B at its real widths with ``blocks`` of its 30 blocks: ``wan-{blocks}b``."""
     return Preset(
         f"wan-{blocks}b", "Wan 2.1 T2V 1.3B widths (1536 wide, 12 heads x 128, ffn 8960) with "
         f"{blocks} of its 30 blocks (REDUCED); umT5 text 512 x 4096; guidance: cond + uncond calls",
-        dict(_WAN_1_3B, num_layers=blocks), text_tokens=512, family="wan", text_dim=4096, guidance="calls", **_VIDEO)
+        dict(WAN_1_3B, num_layers=blocks), text_tokens=512, family="wan", text_dim=4096, guidance="calls", **VIDEO)
 
 
 PRESETS.update({
@@ -277,88 +90,88 @@ PRESETS.update({
     "hunyuan-video-1+2": Preset(
         "hunyuan-video-1+2", "HunyuanVideo widths (3072 wide, 24 heads x 128) with 1 of its 20 double- and 2 of its "
         "40 single-stream blocks (REDUCED); LLaMA text 256 x 4096 (64 prompt tokens, masked); guidance-distilled",
-        dict(_HUNYUAN_VIDEO, num_layers=1, num_single_layers=2), text_tokens=256, prompt_tokens=64,
-        family="hunyuan-video", text_dim=4096, guidance="distilled", **_VIDEO),
+        dict(HUNYUAN_VIDEO, num_layers=1, num_single_layers=2), text_tokens=256, prompt_tokens=64,
+        family="hunyuan-video", text_dim=4096, guidance="distilled", **VIDEO),
     "ltx-4b": Preset(
         "ltx-4b", "LTX-Video 2B widths (2048 wide, 32 heads x 64) with 4 of its 28 blocks (REDUCED); T5 text 128 x "
         "4096 (64 prompt tokens, masked); guidance: batch doubled",
-        dict(_LTX_2B, num_layers=4), text_tokens=128, prompt_tokens=64, family="ltx", text_dim=4096,
-        guidance="batch", **_LTX_VIDEO),
+        dict(LTX_2B, num_layers=4), text_tokens=128, prompt_tokens=64, family="ltx", text_dim=4096,
+        guidance="batch", **LTX_VIDEO),
     "flux2-1+1": Preset(
         "flux2-1+1", "Flux.2 dev widths (6144 wide, 48 heads x 128) with 1 of its 8 double- and 1 of its 48 "
         "single-stream blocks (REDUCED); Mistral text 512 x 15360; guidance-distilled",
-        dict(_FLUX2_DEV, num_layers=1, num_single_layers=1), text_tokens=512, family="flux2", text_dim=15360,
-        guidance="distilled", **_IMAGE16),
+        dict(FLUX2_DEV, num_layers=1, num_single_layers=1), text_tokens=512, family="flux2", text_dim=15360,
+        guidance="distilled", **IMAGE16),
     "qwen-image-2b": Preset(
         "qwen-image-2b", "Qwen-Image widths (3072 wide, 24 heads x 128) with 2 of its 60 blocks (REDUCED); "
         "Qwen2.5-VL text 128 x 3584 (negative prompt 6 tokens); true guidance: cond + uncond calls",
-        dict(_QWEN_IMAGE, num_layers=2), text_tokens=128, negative_tokens=6, family="qwen-image", text_dim=3584,
-        guidance="calls", **_IMAGE16),
+        dict(QWEN_IMAGE, num_layers=2), text_tokens=128, negative_tokens=6, family="qwen-image", text_dim=3584,
+        guidance="calls", **IMAGE16),
     "sana-4b": Preset(
         "sana-4b", "SANA 1600M 1024px widths (2240 wide, 70 linear-attention heads x 32) with 4 of its 20 blocks "
         "(REDUCED); Gemma-2 text 300 x 2304 (64 prompt tokens, masked); guidance: batch doubled",
-        dict(_SANA_1600M, num_layers=4), text_tokens=300, prompt_tokens=64, family="sana", text_dim=2304,
-        guidance="batch", **_IMAGE32),
+        dict(SANA_1600M, num_layers=4), text_tokens=300, prompt_tokens=64, family="sana", text_dim=2304,
+        guidance="batch", **IMAGE32),
     "z-image-1+1": Preset(
         "z-image-1+1", "Z-Image widths (3840 wide, 30 heads x 128, ffn 10240) with 1 of its 2 noise-refiner, 1 of its "
         "2 caption-refiner and 1 of its 30 main layers (REDUCED); Qwen3 caption 64 x 2560 (negative prompt 6); "
         "guidance: batch doubled",
-        dict(_Z_IMAGE, n_layers=1, n_refiner_layers=1), text_tokens=64, prompt_tokens=64, negative_tokens=6,
-        family="z-image", text_dim=2560, guidance="batch", **_IMAGE16),
+        dict(Z_IMAGE, n_layers=1, n_refiner_layers=1), text_tokens=64, prompt_tokens=64, negative_tokens=6,
+        family="z-image", text_dim=2560, guidance="batch", **IMAGE16),
     # tiny versions for tests (seconds on a CPU): the same families and inputs at toy widths
     "tiny-wan": Preset(
         "tiny-wan", "a tiny Wan-shaped video transformer for tests",
         dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
              text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32),
-        text_tokens=8, family="wan", text_dim=16, guidance="calls", **_VIDEO),
+        text_tokens=8, family="wan", text_dim=16, guidance="calls", **VIDEO),
     "tiny-hunyuan-video": Preset(
         "tiny-hunyuan-video", "a tiny HunyuanVideo-shaped video transformer for tests",
         dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
              num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1, text_embed_dim=16,
              pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)),
-        text_tokens=8, prompt_tokens=5, family="hunyuan-video", text_dim=16, guidance="distilled", **_VIDEO),
+        text_tokens=8, prompt_tokens=5, family="hunyuan-video", text_dim=16, guidance="distilled", **VIDEO),
     "tiny-ltx": Preset(
         "tiny-ltx", "a tiny LTX-Video-shaped video transformer for tests",
         dict(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
              cross_attention_dim=16, num_layers=2, caption_channels=16),
-        text_tokens=8, prompt_tokens=5, family="ltx", text_dim=16, guidance="batch", **_LTX_VIDEO),
+        text_tokens=8, prompt_tokens=5, family="ltx", text_dim=16, guidance="batch", **LTX_VIDEO),
+    "tiny-cogvideox": Preset(
+        "tiny-cogvideox", "a tiny CogVideoX-5B-shaped video transformer for tests (3-D rotary)",
+        dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,
+             text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8, sample_frames=9, patch_size=2,
+             temporal_compression_ratio=4, max_text_seq_length=8, use_rotary_positional_embeddings=True),
+        text_tokens=8, family="cogvideox", text_dim=16, guidance="batch", **VIDEO),
     "tiny-flux2": Preset(
         "tiny-flux2", "a tiny Flux.2-shaped image transformer for tests",
         dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
              num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32, mlp_ratio=3.0,
              axes_dims_rope=(4, 4, 4, 4), guidance_embeds=True),
-        text_tokens=8, family="flux2", text_dim=32, guidance="distilled", **_IMAGE16),
+        text_tokens=8, family="flux2", text_dim=32, guidance="distilled", **IMAGE16),
     "tiny-qwen-image": Preset(
         "tiny-qwen-image", "a tiny Qwen-Image-shaped image transformer for tests",
         dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
              joint_attention_dim=32, axes_dims_rope=(4, 6, 6)),
-        text_tokens=8, negative_tokens=3, family="qwen-image", text_dim=32, guidance="calls", **_IMAGE16),
+        text_tokens=8, negative_tokens=3, family="qwen-image", text_dim=32, guidance="calls", **IMAGE16),
     "tiny-sana": Preset(
         "tiny-sana", "a tiny SANA-shaped image transformer for tests",
         dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
              num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=8,
              mlp_ratio=2.5, sample_size=8, patch_size=1),
-        text_tokens=8, prompt_tokens=5, family="sana", text_dim=8, guidance="batch", **_IMAGE32),
+        text_tokens=8, prompt_tokens=5, family="sana", text_dim=8, guidance="batch", **IMAGE32),
     "tiny-z-image": Preset(
         "tiny-z-image", "a tiny Z-Image-shaped image transformer for tests",
         dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1,
              n_heads=2, n_kv_heads=2, qk_norm=True, cap_feat_dim=16, axes_dims=[8, 4, 4], axes_lens=[256, 64, 64]),
         text_tokens=8, prompt_tokens=8, negative_tokens=3, family="z-image", text_dim=16, guidance="batch",
-        **_IMAGE16),
+        **IMAGE16),
 })
+
+
+PRESETS.update(FULL_SIZE)
 
 # the family names: the reduced preset of each (the tables name the preset, with its block counts)
 ALIASES = {"wan": "wan-2b", "hunyuan-video": "hunyuan-video-1+2", "ltx": "ltx-4b", "flux2": "flux2-1+1",
-           "qwen-image": "qwen-image-2b", "sana": "sana-4b", "z-image": "z-image-1+1"}
-
-
-def load_model(path_or_id: str, dtype=torch.float32):
-    """The UNet and VAE scale of a real diffusers pipeline; a clear ``FileNotFoundError`` when it is absent."""
-    pipe = load_pipeline(path_or_id, dtype)
-    unet = getattr(pipe, "unet", None)
-    if unet is None:
-        raise TypeError(f"{path_or_id!r} holds no UNet (components: {', '.join(pipe.components)})")
-    return unet, getattr(pipe, "vae_scale_factor", 8)
+           "qwen-image": "qwen-image-2b", "sana": "sana-4b", "z-image": "z-image-1+1", **FULL_SIZE_NAMES}
 
 
 def resolve(name: str | None = None, model: str | None = None, dtype=torch.float32) -> Preset:

@@ -23,9 +23,21 @@ def _steps(records: list[dict]) -> list[dict]:
     return [r for r in records if r.get("kind", "step") == "step"]
 
 
-def _limit_label(r: dict) -> str | None:
-    """The zero-overhead reference a mode's gain is measured against: ToMe's limit or ToDo's."""
-    suffix = " compiled" if r.get("compiled") else ""
+def _suffix(r: dict) -> str:
+    """The label suffix of a record's compile mode (empty for eager)."""
+    from .steps import compile_suffix
+
+    return compile_suffix(r.get("compile_mode") or ("default" if r.get("compiled") else None))
+
+
+def _limit_label(r: dict, cell: dict | None = None) -> str | None:
+    """The zero-overhead reference a mode's gain is measured against: ToMe's limit or ToDo's; for whole-block
+    merging (``scope=block``) the unpatched model at the merged token count (``grid-limit``) where the cell has it."""
+    suffix = _suffix(r)
+    if cell is not None and r["mode"] == "tokenmerge" and (r.get("options") or {}).get("scope") == "block":
+        grid = f"grid-limit {r['ratio']:g}" + suffix
+        if grid in cell:
+            return grid
     if "reference" in r:  # named by the method spec (ToDo's factor per axis too)
         return r["reference"] + suffix if r["reference"] else None
     if r["mode"] in ("tokenmerge", "tomesd"):
@@ -63,20 +75,38 @@ def annotate(records: list[dict]) -> None:
         by_cell[_cell_key(r)][r["label"]] = r
     for cell in by_cell.values():
         base = cell.get("vanilla", {})
-        compiled_base = cell.get("vanilla compiled", {})
         for r in cell.values():
             r["speedup"] = _speedup(base.get("median_s"), r["median_s"])
             r["speedup_runs"] = _paired(base.get("times_s"), r.get("times_s"))
             if r.get("compiled"):  # compiled modes against compiled vanilla (and eager vanilla in `speedup`)
+                compiled_base = cell.get("vanilla" + _suffix(r), {})
                 r["speedup_vs_compiled"] = _speedup(compiled_base.get("median_s"), r["median_s"])
+                if compiled_base.get("kernels_per_call") or compiled_base.get("launches_per_call"):
+                    r["kernels_vs_vanilla"] = _ratio(r, compiled_base)
+            elif base:
+                r["kernels_vs_vanilla"] = _ratio(r, base)
             if r.get("generate_s"):
                 r["generate_speedup"] = _speedup(base.get("generate_s"), r["generate_s"])
         for r in cell.values():
-            limit = cell.get(_limit_label(r) or "")
-            if limit and limit.get("speedup") and r["speedup"]:
-                gain = limit["speedup"] - 1
+            limit = cell.get(_limit_label(r, cell) or "")
+            r["limit_label"] = limit["label"] if limit else None
+            own = r.get("speedup_vs_compiled") if r.get("compiled") else r["speedup"]
+            ref = limit.get("speedup_vs_compiled") if limit and r.get("compiled") else (limit or {}).get("speedup")
+            if ref and own:
+                gain = ref - 1
                 # a share of a gain inside timing noise means nothing: only report it for a real gain
-                r["gain_kept"] = (r["speedup"] - 1) / gain if gain > 0.05 else None
+                r["gain_kept"] = (own - 1) / gain if gain > 0.05 else None
+                r["limit_share"] = own / ref  # this mode's speed over its limit's (1.0: as fast as the limit)
+
+
+def kernels_of(r: dict) -> float | None:
+    """Kernels per denoiser call: the profiler's launches where measured (CUDA), else the operators dispatched."""
+    return r.get("launches_per_call") if r.get("launches_per_call") is not None else r.get("kernels_per_call")
+
+
+def _ratio(r: dict, base: dict) -> float | None:
+    mine, theirs = kernels_of(r), kernels_of(base)
+    return mine / theirs if mine is not None and theirs else None
 
 
 def _fmt(r) -> str:
@@ -84,10 +114,13 @@ def _fmt(r) -> str:
         return ""
     if r["status"] != "ok":
         return r["status"]
-    text = f"{r['median_s']:.3g} s"
-    if r.get("speedup_vs_compiled"):
-        text += f" ({(r['speedup_vs_compiled'] - 1) * 100:+.0f}% vs vanilla compiled)"
-    elif r["mode"] != "vanilla" and r.get("speedup"):
+    text = f"{r['median_s']:.3g} s" + (" (not one graph)" if r.get("fullgraph") is False else "") \
+        + (" (CUDA graphs skipped)" if r.get("cudagraph_skips") else "")
+    if r.get("speedup_vs_compiled") and r["mode"] != "vanilla":
+        text += f" ({(r['speedup_vs_compiled'] - 1) * 100:+.0f}% vs vanilla{_suffix(r)})"
+        if r.get("gain_kept") is not None:
+            text += f", {r['gain_kept'] * 100:.0f}% of limit"
+    elif r["mode"] != "vanilla" and r.get("speedup") and not r.get("compiled"):
         runs = r.get("speedup_runs") or []
         spread = f" [{(min(runs) - 1) * 100:+.0f}, {(max(runs) - 1) * 100:+.0f}]" if len(runs) > 1 else ""
         text += f" ({(r['speedup'] - 1) * 100:+.0f}%{spread})"
@@ -119,6 +152,26 @@ def _table(rows: list[dict], labels: list[str], fmt, tokens: bool = False) -> li
         key = [str(res), str(batch)] + ([str(frames)] if video else []) + ([_tokens(first)] if tokens else [])
         lines.append("| " + " | ".join(key + [fmt(by_label.get(lb)) for lb in labels]) + " |")
     return lines + [""]
+
+
+def _fmt_kernels(r) -> str:
+    """Kernels per call (x vanilla's), host issue time / device time of a step, launch-bound, syncs."""
+    if r is None or r["status"] != "ok":
+        return "" if r is None else r["status"]
+    parts = []
+    k = kernels_of(r)
+    if k is not None:
+        parts.append(f"{k:,.0f} kernels/call" + (f" ({r['kernels_vs_vanilla']:.2f}x)"
+                                                  if r.get("kernels_vs_vanilla") and r["mode"] != "vanilla" else ""))
+    if r.get("host_median_s") is not None and r.get("device") != "cpu" and r.get("host_median_s") != r["median_s"]:
+        parts.append(f"host {r['host_median_s'] * 1000:.3g} / device {r['median_s'] * 1000:.3g} ms")
+    if r.get("device_busy") is not None:
+        parts.append(f"GPU busy {r['device_busy'] * 100:.0f}%")
+    if r.get("launch_bound"):
+        parts.append("**launch-bound**")
+    if r.get("syncs_per_call"):
+        parts.append(f"{r['syncs_per_call']:g} syncs/call")
+    return ", ".join(parts)
 
 
 def _fmt_generate(r) -> str:
@@ -158,17 +211,30 @@ def _warmups(n: int) -> str:
     return "no warm-up round" if n == 0 else "a warm-up round" if n == 1 else f"{n} warm-up rounds"
 
 
-def markdown(records: list[dict], meta: dict, command: str) -> str:
+def markdown(records: list[dict], meta: dict, command: str, preface: str = "") -> str:
+    """The tables of a run: per preset and attention backend, one row per cell, one column per mode.
+
+    Args:
+        records: the run's (annotated) records.
+        meta: the run's metadata (versions, device, settings).
+        command: the command line, shown first.
+        preface: Markdown put before the tables (the GPU table of ``--gpu``).
+    """
     steps = _steps(records)
     labels = list(dict.fromkeys(r["label"] for r in steps))
-    lines = [
+    lines = ([preface, "", "## Every cell", ""] if preface else []) + [
         f"Command: `{command}`",
         "",
         f"Device: {meta['device_name']} ({meta['device']}, {meta['threads']} threads), {meta['dtype']}; "
         f"torch {meta['torch']}, diffusers {meta['diffusers']}, tokenmerge {meta['tokenmerge']}"
         + (f", tomesd {meta['tomesd']}" if "tomesd" in meta else "")
-        + (". Modes marked 'compiled' ran under torch.compile (default inductor), interleaved with the eager runs; "
-           "their % is against compiled vanilla" if meta.get("compile") else "")
+        + (". Modes marked 'compiled' ran under torch.compile (inductor; 'compiled reduce-overhead': with CUDA "
+           "graphs), each compiled by itself after the eager rounds (reset, patch, compile, warm up, then its timed "
+           "calls: compiled modes are not interleaved, see bench/steps.py); their % is against compiled vanilla of "
+           "the same compile mode" if meta.get("compile") else "")
+        + (". Times are the device's (CUDA events); 'host': the time the host takes to issue a step, 'GPU busy': "
+           "the share of the step the device spent in kernels (profiler), below 80% = launch-bound (the GPU waits "
+           "for Python)" if meta.get("device", "").startswith("cuda") else "")
         + f". One denoising step with guidance as the pipeline runs it (UNets, PixArt, SD3: classifier-free "
         f"guidance in one call, the denoiser sees 2 x batch; other presets: below), median of {meta['repeats']} "
         f"runs after {_warmups(meta.get('warmup', 1))}, modes interleaved. Speed-up in % against vanilla in the same cell; "
@@ -190,6 +256,9 @@ def markdown(records: list[dict], meta: dict, command: str) -> str:
         if new and about.get("description"):
             lines += [f"{about['description']}. Step: {about.get('guidance')}.", ""]
         lines += _table(rows, labels, _fmt, tokens=new)
+        if any(kernels_of(r) is not None or r.get("launch_bound") is not None for r in rows):
+            lines += [f"#### {preset}, {attention} attention: kernels per denoiser call and host time", ""]
+            lines += _table(rows, labels, _fmt_kernels)
         if any(r.get("generate_s") for r in rows):
             lines += [f"#### {preset}, {attention} attention: whole generation ({meta.get('steps')} steps + VAE "
                       f"decode), median of {meta['repeats']}", ""] + _table(rows, labels, _fmt_generate)
@@ -259,16 +328,20 @@ def output_names(stem: str = "bench") -> list[str]:
     return [f"{stem}.md", f"{stem}.csv", f"{stem}.jsonl", f"{stem}.png"]
 
 
-def write_outputs(records: list[dict], meta: dict, out_dir: Path | Outputs, command: str, stem: str = "bench") -> dict:
+def write_outputs(records: list[dict], meta: dict, out_dir: Path | Outputs, command: str, stem: str = "bench",
+                  preface: str = "") -> dict:
     """Write ``stem``.md / .csv / .jsonl / .png into ``out_dir`` (a folder, or the ``Outputs`` checked before the
-    run): each file atomically, none over a file this library did not write. Returns the paths written."""
+    run): each file atomically, none over a file this library did not write. Returns the paths written.
+    ``preface``: Markdown put before the tables in ``stem``.md."""
     annotate(records)
     outputs = out_dir if isinstance(out_dir, Outputs) else Outputs(out_dir, output_names(stem))
-    paths = {"markdown": outputs.write_text(f"{stem}.md", markdown(records, meta, command) + "\n")}
+    paths = {"markdown": outputs.write_text(f"{stem}.md", markdown(records, meta, command, preface) + "\n")}
     columns = ["kind", "preset", "attention", "resolution", "batch", "mode", "ratio", "factor", "spec", "label",
                "compiled", "status", "median_s", "runs", "speedup", "speedup_vs_compiled", "gain_kept", "generate_s",
                "generate_speedup", "phases_s", "peak_mem_mb", "step_mem_mb", "dtype", "device", "frames", "grid",
-               "tokens", "reference"]
+               "tokens", "reference", "compile_mode", "host_median_s", "kernels_per_call", "launches_per_call",
+               "syncs_per_call", "kernel_time_s", "device_busy", "launch_bound", "kernels_vs_vanilla",
+               "limit_label", "limit_share", "compiled_vs_eager", "fullgraph", "cudagraph_skips"]
     flat = {k: v for k, v in meta.items() if not isinstance(v, dict)}  # per-preset descriptions: in the JSONL
 
     def write_csv(tmp: Path) -> None:

@@ -47,6 +47,13 @@ def versions(device: torch.device) -> dict:
         pass
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except Exception:
+            pass
     else:
         info["device_name"] = platform.processor() or platform.machine()
     return info
@@ -60,16 +67,16 @@ def _frames(preset, frames) -> list:
 
 
 def _run_cell(unet, preset, cell: Cell, modes, repeats, device, dtype, dtype_name, memory, memory_limit_mb,
-              breakdown, breakdown_repeats, steps, compile, warmup, bar) -> list[dict]:
+              breakdown, breakdown_repeats, steps, compile, warmup, bar, kernels=False, eager=True) -> list[dict]:
     """One cell: the memory probes, the interleaved step timing, whole generations, the breakdown."""
     if memory_limit_mb is not None and device.type == "cpu":
         probes = {m.text: memory_cell(preset, cell, m, dtype_name, memory_limit_mb) for m in modes}
         fits = [m for m in modes if probes[m.text]["status"] == "ok"]
     else:
         probes, fits = {}, list(modes)
-    cell_records = time_cell(unet, preset, cell, fits, repeats, device, dtype, bar,
-                             compile=compile, warmup=warmup) if fits else []
-    bar.update((warmup + repeats) * (len(modes) - len(fits)) * (2 if compile else 1))
+    cell_records = time_cell(unet, preset, cell, fits, repeats, device, dtype, bar, compile=compile, warmup=warmup,
+                             kernels=kernels, eager=eager) if fits else []
+    bar.update(_runs(warmup, repeats, compile, eager) * (len(modes) - len(fits)))
     done = {r["spec"] for r in cell_records}
     for m in modes:
         if m.text not in done:
@@ -85,7 +92,8 @@ def _run_cell(unet, preset, cell: Cell, modes, repeats, device, dtype, dtype_nam
                 r["status"] = "OOM"
     ok = [m for m in modes if any(r["spec"] == m.text and r["status"] == "ok" and not r.get("compiled")
                                   for r in cell_records)]
-    if steps and ok:
+    if steps and ok:  # a whole generation at the cell's size: grid-limit (a smaller call) has none
+        ok = [m for m in ok if m.name != "grid-limit"]
         gen = time_generation(unet, preset, cell, ok, repeats, steps, device, dtype, bar)
         for r in cell_records:
             ts = None if r.get("compiled") else gen.get(r["spec"])
@@ -97,23 +105,39 @@ def _run_cell(unet, preset, cell: Cell, modes, repeats, device, dtype, dtype_nam
     return cell_records
 
 
+def _compile_modes(compile) -> list[str]:
+    """``compile`` as a list of compile modes: False/None/[] -> none, True -> inductor's default mode."""
+    from .steps import COMPILE_MODES
+
+    return list(COMPILE_MODES[:1]) if compile is True else list(compile or [])
+
+
+def _runs(warmup: int, repeats: int, compile, eager: bool = True) -> int:
+    """Progress units of one mode in one cell: eager rounds, and each compiled mode's calls."""
+    return (warmup + repeats if eager else 0) + len(_compile_modes(compile)) * (max(1, warmup) + repeats)
+
+
 def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec], repeats, device, dtype,
              memory=False, memory_limit_mb=None, progress=True, breakdown=False, steps=0, compile=False,
-             log=print, warmup: int = 1, frames=None, breakdown_repeats: int | None = None) -> tuple[list[dict], dict]:
+             log=print, warmup: int = 1, frames=None, breakdown_repeats: int | None = None, kernels: bool = False,
+             eager: bool = True) -> tuple[list[dict], dict]:
     """Every cell of the grid; records of step times (and memory), plus, with ``breakdown``, records of the
     phases (``kind="breakdown"``, ``breakdown_repeats`` rounds, default ``repeats``), and with ``steps``, each
-    record's ``generate_s`` (the end-to-end time). ``frames``: pixel frames of the video presets' cells."""
+    record's ``generate_s`` (the end-to-end time). ``frames``: pixel frames of the video presets' cells.
+    ``compile``: False, True (inductor's default mode) or a list of compile modes (``steps.COMPILE_MODES``);
+    ``kernels``: count each mode's kernels per call; ``eager=False``: only the compiled modes."""
     from tqdm.auto import tqdm
 
     device = torch.device(device)
     dtype_name = str(dtype).split(".")[-1]
     breakdown_repeats = repeats if breakdown_repeats is None else breakdown_repeats
     cells = sum(len(_frames(p, frames)) for p in presets) * len(attentions) * len(resolutions) * len(batches)
-    total = cells * len(modes) * (warmup + repeats) * (2 if compile else 1) + (cells * len(modes) * repeats if steps else 0)
+    compile = _compile_modes(compile)
+    total = cells * len(modes) * _runs(warmup, repeats, compile, eager) + (cells * len(modes) * repeats if steps else 0)
     bar = tqdm(total=total, desc="bench", disable=not progress, unit="run")
     job = dict(modes=modes, repeats=repeats, device=device, dtype=dtype, dtype_name=dtype_name, memory=memory,
                memory_limit_mb=memory_limit_mb, breakdown=breakdown, breakdown_repeats=breakdown_repeats, steps=steps,
-               compile=compile, warmup=warmup, bar=bar)
+               compile=compile, warmup=warmup, bar=bar, kernels=kernels, eager=eager)
     records = []
     for preset in presets:
         unet = preset.build(dtype, device)
@@ -130,6 +154,7 @@ def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec],
         del unet
     bar.close()
     meta = dict(versions(device), dtype=dtype_name, repeats=repeats, warmup=warmup, steps=steps, compile=compile,
+                kernels=kernels, eager=eager,
                 breakdown_repeats=breakdown_repeats if breakdown else None,
                 presets={p.name: _describe(p) for p in presets},
                 memory="CUDA allocator peak" if device.type == "cuda" else

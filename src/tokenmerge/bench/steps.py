@@ -1,21 +1,76 @@
-"""Step timing: every mode on one cell, interleaved (A, B, C, A, B, C...) after warm-up rounds, medians."""
+"""Step timing: every mode on one cell, interleaved (A, B, C, A, B, C...) after warm-up rounds, medians; then,
+with ``compile``, every mode compiled, one after another.
+
+On CUDA a step's time is the device's (CUDA events around the call), and the host's time to issue the call is
+kept beside it; elsewhere both are the wall time with the device synchronised. With ``kernels``, each mode's
+kernels per denoiser call are counted once after the timed rounds (``kernels.count_kernels``: operators
+dispatched, and on CUDA the profiler's launches and the device's busy time).
+
+Compiled modes are not interleaved. Dynamo keeps compiled code per code object (the denoiser's ``forward``,
+shared by every mode) and does not guard on forward hooks (``torch._dynamo.config.skip_nnmodule_hook_guards``):
+code compiled for vanilla runs unchanged for a patched model and the reverse, and a patch applied again makes new
+hook objects, which fail the guards of code traced with the old ones (a recompile per round). So each mode is
+compiled by itself: ``torch.compiler.reset()``, the patch applied, ``torch.compile(model, mode=...,
+fullgraph=True)`` (a model that is not one graph, e.g. a reference package, is compiled again with graph breaks,
+as torch.compile's default allows: ``fullgraph`` False in its record), warm-up calls (they compile; with
+``reduce-overhead`` they record the CUDA graphs), ``repeats`` timed calls, the kernel count, the patch removed,
+``torch.compiler.reset()``. Each compiled mode is checked against the same mode eager
+(``compiled_vs_eager``: the largest difference of the outputs over the largest output value), so a compiled
+call that ran another mode's code would show.
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict
 
 import torch
 
 from ..tools.methods import MethodSpec
-from ..tools.timing import timed
+from ..tools.timing import sync, timed
 from .cell import Cell, is_oom, record_fields, set_attention, step
+from .kernels import count_kernels, host_device_times, profile_launches
 
-__all__ = ["time_cell"]
+__all__ = ["time_cell", "COMPILE_MODES", "compile_suffix", "step_calls", "main_tensor"]
+
+# torch.compile modes the bench runs: inductor's default and CUDA graphs ("reduce-overhead")
+COMPILE_MODES = ("default", "reduce-overhead")
+# a call whose device was busy less than this share of its time waited for the host: launch-bound
+BUSY_LAUNCH_BOUND = 0.8
+
+
+def compile_suffix(compile_mode: str | None) -> str:
+    """The label suffix of a compiled mode: ``" compiled"`` (inductor's default mode) or
+    ``" compiled reduce-overhead"``; empty for eager."""
+    if not compile_mode:
+        return ""
+    return " compiled" + ("" if compile_mode == "default" else f" {compile_mode}")
+
+
+def step_calls(inputs) -> int:
+    """Denoiser calls in one step (two for pipelines that run guidance as two calls)."""
+    return len(inputs) if isinstance(inputs, (list, tuple)) else 1
+
+
+def main_tensor(out) -> torch.Tensor:
+    """The main output tensor of a denoiser call (``.sample``, the first element of a tuple, a stacked list)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "sample"):
+        return out.sample
+    if isinstance(out, dict):
+        return main_tensor(next(iter(out.values())))
+    if isinstance(out, (list, tuple)) and out:
+        if all(isinstance(o, torch.Tensor) for o in out) and len(out) > 1 and out[0].dim() >= 3 \
+                and all(o.shape == out[0].shape for o in out):
+            return torch.stack(list(out))  # per-sample outputs (Z-Image)
+        return main_tensor(out[0])
+    raise TypeError(f"cannot find the output tensor in {type(out).__name__}")
 
 
 def _compile_friendly() -> None:
-    """Every mode x compiled variant is its own set of guards on the same code: let dynamo keep them all."""
+    """Let dynamo keep the guards of every mode's graphs (e.g. two call shapes per step)."""
     import torch._dynamo
 
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
@@ -23,57 +78,215 @@ def _compile_friendly() -> None:
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
 
 
+def _inputs(preset, cell: Cell, mode: MethodSpec, dtype, device):
+    """A mode's step inputs: the cell's, or for ``grid-limit`` the same call at the merged token count."""
+    resolution = cell.resolution
+    if mode.name == "grid-limit":
+        resolution = preset.merged_resolution(cell.resolution, mode.value, cell.frames)
+    return preset.inputs(cell.batch, resolution, dtype, device, frames=cell.frames)
+
+
+def _call(device, model, inputs, compile_mode=None) -> tuple[float, float]:
+    """``(device_s, host_s)`` of one step: CUDA events and the host's issue time on CUDA, else the wall time."""
+    if compile_mode == "reduce-overhead":
+        torch.compiler.cudagraph_mark_step_begin()
+    if device.type == "cuda":
+        host, seconds = host_device_times(step, device, model, inputs)
+        return seconds, host
+    seconds = timed(device, step, model, inputs)[1]
+    return seconds, seconds
+
+
+def _kernel_fields(counts: dict, calls: int, device_s: float | None) -> dict:
+    """A kernel count's record fields, per denoiser call, and the device's busy share of the step."""
+    def per_call(n):
+        return None if n is None else n / calls
+
+    busy = None
+    if counts.get("kernel_time_s") is not None and device_s:
+        busy = min(1.0, counts["kernel_time_s"] / device_s)
+    return dict(kernels_per_call=per_call(counts.get("kernels")), syncs_per_call=per_call(counts.get("syncs")),
+                launches_per_call=per_call(counts.get("launches")), kernel_time_s=counts.get("kernel_time_s"),
+                device_busy=busy)
+
+
+def _launch_bound(record: dict, device) -> bool | None:
+    """Whether the device waited for the host: busy less than ``BUSY_LAUNCH_BOUND`` of the step (profiler), or
+    without a profile, the host's issue time at least 90% of the device time. None off CUDA."""
+    if device.type != "cuda" or record.get("median_s") is None:
+        return None
+    if record.get("device_busy") is not None:
+        return record["device_busy"] < BUSY_LAUNCH_BOUND
+    host = record.get("host_median_s")
+    return None if host is None else host >= 0.9 * record["median_s"]
+
+
+def _record(cell: Cell, mode: MethodSpec, compile_mode, status, times, hosts, peak, extra=None) -> dict:
+    fields = record_fields(mode)
+    fields["label"] += compile_suffix(compile_mode)
+    if fields.get("reference"):
+        fields["reference"] += compile_suffix(compile_mode)
+    return dict(asdict(cell), **fields, compiled=bool(compile_mode), compile_mode=compile_mode, status=status,
+                median_s=statistics.median(times) if times else None, runs=len(times), times_s=times,
+                host_median_s=statistics.median(hosts) if hosts else None, host_times_s=hosts,
+                peak_mem_mb=peak / 2**20 if peak is not None else None, **(extra or {}))
+
+
 def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, device, dtype,
-              progress=None, compile: bool = False, warmup: int = 1) -> list[dict]:
+              progress=None, compile=False, warmup: int = 1, kernels: bool = False, eager: bool = True) -> list[dict]:
     """Time every mode on one cell; one record per mode (``status`` "ok", "OOM" or why compiling failed).
 
-    ``warmup`` untimed rounds come first. ``compile``: every mode also runs under ``torch.compile``, interleaved
-    with the eager runs (the warm-up round compiles)."""
+    Args:
+        unet, preset, cell: the model, its preset and the cell.
+        modes: the methods, vanilla first.
+        repeats: timed rounds (eager) or timed calls (each compiled mode).
+        device, dtype: where the model is.
+        progress: a tqdm bar (or None).
+        compile: also time each mode compiled: ``True`` (inductor's default mode) or a list of
+            ``COMPILE_MODES``; each compiled mode is compared with compiled vanilla of the same compile mode.
+        warmup: untimed rounds before the timed ones (compiled: at least one call, which compiles).
+        kernels: count each mode's kernels per call (after the timed rounds).
+        eager: time the eager modes (False: only the compiled ones).
+    """
     set_attention(unet, cell.attention, preset.family)
-    inputs = preset.inputs(cell.batch, cell.resolution, dtype, device, frames=cell.frames)
-    runs = [(m, False) for m in modes] + ([(m, True) for m in modes] if compile else [])
-    if compile:
+    device = torch.device(device)
+    inputs = {m.text: _inputs(preset, cell, m, dtype, device) for m in modes}
+    compile_modes = list(COMPILE_MODES[:1] if compile is True else compile or [])
+    records = []
+    if eager:
+        records += _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels)
+    if compile_modes:
         _compile_friendly()
+        for compile_mode in compile_modes:
+            for mode in modes:
+                records.append(_compiled(unet, cell, mode, inputs[mode.text], repeats, device, progress, warmup,
+                                         kernels, compile_mode))
+    for r in records:  # the token grid a grid-limit call ran on
+        if r["mode"] == "grid-limit":
+            grid = preset.grid(preset.merged_resolution(cell.resolution, r["ratio"], cell.frames), cell.frames)
+            r["limit_grid"], r["limit_tokens"] = "x".join(map(str, grid)), math.prod(grid)
+    return records
 
-    def key(run):
-        return run[0].text + (" compiled" if run[1] else "")
 
-    times: dict[str, list[float]] = {key(r): [] for r in runs}
+def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels) -> list[dict]:
+    """The eager modes, interleaved: ``warmup`` untimed rounds, then ``repeats`` timed ones."""
+    times: dict[str, list[float]] = {m.text: [] for m in modes}
+    hosts: dict[str, list[float]] = {m.text: [] for m in modes}
     peak: dict[str, int] = {}
-    status = {key(r): "ok" for r in runs}
+    status = {m.text: "ok" for m in modes}
     for rep in range(warmup + repeats):  # the first ``warmup`` rounds are not timed
-        for run in runs:
-            mode, compiled = run
-            k = key(run)
+        for mode in modes:
+            k = mode.text
             if status[k] != "ok":
                 continue
             try:
                 with mode.applied(unet):
-                    model = torch.compile(unet) if compiled else unet
                     if device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats(device)
-                    seconds = timed(device, step, model, inputs)[1]
+                    seconds, host = _call(device, unet, inputs[k])
                     if rep >= warmup:
                         times[k].append(seconds)
+                        hosts[k].append(host)
                     if device.type == "cuda":
                         peak[k] = max(peak.get(k, 0), torch.cuda.max_memory_allocated(device))
             except Exception as err:
-                if is_oom(err):
-                    status[k] = "OOM"
-                elif compiled:  # e.g. a reference package that does not trace: say so, go on
-                    status[k] = f"compile failed ({type(err).__name__})"
-                else:
+                if not is_oom(err):
                     raise
+                status[k] = "OOM"
             if progress is not None:
                 progress.update(1)
     records = []
-    for run in runs:
-        k = key(run)
-        fields = record_fields(run[0])
-        if run[1]:
-            fields["label"] += " compiled"
-        ts = times[k]
-        records.append(dict(asdict(cell), **fields, compiled=run[1], status=status[k],
-                            median_s=statistics.median(ts) if ts else None, runs=len(ts), times_s=ts,
-                            peak_mem_mb=peak[k] / 2**20 if k in peak else None))
+    for mode in modes:
+        k = mode.text
+        extra = {}
+        if kernels and status[k] == "ok":
+            try:
+                with mode.applied(unet):
+                    counts = count_kernels(step, device, unet, inputs[k])
+                ts = times[k]
+                extra = _kernel_fields(counts, step_calls(inputs[k]), statistics.median(ts) if ts else None)
+            except Exception as err:
+                if not is_oom(err):
+                    raise
+        record = _record(cell, mode, None, status[k], times[k], hosts[k], peak.get(k), extra)
+        record["launch_bound"] = _launch_bound(record, device)
+        records.append(record)
     return records
+
+
+def _compiled(unet, cell, mode, inputs, repeats, device, progress, warmup, kernels, compile_mode) -> dict:
+    """One mode compiled (``compile_mode``) by itself: reset, patch, compile, warm up, time, count, remove."""
+    from torch._dynamo.utils import counters
+
+    times, hosts, peak, extra, status = [], [], None, {}, "ok"
+    torch.compiler.reset()
+    try:
+        with mode.applied(unet):
+            counters["inductor"].clear()
+            model, extra["fullgraph"] = _compile(unet, inputs, device, warmup, compile_mode)
+            if compile_mode == "reduce-overhead" and device.type == "cuda":  # not CUDA graphs after all: say so
+                extra["cudagraph_skips"] = counters["inductor"].get("cudagraph_skips", 0)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            for _ in range(repeats):
+                seconds, host = _call(device, model, inputs, compile_mode)
+                times.append(seconds)
+                hosts.append(host)
+            if device.type == "cuda":
+                peak = torch.cuda.max_memory_allocated(device)
+            extra["compiled_vs_eager"] = _difference(unet, model, inputs, device, compile_mode)
+            if kernels:
+                if compile_mode == "reduce-overhead":
+                    torch.compiler.cudagraph_mark_step_begin()
+                counts = profile_launches(step, device, model, inputs)
+                extra.update(_kernel_fields(counts, step_calls(inputs), statistics.median(times)))
+    except Exception as err:  # out of memory, or a mode that does not compile (a package that does not trace): say so
+        status = "OOM" if is_oom(err) else f"compile failed ({type(err).__name__})"
+        if status != "OOM":
+            extra["error"] = str(err)[:500]
+    finally:
+        torch.compiler.reset()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if progress is not None:
+        progress.update(max(1, warmup) + repeats)
+    record = _record(cell, mode, compile_mode, status, times, hosts, peak, extra)
+    record["launch_bound"] = _launch_bound(record, device)
+    return record
+
+
+def _compile(unet, inputs, device, warmup: int, compile_mode: str):
+    """``(compiled model, fullgraph)``: compiled as one graph (``fullgraph=True``) and warmed up (the calls compile;
+    with ``reduce-overhead`` two more record the CUDA graphs); a model that is not one graph (a graph break: e.g.
+    a reference package) is compiled again as torch.compile's default allows, with graph breaks (``fullgraph``
+    False in its record)."""
+    import torch._dynamo
+
+    calls = max(1, warmup) + (2 if compile_mode == "reduce-overhead" else 0)
+    mode = None if compile_mode == "default" else compile_mode
+    for fullgraph in (True, False):
+        model = torch.compile(unet, mode=mode, fullgraph=fullgraph)
+        try:
+            for _ in range(calls):
+                _call(device, model, inputs, compile_mode)
+            return model, fullgraph
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError):
+            if not fullgraph:
+                raise
+            torch.compiler.reset()
+    raise AssertionError("unreachable")
+
+
+@torch.no_grad()
+def _difference(unet, model, inputs, device, compile_mode) -> float | None:
+    """Largest |compiled - eager| of the step's output over its largest |eager| value (None if not finite)."""
+    if compile_mode == "reduce-overhead":
+        torch.compiler.cudagraph_mark_step_begin()
+    compiled = main_tensor(step(model, inputs)).detach().float().clone()  # a CUDA graph's output is reused
+    eager = main_tensor(step(unet, inputs)).detach().float()
+    sync(device)
+    scale = eager.abs().max().item()
+    diff = (compiled - eager).abs().max().item()
+    if not (math.isfinite(scale) and math.isfinite(diff)) or scale == 0:
+        return None
+    return diff / scale

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import shlex
-import sys
 from pathlib import Path
 
 from ..tools.text import quote
+from .bench_gpu import command_line, run_gpu, summarize
 from .common import OUT_HELP, STEM_HELP, check_outputs, pick_device, positive_int, stem
 
 HELP = """\
@@ -18,9 +17,18 @@ warm-up, and write a Markdown table, CSV and JSONL records (with library and dev
 
 Presets are the real architectures with RANDOM weights: they give real timings and memory, not images, and need
 no download; the large transformers keep their real widths with fewer blocks, named in the preset (wan-2b: 2 of
-Wan 2.1 1.3B's 30 blocks) and marked REDUCED. --model loads a real diffusers pipeline folder (or hub id, when the
-weights are cached).
+Wan 2.1 1.3B's 30 blocks) and marked REDUCED. The full-size presets, named by their model (flux1-dev, wan2.1-14b,
+hunyuan-video-13b, ...), hold every block, built on the device in the target dtype: they are for GPUs. --model
+loads a real diffusers pipeline folder (or hub id, when the weights are cached).
+
+--gpu runs the GPU table: full-size models at their usual sizes, every method against vanilla and its zero-overhead
+limit, with kernels per call and host against device time; add --compile default reduce-overhead for the compiled
+table. --summarize puts the records of several runs (their .jsonl) into one such table.
 """
+
+# what --gpu sets itself: the options that describe the grid
+_GRID_OPTIONS = ("preset", "model", "resolutions", "frames", "batch_sizes", "modes", "ratios", "todo_factors",
+                 "steps", "breakdown", "memory", "memory_limit")
 
 
 def _resolution(text: str) -> int | str:
@@ -96,25 +104,27 @@ def _steps(text: str) -> int:
 def add_parser(sub) -> None:
     from ..bench.presets import ALIASES, PRESETS
     from ..bench.cell import ATTENTION_BACKENDS, MODE_NAMES
+    from ..bench.gpu import QUICK, ROWS
+    from ..bench.steps import COMPILE_MODES
     from ..tools.methods import BENCH_METHODS, METHODS
 
     p = sub.add_parser("bench", help="speed/memory table: vanilla vs tokenmerge vs tomesd vs the limit",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", nargs="+", choices=sorted(PRESETS) + sorted(ALIASES), default=["sd15"],
+    p.add_argument("--preset", nargs="+", choices=sorted(PRESETS) + sorted(ALIASES), default=None,
                    help="architecture presets with random weights: "
                         + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items())
                         + ". Aliases: " + ", ".join(f"{k} = {v}" for k, v in ALIASES.items()) + " (default: sd15)")
     p.add_argument("--model", default=None, metavar="PATH_OR_ID",
                    help="a real diffusers pipeline: a local folder (with model_index.json) or a hub id whose files "
                         "are cached; replaces --preset. Nothing is downloaded when the hub is out of reach.")
-    p.add_argument("--resolutions", nargs="+", type=_resolution, default=[512], metavar="PX",
+    p.add_argument("--resolutions", nargs="+", type=_resolution, default=None, metavar="PX",
                    help="image or video frame sizes in pixels: 512 (square) or HxW such as 480x832 (height x width). "
                         "Each preset needs multiples of its VAE scale x patch (8 for UNets, 16 for Wan, HunyuanVideo, "
                         "Flux.2, Qwen-Image; 32 for LTX and SANA). Default: 512")
     p.add_argument("--frames", nargs="+", type=_frames, default=None, metavar="N",
                    help="pixel frames of the video presets: 4k+1 for Wan and HunyuanVideo (33 -> 9 latent frames), "
                         "8k+1 for LTX (33 -> 5); refused for image presets. Default: each video preset's own (33)")
-    p.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[1], metavar="N",
+    p.add_argument("--batch-sizes", nargs="+", type=positive_int, default=None, metavar="N",
                    help="images or videos per step (with guidance in one call the denoiser sees twice as many). "
                         "Default: 1")
     p.add_argument("--modes", nargs="+", choices=MODE_NAMES, default=None,
@@ -123,10 +133,12 @@ def add_parser(sub) -> None:
                         "with a free merge (a slice) and unmerge (a repeat): the best any merge could do; "
                         "todo: token downsampling of keys/values (--todo-factors); todo-limit: attention on the "
                         "pooled key/value count with free pooling (a slice). "
+                        "grid-limit: whole-block merging's limit on transformers, the unpatched model at the merged "
+                        "token count (no hooks). "
                         "Default: vanilla tokenmerge tomesd limit (without tomesd for the transformer presets)")
-    p.add_argument("--ratios", nargs="+", type=_ratio, default=[0.5], metavar="R",
+    p.add_argument("--ratios", nargs="+", type=_ratio, default=None, metavar="R",
                    help="merge ratios of the merging modes. Default: 0.5")
-    p.add_argument("--todo-factors", nargs="+", type=_factor, default=[2], metavar="F",
+    p.add_argument("--todo-factors", nargs="+", type=_factor, default=None, metavar="F",
                    help="downsampling factors per side of the todo modes (2 = 4x fewer keys/values; on video: "
                         "each frame), or one per grid axis: 1x2x2, 2x2x2 (frames too). Default: 2")
     p.add_argument("--methods", nargs="+", type=_spec, default=[], metavar="SPEC",
@@ -138,8 +150,8 @@ def add_parser(sub) -> None:
                    help="attention backend of the UNet and PixArt presets: vanilla (diffusers' unfused attention), "
                         "sdpa (PyTorch fused), xformers (if installed); the other transformers run their own "
                         "attention processors, on SDPA: sdpa only. Default: sdpa")
-    p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per mode per cell, after one warm-up "
-                   "(default 3; more on a noisy machine)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="timed runs per mode per cell, after one "
+                   "warm-up (default 3; more on a noisy machine; --gpu: each row's own, 3 to 15)")
     p.add_argument("--warmup", type=_warmup, default=1, metavar="N",
                    help="untimed rounds (every mode once) before the timed ones, per cell (default 1). 0 suits cells "
                         "whose steps take minutes, where a warm-up round would cost more than it settles; "
@@ -151,10 +163,30 @@ def add_parser(sub) -> None:
                    help="also time whole generations: N denoising steps with a real scheduler and guidance, then the "
                         "VAE decode (random weights for presets; prompt embeddings given, so no text encoder), "
                         "modes interleaved, --repeats times each. 0 (default) = off; small on a CPU (e.g. 4)")
-    p.add_argument("--compile", action="store_true",
-                   help="also run every mode under torch.compile (inductor), interleaved with the eager runs; the "
-                        "warm-up round compiles (minutes per mode on a CPU). Compiled modes are compared with "
-                        "compiled vanilla")
+    p.add_argument("--compile", nargs="*", choices=COMPILE_MODES, default=None, metavar="MODE",
+                   help="also run every mode under torch.compile (inductor) in these modes: default (inductor's "
+                        "default; what --compile alone means) and/or reduce-overhead (CUDA graphs). Each mode is "
+                        "compiled by itself after the eager rounds (compiled code is not interleaved: dynamo does "
+                        "not tell a patched model from an unpatched one), warmed up, then timed; compiled modes are "
+                        "compared with compiled vanilla of the same compile mode (minutes per mode on a CPU)")
+    p.add_argument("--compiled-only", action="store_true",
+                   help="with --compile: time only the compiled modes (no eager rounds), e.g. to split a GPU table "
+                        "into commands that fit a time limit")
+    p.add_argument("--kernels", action="store_true",
+                   help="count each mode's kernels per denoiser call once after the timed rounds: the operators "
+                        "dispatched (on any device), and on CUDA the profiler's kernel launches and the share of "
+                        "the step the GPU was busy (below 80%%: launch-bound). On by default with --gpu")
+    p.add_argument("--gpu", nargs="*", choices=list(ROWS) + ["quick"], default=None, metavar="ROW",
+                   help="run the GPU table on a CUDA device: full-size models with random weights, one step each, "
+                        "ToMe 0.5 (local and global matching), whole-block ToMe 0.5, ToDo 2 (video also 2x2x2), "
+                        "tomesd 0.5 (UNets) and their zero-overhead limits, with --kernels; add --compile default "
+                        "reduce-overhead for the compiled tables. Rows (all when none is named): "
+                        + ", ".join(ROWS) + f"; quick = {' '.join(QUICK)}. Sets presets, sizes, frames, dtypes "
+                        "and modes itself (leave those options out); --methods, if given, replaces each row's "
+                        "methods (vanilla is always run), e.g. to compile a few at a time")
+    p.add_argument("--summarize", nargs="+", type=Path, default=None, metavar="JSONL",
+                   help="no run: write STEM.md with the GPU table of the records in these .jsonl files of earlier "
+                        "runs (e.g. one per row, eager and compiled)")
     p.add_argument("--breakdown", action="store_true",
                    help="also time the phases inside the patched blocks (similarity, merge, attention, unmerge) "
                         "for this library's modes, against the same blocks unmerged; the device is synchronised at "
@@ -183,7 +215,7 @@ def _modes(args) -> list:
     from ..tools.methods import MethodSpec
 
     modes = [MethodSpec("vanilla")] if "vanilla" in args.modes else []
-    by_ratio = [n for n in args.modes if n in ("tokenmerge", "tomesd", "limit")]
+    by_ratio = [n for n in args.modes if n in ("tokenmerge", "tomesd", "limit", "grid-limit")]
     modes += [MethodSpec("tome" if n == "tokenmerge" else n, r) for r in args.ratios for n in by_ratio]
     modes += [MethodSpec(n, f) for n in args.modes if n in ("todo", "todo-limit") for f in args.todo_factors]
     modes = list(dict.fromkeys(modes))
@@ -196,6 +228,8 @@ def _check_presets(args, presets, modes) -> str | None:
     from ..bench.cell import GENERIC_PROCESSORS
     from ..bench.generation import GENERATION_FAMILIES
 
+    if args.model and any(m.name == "grid-limit" for m in modes):
+        return "grid-limit runs a transformer preset at the merged token count; --model is a UNet"
     if args.model and any(isinstance(r, str) for r in args.resolutions):
         return "--resolutions: --model takes square resolutions (one number per size)"
     if args.frames and (not presets or any(not p.video for p in presets)):
@@ -216,6 +250,9 @@ def _check_presets(args, presets, modes) -> str | None:
             return (f"--steps: whole generations are timed for the UNet, PixArt, SD3 and Flux.1 presets; {p.name} "
                     "times denoiser steps only (leave --steps out)")
         rank = 3 if p.video else 2
+        if p.family == "unet" and any(m.name == "grid-limit" for m in modes):
+            return (f"grid-limit runs a transformer at the merged token count; {p.name} is a UNet, whose every "
+                    "level would shrink: use limit (with scope=block for whole-block merging)")
         for m in modes:
             if m.options and dict(m.options).get("st", 1) != 1 and not p.video:
                 return f"{m.text}: st (the window along the frame axis) applies to video presets; {p.name} is an image"
@@ -232,6 +269,19 @@ def run(args, parser) -> int:
     from ..bench.presets import ALIASES, PRESETS
     from ..tools.outputs import Outputs
 
+    if args.summarize is not None:
+        return summarize(args, parser)
+    if args.compile == []:  # --compile alone: inductor's default mode
+        args.compile = ["default"]
+    if args.compiled_only and not args.compile:
+        parser.error("--compiled-only needs --compile (it leaves out the eager rounds)")
+    if args.gpu is not None:
+        return run_gpu(args, parser, _GRID_OPTIONS)
+    args.preset = args.preset or ["sd15"]  # the defaults (None above: --gpu tells given options from them)
+    args.resolutions = args.resolutions or [512]
+    args.repeats = args.repeats or 3
+    args.batch_sizes, args.ratios = args.batch_sizes or [1], args.ratios or [0.5]
+    args.todo_factors = args.todo_factors or [2]
     device = pick_device(args.device, parser)
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "float16"))
     chosen = [PRESETS[ALIASES.get(n, n)] for n in args.preset] if not args.model else []
@@ -270,10 +320,10 @@ def run(args, parser) -> int:
     records, meta = runner.run_grid(presets, args.attention, args.resolutions, args.batch_sizes, modes,
                                     args.repeats, device, dtype, memory=args.memory,
                                     memory_limit_mb=args.memory_limit, progress=not args.no_progress,
-                                    breakdown=args.breakdown, steps=args.steps, compile=args.compile,
-                                    warmup=args.warmup, frames=args.frames, breakdown_repeats=args.breakdown_repeats)
-    command = "tokenmerge bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] \
-        else "tokenmerge bench ..."
+                                    breakdown=args.breakdown, steps=args.steps, compile=args.compile or False,
+                                    warmup=args.warmup, frames=args.frames, breakdown_repeats=args.breakdown_repeats,
+                                    kernels=args.kernels, eager=not args.compiled_only)
+    command = command_line()
     paths = report.write_outputs(records, meta, outputs, command, args.stem)
     print(report.markdown(records, meta, command))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -33,6 +33,8 @@ BENCH_METHODS = {
              "VALUE = ratio",
     "todo-limit": "ToDo's zero-overhead limit: keys/values = a slice of the pooled token count; VALUE = factor "
                   "(or 1x2x2, 2x2x2)",
+    "grid-limit": "whole-block merging's zero-overhead limit on transformers: the unpatched model at the merged "
+                  "token count (the token grid's rows times 1 - VALUE; text unchanged), no hooks at all; VALUE = ratio",
 }
 _FACTOR_METHODS = ("todo", "todo-limit")
 _WHERE = ("scope", "merge_attn", "merge_crossattn", "merge_mlp", "max_downsample")  # carried to ToMe's limit
@@ -139,7 +141,12 @@ class MethodSpec:
 
     def check(self) -> None:
         """Raise ``ValueError``/``TypeError`` (naming the option) if the method would refuse these settings."""
-        if self.name in ("tome", "limit"):
+        if self.name == "grid-limit":
+            if self.options:
+                raise ValueError("grid-limit takes no options (it runs the unpatched model)")
+            if not 0 < self.value < 1:
+                raise ValueError(f"grid-limit's ratio must be in (0, 1); got {self.value}")
+        elif self.name in ("tome", "limit"):
             ToMeConfig(ratio=self.value, **self.kwargs())
         elif self.name in _FACTOR_METHODS:
             ToDoConfig(downsample=self.value, **self.kwargs())
@@ -157,6 +164,8 @@ class MethodSpec:
     def apply(self, model) -> None:
         import tokenmerge
 
+        if self.name == "grid-limit":  # the unpatched model, called on smaller inputs (the bench's)
+            return
         if self.is_cache:
             from .caches import enable
 
@@ -199,7 +208,7 @@ class MethodSpec:
             import tomesd
 
             tomesd.remove_patch(model)
-        elif self.name != "vanilla":
+        elif self.name not in ("vanilla", "grid-limit"):
             import tokenmerge
 
             tokenmerge.remove_patch(model)

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# The GPU lane (issue #32): the CUDA tests and the GPU bench on a CUDA machine, online or offline.
+#
+#   bash scripts/gpu_lane.sh [--wheels DIR] PART [ROW ...]
+#
+# PART (each prints its own duration; run them one by one where a command has a time limit):
+#   check          Python, torch, CUDA device, diffusers/tomesd/pytest versions (seconds)
+#   lane           the CUDA lane without torch.compile: pytest -m "cuda and not compile" (tests/test_cuda_lane.py)
+#   lane-compile   the CUDA lane's torch.compile tests: pytest -m "cuda and compile" (15 inductor compiles)
+#   quick          the GPU table's quick rows (sd15-512, flux1-dev-1024, wan2.1-1.3b-480p), eager
+#   bench [ROW..]  GPU table rows, eager, one bench command per row -> benchmarks/results/gpu/ROW-eager.*
+#   compiled [ROW..]  the same rows compiled, one command per row and compile mode (inductor's default, then
+#                  reduce-overhead) -> ROW-compiled-MODE.*; every method is compiled by itself (about a minute
+#                  or two each for the big models): GPU_METHODS picks a few per command
+#   summary        benchmarks/results/gpu/gpu-table.md: the table of every ROW-eager / ROW-compiled-MODE .jsonl
+#   all            check, lane, lane-compile, bench, compiled, summary
+# ROW: the rows of `tokenmerge bench --gpu` (all when none is named): sd15-512 sd15-1024 sdxl-1024 sdxl-2048
+#   pixart-alpha-1024 flux1-dev-1024 flux1-dev-2048 wan2.1-1.3b-480p wan2.1-14b-480p hunyuan-video-720p
+#
+# Packages: torch (a CUDA build) must be importable by $PYTHON (default python3; .venv/bin/python if that one
+# has no torch and the venv does). Missing diffusers, tomesd, pytest are installed into .gpu/site (on PYTHONPATH
+# with src/, nothing else is touched): from the wheel folder --wheels DIR (or $TOKENMERGE_WHEELS, or .gpu/whl when
+# it exists), offline, exactly as `pip install --no-index --no-deps --no-compile --target .gpu/site DIR/*.whl`;
+# else from the package index (diffusers==0.42.1 with its dependencies, tomesd==0.1.3 without torch, pytest).
+# Environment: BENCH_ARGS adds options to every bench command (e.g. BENCH_ARGS="--repeats 5"); GPU_METHODS
+# replaces the rows' methods (vanilla always runs; e.g. GPU_METHODS="tome:0.5 grid-limit:0.5"), TAG is added to
+# the file names so such partial runs sit beside each other; COMPILE_MODES (default "default reduce-overhead");
+# PYTEST_ARGS goes to the lane's pytest (e.g. "-k flux -x"); TOKENMERGE_LANE_DEVICE=cpu runs the lane on the CPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=benchmarks/results/gpu
+WHEELS=${TOKENMERGE_WHEELS:-}
+[ -z "$WHEELS" ] && [ -d .gpu/whl ] && WHEELS=.gpu/whl
+if [ "${1:-}" = "--wheels" ]; then
+  [ $# -ge 2 ] || { echo "gpu_lane.sh: --wheels needs a folder of .whl files" >&2; exit 2; }
+  WHEELS=$2
+  shift 2
+fi
+PART=${1:-}
+shift || true
+ROWS=("$@")
+
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2; }
+case "$PART" in
+  check|lane|lane-compile|quick|bench|compiled|summary|all) ;;
+  "") usage; exit 2 ;;
+  *) echo "gpu_lane.sh: unknown part '$PART'" >&2; usage; exit 2 ;;
+esac
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch" 2>/dev/null; then
+    PY=.venv/bin/python
+  else
+    echo "gpu_lane.sh: $PY cannot import torch; install a CUDA build of torch (or set PYTHON)" >&2
+    exit 1
+  fi
+fi
+export PYTHONPATH="$ROOT/.gpu/site:$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+
+missing() {  # the modules of "$@" that $PY cannot import
+  for m in "$@"; do "$PY" -c "import $m" 2>/dev/null || echo "$m"; done
+}
+install() {
+  local need
+  need=$(missing diffusers tomesd pytest)
+  [ -z "$need" ] && return 0
+  mkdir -p .gpu/site
+  if [ -n "$WHEELS" ]; then
+    ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "gpu_lane.sh: no .whl files in $WHEELS" >&2; exit 1; }
+    echo "installing the wheels of $WHEELS into .gpu/site (offline) for: $need"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target .gpu/site "$WHEELS"/*.whl || exit 1
+  else
+    echo "installing from the package index into .gpu/site: $need"
+    for m in $need; do
+      case $m in
+        diffusers) "$PY" -m pip install -q --no-compile --target .gpu/site diffusers==0.42.1 || exit 1 ;;
+        tomesd) "$PY" -m pip install -q --no-compile --no-deps --target .gpu/site tomesd==0.1.3 || exit 1 ;;
+        pytest) "$PY" -m pip install -q --no-compile --target .gpu/site pytest || exit 1 ;;
+      esac
+    done
+  fi
+  need=$(missing diffusers tomesd pytest)
+  if [ -n "$need" ]; then
+    echo "gpu_lane.sh: still missing after the install: $need (add their wheels, and their dependencies', to" \
+      "the wheel folder)" >&2
+    exit 1
+  fi
+}
+
+timed() {  # timed NAME COMMAND...: run, print the duration, keep the worst exit code
+  local name=$1 start rc
+  shift
+  start=$(date +%s)
+  echo "== $name: $*"
+  "$@"
+  rc=$?
+  echo "== $name: $(( $(date +%s) - start )) s (exit $rc)"
+  [ "$rc" -gt "$STATUS" ] && STATUS=$rc
+  return 0
+}
+STATUS=0
+
+rows() {  # the rows named on the command line, else every row of the GPU table
+  if [ ${#ROWS[@]} -gt 0 ]; then printf '%s\n' "${ROWS[@]}"; else
+    "$PY" -c "from tokenmerge.bench.gpu import ROWS; print('\n'.join(ROWS))"; fi
+}
+
+check() {
+  "$PY" - <<'EOF'
+import importlib, platform, torch
+print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, capability {p.major}.{p.minor}")
+else:
+    print("device: no CUDA device (the lane's tests will be skipped, the GPU bench refused)")
+for name in ("triton", "diffusers", "tomesd", "pytest", "tokenmerge"):
+    try:
+        module = importlib.import_module(name)
+        print(f"{name} {getattr(module, '__version__', '?')} ({module.__file__})")
+    except ImportError as err:
+        print(f"{name}: not importable ({err})")
+EOF
+}
+
+has_lane_device() {  # a CUDA device, or TOKENMERGE_LANE_DEVICE=cpu (the self-check): else every test would skip
+  [ "${TOKENMERGE_LANE_DEVICE:-}" = cpu ] && return 0
+  "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" && return 0
+  echo "gpu_lane.sh: torch sees no CUDA device: the lane's tests would all be skipped (TOKENMERGE_LANE_DEVICE=cpu" \
+    "runs their logic on the CPU)" >&2
+  return 1
+}
+# shellcheck disable=SC2086
+lane() { has_lane_device && "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_lane.py \
+  -m "cuda and not compile" -rfEs ${PYTEST_ARGS:-}; }
+# shellcheck disable=SC2086
+lane_compile() { has_lane_device && "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_lane.py \
+  -m "cuda and compile" -rfEs --durations=20 ${PYTEST_ARGS:-}; }
+
+bench_row() {  # bench_row ROW eager|compiled [COMPILE_MODE]
+  local row=$1 kind=$2 stem=$1-$2 extra=()
+  if [ "$kind" = compiled ]; then
+    extra=(--compile "$3" --compiled-only)
+    stem=$row-compiled-$3
+  fi
+  [ -n "${GPU_METHODS:-}" ] && extra+=(--methods $GPU_METHODS)
+  # shellcheck disable=SC2086
+  "$PY" -m tokenmerge bench --gpu "$row" "${extra[@]}" --device cuda --no-progress --out "$OUT" \
+    --stem "$stem${TAG:+-$TAG}" ${BENCH_ARGS:-}
+}
+
+summary() {
+  local files=("$OUT"/*-eager*.jsonl "$OUT"/*-compiled-*.jsonl)
+  local found=()
+  for f in "${files[@]}"; do [ -f "$f" ] && found+=("$f"); done
+  [ ${#found[@]} -gt 0 ] || { echo "gpu_lane.sh: no ROW-eager / ROW-compiled-MODE .jsonl in $OUT yet" >&2; return 1; }
+  "$PY" -m tokenmerge bench --summarize "${found[@]}" --out "$OUT" --stem gpu-table
+}
+
+run_part() {
+  case $1 in
+    check) timed check check ;;
+    lane) timed lane lane ;;
+    lane-compile) timed lane-compile lane_compile ;;
+    quick) for row in sd15-512 flux1-dev-1024 wan2.1-1.3b-480p; do timed "bench $row" bench_row "$row" eager; done ;;
+    bench) for row in $(rows); do timed "bench $row" bench_row "$row" eager; done ;;
+    compiled) for row in $(rows); do for mode in ${COMPILE_MODES:-default reduce-overhead}; do
+        timed "compiled $row $mode" bench_row "$row" compiled "$mode"; done; done ;;
+    summary) timed summary summary ;;
+  esac
+}
+
+install
+mkdir -p "$OUT"
+if [ "$PART" = all ]; then
+  for part in check lane lane-compile bench compiled summary; do run_part "$part"; done
+else
+  run_part "$PART"
+fi
+exit "$STATUS"
