@@ -10,7 +10,12 @@ from torch import nn
 from ..families.predicates import params
 from ..families.spec import Arg, ArgsGrid, IdsGrid, LatentGrid, ShapesGrid
 
-__all__ = ["GridReader"]
+__all__ = ["GridReader", "NoGrid"]
+
+
+class NoGrid(Exception):
+    """A call whose arguments describe no token grid the engine can merge (position ids that form no grid,
+    samples of different sizes): the call runs unmerged (``DenoiserPatch._denoiser_pre``). The message says why."""
 
 
 def _default(module: nn.Module, arg: Arg) -> int | None:
@@ -22,6 +27,20 @@ def _default(module: nn.Module, arg: Arg) -> int | None:
             return p.default
     raise TypeError(f"tokenmerge: {type(module).__name__}.forward has no {arg.name} argument with a default to read "
                     "its patch size from")
+
+
+def _verdict(read):
+    """What ``read()`` gives, or the ``NoGrid`` it raises (kept, so that a call's ids are read once)."""
+    try:
+        return read()
+    except NoGrid as reason:
+        return reason
+
+
+def _result(value):
+    if isinstance(value, NoGrid):
+        raise NoGrid(str(value))
+    return value
 
 
 def _describe(value) -> str:
@@ -104,9 +123,9 @@ class GridReader:
                                 "of latent tensors (a list of lists: condition images beside each sample, the Omni "
                                 "layout, is not supported)")
             if len(shapes) > 1:
-                raise RuntimeError(f"tokenmerge: {self.owner}.forward got latents of different sizes in one call "
-                                   f"({', '.join('x'.join(map(str, s)) for s in sorted(shapes))}): the engine merges "
-                                   "one grid per call; call the model once per size")
+                raise NoGrid(f"{self.owner}.forward got latents of different sizes in one call "
+                             f"({', '.join('x'.join(map(str, s)) for s in sorted(shapes))}): the engine merges one grid "
+                             "per call; call the model once per size to merge them")
             sample = sample[0][None]
         if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1 \
                 or (source.axes is not None and sample.dim() <= max(source.axes)):
@@ -144,22 +163,25 @@ class GridReader:
             if cached is not None:
                 return cached
         if self._tag_cache[0] != key:
-            image = tag == source.tag_value
-            if not bool((image == image[:1]).all()):
-                raise RuntimeError(f"tokenmerge: the image's tokens ({source.tag.name} == {source.tag_value}) sit at "
-                                   "different places in the samples of one call, which one merge cannot follow; "
-                                   "pack the samples with one layout (as the model's pipeline does)")
-            where = image[0].nonzero().flatten()
-            if where.numel() == 0:
-                raise RuntimeError(f"tokenmerge: {source.tag.name} tags no token as the image's "
-                                   f"({source.tag_value})")
-            lead, count = int(where[0]), int(where.numel())
-            if int(where[-1]) - lead + 1 != count:
-                raise RuntimeError(f"tokenmerge: the image's tokens ({source.tag.name} == {source.tag_value}) are not "
-                                   "one contiguous run of the sequence; that layout is not supported")
-            self._tag_cache = (key, (lead, count))
-            self._by_shape[key[:1] + key[2:]] = (lead, count)
-        return self._tag_cache[1]
+            self._tag_cache = (key, _verdict(lambda: self._find_tagged(tag, source)))
+            if not isinstance(self._tag_cache[1], NoGrid):
+                self._by_shape[key[:1] + key[2:]] = self._tag_cache[1]
+        return _result(self._tag_cache[1])
+
+    @staticmethod
+    def _find_tagged(tag: torch.Tensor, source: IdsGrid) -> tuple[int, int]:
+        image = tag == source.tag_value
+        what = f"the image's tokens ({source.tag.name} == {source.tag_value})"
+        if not bool((image == image[:1]).all()):
+            raise NoGrid(f"{what} sit at different places in the samples of one call, which one merge cannot "
+                         "follow; pack the samples with one layout (as the model's pipeline does) to merge them")
+        where = image[0].nonzero().flatten()
+        if where.numel() == 0:
+            raise NoGrid(f"{source.tag.name} tags no token as the image's ({source.tag_value})")
+        lead, count = int(where[0]), int(where.numel())
+        if int(where[-1]) - lead + 1 != count:
+            raise NoGrid(f"{what} are not one contiguous run of the sequence, a layout that cannot be merged")
+        return lead, count
 
     def _ids(self, ids, source: IdsGrid, lead: int = 0, count: int | None = None) -> tuple[tuple[int, ...], int]:
         """``(grid, trailing)`` from position ids: the image is the first rows (after ``lead`` rows of other
@@ -175,26 +197,30 @@ class GridReader:
             if cached is not None:
                 return cached
         if self._cache[0] != key:
-            end = ids.shape[-2] if count is None else lead + count
-            rows = ids.reshape(-1, ids.shape[-1])[lead: end]
-            if rows.shape[0] == 0:
-                raise RuntimeError(f"tokenmerge: {source.arg.name} of {ids.shape[-2]} rows hold no image rows after "
-                                   f"the {lead} leading ones")
-            total = ids.shape[-2] - lead
-            if source.image_axis is not None and count is None:
-                same = rows[:, source.image_axis] == rows[0, source.image_axis]
-                count = int(same.sum())
-                if not bool(same[:count].all()):
-                    raise RuntimeError(f"tokenmerge: the image's {source.arg.name} do not come first, before the "
-                                       "reference tokens'; that layout is not supported")
-                rows = rows[:count]
-            grid = tuple(int(rows[:, a].max() - rows[:, a].min()) + 1 for a in source.axes)
-            if math.prod(grid) != rows.shape[0]:
-                raise RuntimeError(f"tokenmerge: {source.arg.name} of {rows.shape[0]} tokens do not form a "
-                                   f"{'x'.join(map(str, grid))} grid")
-            self._cache = (key, (grid, total - rows.shape[0]))
-            self._by_shape[(tuple(ids.shape), ids.device)] = self._cache[1]
-        return self._cache[1]
+            self._cache = (key, _verdict(lambda: self._read_ids(ids, source, lead, count)))
+            if not isinstance(self._cache[1], NoGrid):
+                self._by_shape[(tuple(ids.shape), ids.device)] = self._cache[1]
+        return _result(self._cache[1])
+
+    @staticmethod
+    def _read_ids(ids: torch.Tensor, source: IdsGrid, lead: int, count: int | None) -> tuple[tuple[int, ...], int]:
+        name = source.arg.name
+        end = ids.shape[-2] if count is None else lead + count
+        rows = ids.reshape(-1, ids.shape[-1])[lead: end]
+        if rows.shape[0] == 0:
+            raise NoGrid(f"{name} of {ids.shape[-2]} rows hold no image rows after the {lead} leading ones")
+        total = ids.shape[-2] - lead
+        if source.image_axis is not None and count is None:
+            same = rows[:, source.image_axis] == rows[0, source.image_axis]
+            count = int(same.sum())
+            if not bool(same[:count].all()):
+                raise NoGrid(f"the image's {name} do not come first, before the reference tokens', a layout that "
+                             "cannot be merged")
+            rows = rows[:count]
+        grid = tuple(int(rows[:, a].max() - rows[:, a].min()) + 1 for a in source.axes)
+        if math.prod(grid) != rows.shape[0]:
+            raise NoGrid(f"{name} of {rows.shape[0]} tokens do not form a {'x'.join(map(str, grid))} grid")
+        return grid, total - rows.shape[0]
 
     def _shapes(self, shapes, source: ShapesGrid) -> tuple[tuple[int, ...], int]:
         """``(grid, trailing)``: the first image's grid, and the tokens of the images after it (references).

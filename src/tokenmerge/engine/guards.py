@@ -18,7 +18,9 @@ adapter that makes a combination work (ToDo on fused QKV projections).
   Removal works (compiled code guards on the hooks it saw). A bare denoiser that ran compiled code with an
   earlier patch (its wrapper not given) gets a warning: its eager calls will be patched, compiled ones may not.
 - ToDo on an ``attn1`` that is a cross-attention (``only_cross_attention``, LDM's ``disable_self_attn``) would
-  change nothing; a merge window larger than the token grid would merge nothing: both are errors.
+  change nothing: an error. A call whose token grid is smaller than the merge window (a preview, a hires-fix's
+  first pass) runs unmerged, with one warning per patch; a level of it where no window fits while others merge
+  is left unmerged alike.
 - ToDo on fused projections (``fuse_qkv_projections``): diffusers' fused processor sends keys and values given
   as ``encoder_hidden_states`` through ``attn.to_kv``, which a fused self-attention lacks; the patch gives it
   one that takes the key and value rows of ``to_qkv`` (not a registered sub-module: nothing enters the state
@@ -37,7 +39,7 @@ from ..config import ToDoConfig
 from ..families.spec import CROSS, JOINT, MLP, SELF
 from ..merge import num_windows
 
-__all__ = ["check_apply", "on_call", "attach", "detach", "FusedKV", "REUSING_HOOKS"]
+__all__ = ["check_apply", "on_call", "unmerged", "attach", "detach", "FusedKV", "REUSING_HOOKS"]
 
 REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
 
@@ -279,25 +281,37 @@ def detach(patch) -> None:
 
 
 class _Watch:
-    """What ``on_call`` checks for one patch: the modules that see merged tokens, and the last grid checked."""
+    """What ``on_call`` checks for one patch: the modules that see merged tokens, the last grid checked and what it
+    gave, and whether the patch warned of a call it could not merge."""
 
-    __slots__ = ("region", "seen", "grid")
+    __slots__ = ("region", "seen", "grid", "unfit", "warned")
 
     def __init__(self, patch):
         self.region = _merged_region(patch.config, patch.blocks)
         self.seen: dict[int, int] = {}  # id of a harmless HookRegistry -> its number of hooks when checked
         self.grid = None
+        self.unfit: str | None = None  # why the last grid checked cannot be merged at all (None: it can)
+        self.warned = False
 
 
-# ---- call time ----------------------------------------------------------------------------------------------
-def on_call(patch, grid: tuple[int, ...]) -> None:
-    """Once per denoiser call, from the denoiser's pre-hook: refuse a cache hook added on a merged sub-module
-    since the patch (one dict lookup per such module) and, once per new grid, a window larger than the grid."""
-    if torch.compiler.is_compiling():
-        return
+def _watch(patch) -> _Watch:
     watch = patch.__dict__.get(_GUARD_ATTR)
     if watch is None:
         watch = patch.__dict__[_GUARD_ATTR] = _Watch(patch)
+    return watch
+
+
+# ---- call time ----------------------------------------------------------------------------------------------
+def on_call(patch, grid: tuple[int, ...]) -> str | None:
+    """Once per denoiser call, from the denoiser's pre-hook: refuse a cache hook added on a merged sub-module
+    since the patch (one dict lookup per such module) and, once per new grid, check that the merge window fits it.
+
+    Returns why no patched level of ``grid`` can be merged (the call then runs unmerged), or ``None``. A level
+    where no window fits while others merge is left unmerged (its blocks get no plan), with the same one warning.
+    """
+    if torch.compiler.is_compiling():
+        return None
+    watch = _watch(patch)
     for path, module in watch.region:
         registry = module.__dict__.get(REGISTRY_ATTR)
         if registry is None:
@@ -311,25 +325,43 @@ def on_call(patch, grid: tuple[int, ...]) -> None:
             raise RuntimeError(_cache_message(path, what, patch.config, later=True))
         watch.seen[id(registry)] = size
     if grid != watch.grid:
-        _check_windows(patch, grid)
-        watch.grid = grid
+        watch.grid, watch.unfit, partly = grid, *_unfit_levels(patch, grid)
+        if partly is not None:
+            unmerged(patch, partly)
+    return watch.unfit
 
 
-def _check_windows(patch, grid: tuple[int, ...]) -> None:
-    """A merge window that fits nowhere in a patched level's grid would merge nothing there: an error."""
-    if not _merges(patch.config):
+def unmerged(patch, reason: str) -> None:
+    """Warn, once per patch, that a call (or a level of it) runs unmerged, and why."""
+    watch = _watch(patch)
+    if watch.warned or torch.compiler.is_compiling():
         return
-    for level in sorted({b.level for b in patch.blocks}):
+    watch.warned = True
+    name = patch.site.path or type(patch.site.module).__name__
+    warnings.warn(f"tokenmerge: {name}: {reason}. The generation goes on; later calls that cannot be merged run "
+                  "unmerged too, without another warning", RuntimeWarning, stacklevel=2)
+
+
+def _unfit_levels(patch, grid: tuple[int, ...]) -> tuple[str | None, str | None]:
+    """``(whole, partly)``: why no patched level of ``grid`` fits a merge window (else ``None``), and why some
+    levels do not while others do (else ``None``)."""
+    if not _merges(patch.config):
+        return None, None
+    cfg = patch.config
+    sizes = f"sx={cfg.sx}, sy={cfg.sy}" + (f", st={cfg.st}" if cfg.st != 1 else "")
+    shape = "x".join(map(str, grid))
+    unfit, levels = [], sorted({b.level for b in patch.blocks})
+    for level in levels:
         level_grid = tuple(grid)
         for _ in range(level):  # as the UNets downsample: the last two axes halved, rounded up
             level_grid = level_grid[:-2] + tuple(-(-n // 2) for n in level_grid[-2:])
         if num_windows(level_grid, patch.windows) == 0:
-            cfg = patch.config
-            sizes = f"sx={cfg.sx}, sy={cfg.sy}" + (f", st={cfg.st}" if cfg.st != 1 else "")
-            at = f" at downsample {2 ** level}" if level else ""
-            shape = "x".join(map(str, level_grid))
-            raise ValueError(
-                f"tokenmerge: the merge window ({sizes}) is larger than the {shape} token grid of "
-                f"{patch.site.path or type(patch.site.module).__name__}'s patched blocks{at} (latent grid "
-                f"{'x'.join(map(str, grid))}), so no window fits and nothing would be merged; use windows no larger "
-                f"than the grid (sx <= {level_grid[-1]}, sy <= {level_grid[-2]}) or a larger image")
+            unfit.append(f"{'x'.join(map(str, level_grid))} at downsample {2 ** level}")
+    if not unfit:
+        return None, None
+    if len(unfit) == len(levels):
+        where = "" if levels == [0] else f" at each patched level ({', '.join(unfit)})"
+        return (f"a call with a {shape} token grid ran unmerged: the merge window ({sizes}) is larger than the "
+                f"grid{where}, so no window fits"), None
+    return None, (f"a call with a {shape} token grid ran unmerged in some levels: the merge window ({sizes}) is "
+                  f"larger than their grids ({', '.join(unfit)}); the other levels merged")

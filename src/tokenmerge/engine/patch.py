@@ -25,8 +25,8 @@ from ..merge import bipartite_soft_matching, downsample, num_windows, random_off
 from ..merge.bipartite import _MASK32, _mix32
 from ..merge.windows import table
 from .discover import DenoiserSite
-from .grids import GridReader
-from .guards import on_call
+from .grids import GridReader, NoGrid
+from .guards import on_call, unmerged
 from .layout import image_part, sides
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
 from .targets import Bound, TargetHooks
@@ -196,8 +196,15 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
     def _denoiser_pre(self, _b, _t, module, args, kwargs):
         site, cfg, state = self.site, self.config, self.state
         state.reset(self.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
-        state.grid, device, state.trailing = self._grid_reader.read(args, kwargs)
-        on_call(self, state.grid)  # caches added since the patch, windows larger than the grid (guards.py)
+        try:
+            state.grid, device, state.trailing = self._grid_reader.read(args, kwargs)
+        except NoGrid as reason:  # e.g. position ids that describe no grid: this call runs unmerged
+            return self._unmerged(f"a call ran unmerged: {reason}")
+        unfit = on_call(self, state.grid)  # caches added since the patch, windows larger than the grid (guards.py)
+        if unfit is not None and not self.todo:
+            return self._unmerged(unfit)
+        if unfit is not None:  # ToDo still pools the keys of a small grid; its query merging finds no window
+            unmerged(self, f"{unfit} (only ToDo's pooling applied)")
         timestep = site.timestep.read(args, kwargs) if site.timestep is not None else None
         state.step_key = step_key(timestep, device)
         state.ratio = cfg.ratio
@@ -218,6 +225,14 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
                                 f"{type(module).__name__}.forward got none")
             state.active = cfg.start <= progress <= cfg.stop
             state.ratio = cfg.ratio_at(progress)
+        return None
+
+    def _unmerged(self, reason: str) -> None:
+        """This call runs unmerged (its grid cannot be merged): no block merges, one warning per patch."""
+        state = self.state
+        state.grid = state.grid or ()  # known to the blocks (they are inside the denoiser's call), empty
+        state.active = False
+        unmerged(self, reason)
         return None
 
     def _denoiser_post(self, _b, _t, module, args, output):
