@@ -175,3 +175,124 @@ def test_a_pipeline_smaller_than_the_window_generates_unmerged(build):
     assert len(messages) == 1 and "a call with a 3x1x1 token grid ran unmerged" in messages[0], messages
     assert torch.equal(out, plain)
     tokenmerge.remove_patch(pipe)
+
+
+# ---- models at the configurations of diffusers' model tests -----------------------------------------------------
+def test_hunyuan_dit_with_one_broadcast_rotary_row_merges():
+    """diffusers' HunyuanDiT test passes image_rotary_emb as one (1, d) row for every token: merged tokens take it
+    as it is, exactly as they take their own rows of the same table written out per token."""
+    entry, model = _need("hunyuan-dit")
+    kw = entry.inputs()
+    tokens = kw["hidden_states"].shape[-2] * kw["hidden_states"].shape[-1] // 4
+    row = [torch.randn(1, 8, generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    broadcast, written = {**kw, "image_rotary_emb": row}, {**kw, "image_rotary_emb": [r.expand(tokens, 8) for r in row]}
+    plain = _run(model, broadcast)
+    assert torch.equal(plain, _run(model, written))
+    for apply in (lambda m: tokenmerge.apply_patch(m, ratio=0.5), lambda m: tokenmerge.apply_todo(m, downsample=2)):
+        apply(model)
+        out = _run(model, broadcast)
+        torch.testing.assert_close(out, _run(model, written), rtol=0, atol=0)
+        assert not torch.allclose(out, plain)
+        tokenmerge.remove_patch(model)
+
+
+def _attn1_inputs(model, kw):
+    """What the first block's ``attn1`` is given (after the patch's hook): its tokens and rotary rows."""
+    attn1, seen = model.transformer_blocks[0].attn1, []
+    handle = attn1.register_forward_pre_hook(lambda m, a, k: seen.append(
+        ((a[0] if a else k["hidden_states"]), k["image_rotary_emb"])), with_kwargs=True)
+    _run(model, kw)
+    handle.remove()
+    return seen[0]
+
+
+def test_ltx_with_video_coords_merges_the_video_and_keeps_conditioning_tokens_whole():
+    """LTXConditionPipeline calls the transformer with video_coords (B, 3, S) and no num_frames/height/width, the
+    tokens of conditioning frames first: the grid is read from the coordinates' last tokens, and the conditioning
+    tokens reach attn1 unchanged with their own rotary rows (the pipeline end to end: tiny_pipelines' ltx-condition)."""
+    entry, model = _need("ltx")
+    kw = entry.inputs(batch=2, grid=(3, 4, 4))
+    f, h, w = torch.meshgrid(torch.arange(3) * 8.0, torch.arange(4) * 32.0, torch.arange(4) * 32.0, indexing="ij")
+    video = torch.stack([(f - 7).clamp(min=0) / 25, h, w]).flatten(1)
+    cond = torch.stack([f[:1] + 16, h[:1], w[:1]]).flatten(1) / torch.tensor([25.0, 1, 1])[:, None]  # frame 16
+    coords = torch.cat([cond, video], 1)[None].expand(2, -1, -1).contiguous()
+    x = torch.cat([torch.randn(2, 16, kw["hidden_states"].shape[-1]), kw["hidden_states"]], 1)
+    call = {k: v for k, v in kw.items() if k not in ("num_frames", "height", "width")}
+    call.update(hidden_states=x, video_coords=coords)
+    plain_x, plain_rope = _attn1_inputs(model, call)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    assert model._tokenmerge_patch._grid_reader.read((), call)[0] == (3, 4, 4)
+    merged_x, merged_rope = _attn1_inputs(model, call)
+    assert merged_x.shape[1] == 16 + 48 // 2
+    assert torch.equal(merged_x[:, :16], plain_x[:, :16])
+    for merged, plain in zip(merged_rope, plain_rope):
+        assert merged.shape[-2] == 16 + 24 and torch.equal(merged[..., :16, :], plain[..., :16, :])
+    tokenmerge.remove_patch(model)
+
+
+def _gates_made_random(model, *names):
+    """Give the zero-initialised layers ``names`` (gates, output layer) random values, as a trained model has."""
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(n in name for n in names):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+
+
+def test_ernie_image_at_diffusers_test_config_is_merged():
+    """At diffusers' test config ERNIE-Image's output layer and modulation are zero-initialised: its output is zero
+    for any input, so a patched and an unpatched call agree bit for bit. The tokens are merged all the same: the
+    attention gets half the image tokens (and the text whole), and with those layers given values the output changes."""
+    if available("ernie-image") is not None:
+        pytest.skip(available("ernie-image"))
+    from tiny_denoisers import _cls
+
+    torch.manual_seed(0)
+    model = _cls("ErnieImageTransformer2DModel")(
+        hidden_size=16, num_attention_heads=1, num_layers=1, ffn_hidden_size=16, in_channels=16, out_channels=16,
+        patch_size=1, text_in_dim=16, rope_theta=256, rope_axes_dim=(8, 4, 4), eps=1e-6, qk_layernorm=True).eval()
+    g = torch.Generator().manual_seed(0)
+    kw = dict(hidden_states=torch.randn(1, 16, 16, 16, generator=g), timestep=torch.tensor([1.0]),
+              text_bth=torch.randn(1, 16, 16, generator=g), text_lens=torch.tensor([16]))
+    assert not _run(model, kw).any()  # zero output: nothing can change it
+    tokenmerge.apply_patch(model, ratio=0.5)
+    seen = []
+    model.layers[0].self_attention.register_forward_pre_hook(lambda m, a, k: seen.append(
+        (a[0] if a else k["hidden_states"]).shape[1]), with_kwargs=True)
+    _run(model, kw)
+    assert seen == [256 // 2 + 16]
+    tokenmerge.remove_patch(model)
+    _gates_made_random(model, "adaLN_modulation", "final_linear")
+    plain = _run(model, kw)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    assert not torch.allclose(_run(model, kw), plain)
+    tokenmerge.remove_patch(model)
+
+
+def test_prx_with_zero_initialised_gates_is_merged():
+    """PRX zero-initialises its modulation (diffusers' test config too, at 1792 wide; a narrow one here): the gates
+    are zero, attention adds nothing to the output, and a patched call agrees with an unpatched one bit for bit.
+    The attention gets half the image tokens all the same, and with the gates given values the output changes."""
+    if available("prx") is not None:
+        pytest.skip(available("prx"))
+    from tiny_denoisers import _cls
+
+    torch.manual_seed(0)
+    model = _cls("PRXTransformer2DModel")(in_channels=16, patch_size=2, context_in_dim=32, hidden_size=32,
+                                          mlp_ratio=3.5, num_heads=2, depth=2, axes_dim=[8, 8], theta=10_000).eval()
+    g = torch.Generator().manual_seed(0)
+    kw = dict(hidden_states=torch.randn(1, 16, 16, 16, generator=g),
+              encoder_hidden_states=torch.randn(1, 16, 32, generator=g), timestep=torch.tensor([1.0]))
+    plain = _run(model, kw)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    seen = []
+    model.blocks[0].attention.register_forward_pre_hook(lambda m, a, k: seen.append(
+        (a[0] if a else k["hidden_states"]).shape[1]), with_kwargs=True)
+    assert torch.equal(_run(model, kw), plain)
+    assert seen == [64 // 2]
+    tokenmerge.remove_patch(model)
+    _gates_made_random(model, "modulation")
+    plain = _run(model, kw)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    assert not torch.allclose(_run(model, kw), plain)
+    tokenmerge.remove_patch(model)

@@ -43,6 +43,31 @@ def _result(value):
     return value
 
 
+def _raster_tail(coords: torch.Tensor) -> tuple[int, ...]:
+    """The grid ``(n_0, ..., n_last)`` that the last tokens of ``coords`` ``(rank, S)`` list in raster order.
+
+    Innermost axis first: the rows of the axes inside it (``span`` tokens each, counted back from the end) that
+    share the last row's inner pattern and outer coordinates, hold one value of this axis and rise from each row
+    to the next. The tokens before the grid (conditioning frames at later times) break the rise.
+    """
+    rank, total = coords.shape
+    sizes, span = [], 1
+    for axis in range(rank - 1, -1, -1):
+        rows = total // span
+        tail = coords[:, total - rows * span:].reshape(rank, rows, span)
+        last = tail[:, -1:]  # (rank, 1, span)
+        others = torch.cat([tail[:axis], tail[axis + 1:]])
+        like_last = (others == torch.cat([last[:axis], last[axis + 1:]])).flatten(2).all(2).all(0)
+        value = tail[axis]
+        steady = (value == value[:, :1]).all(1)
+        rises = torch.ones_like(steady)
+        rises[:-1] = value[1:, 0] > value[:-1, 0]  # the next row's value is larger
+        good = (like_last & steady & rises).flip(0).int().cumprod(0)
+        sizes.append(int(good.sum()))
+        span *= sizes[-1]
+    return tuple(reversed(sizes))
+
+
 def _describe(value) -> str:
     return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
 
@@ -60,10 +85,12 @@ class GridReader:
         # patch sizes chosen per call by an argument (Z-Image's ``patch_size``): (axis, bound, signature default)
         self._patch_args = [(axis, p.bind(module), _default(module, p)) for axis, p in enumerate(self.patch or ())
                             if isinstance(p, Arg)]
+        self._coords_at = len(self.bound) - 1 if isinstance(source, ArgsGrid) and source.coords is not None else None
         self._cache: tuple = (None, None)
         self._tag_cache: tuple = (None, None)
         self._by_shape: dict = {}  # (ids shape, device) -> what the last eager read of such ids gave
-        missing = [a.name for a, b in zip(self._args(source), self.bound) if b is None]
+        optional = getattr(source, "coords", None)  # read only where the model takes it
+        missing = [a.name for a, b in zip(self._args(source), self.bound) if b is None and a != optional]
         if missing:
             raise TypeError(f"tokenmerge: {self.owner}.forward takes no {', '.join(missing)} argument to read its "
                             "token grid from")
@@ -71,7 +98,7 @@ class GridReader:
     @staticmethod
     def _args(source):
         if isinstance(source, ArgsGrid):
-            return [source.tokens] + [Arg(n) for n in source.names]
+            return [source.tokens] + [Arg(n) for n in source.names] + ([source.coords] if source.coords else [])
         if isinstance(source, IdsGrid):
             return [source.arg] + [a for a in (source.leading, source.refs, source.tag) if a is not None]
         if isinstance(source, LatentGrid) and source.refs is not None:
@@ -80,7 +107,7 @@ class GridReader:
 
     def read(self, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], torch.device, int]:
         """``(grid, device, trailing)``: ``trailing`` reference tokens follow the image's (ids beyond its grid)."""
-        values = [b.read(args, kwargs) for b in self.bound]
+        values = [b.read(args, kwargs) if b is not None else None for b in self.bound]
         first = values[0]
         lead = first[0] if isinstance(first, (list, tuple)) and first else first
         device = lead.device if isinstance(lead, torch.Tensor) else torch.device("cpu")
@@ -99,10 +126,15 @@ class GridReader:
             grid, trailing = self._ids(first, source, lead, count)
             return grid, device, trailing + refs
         if isinstance(source, ArgsGrid):
-            if not all(isinstance(v, int) and v > 0 for v in values[1:]):
-                raise TypeError(f"tokenmerge: {self.owner}.forward needs the integer arguments "
-                                f"{', '.join(source.names)} to know its token grid; got {values[1:]}")
-            return tuple(values[1:]), device, 0
+            ints = values[1: 1 + len(source.names)]
+            if all(isinstance(v, int) and v > 0 for v in ints):
+                return tuple(ints), device, 0
+            coords = values[self._coords_at] if self._coords_at is not None else None
+            if coords is not None:
+                return self._coords(coords, source), device, 0
+            raise TypeError(f"tokenmerge: {self.owner}.forward needs the integer arguments {', '.join(source.names)}"
+                            + (f" (or {source.coords.name})" if source.coords is not None else "")
+                            + f" to know its token grid; got {ints}")
         grid, trailing = self._shapes(first, source)
         return grid, device, trailing
 
@@ -221,6 +253,22 @@ class GridReader:
         if math.prod(grid) != rows.shape[0]:
             raise NoGrid(f"{name} of {rows.shape[0]} tokens do not form a {'x'.join(map(str, grid))} grid")
         return grid, total - rows.shape[0]
+
+    def _coords(self, coords, source: ArgsGrid) -> tuple[int, ...]:
+        """The grid of the last tokens of per-token coordinates ``(B, rank, S)`` (see ``ArgsGrid.coords``)."""
+        rank = len(source.names)
+        if not isinstance(coords, torch.Tensor) or coords.dim() != 3 or coords.shape[1] != rank:
+            raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.coords.name}' tensor (batch, {rank}, "
+                            f"tokens) to read the token grid from; got {_describe(coords)}")
+        key = ("coords", coords.data_ptr(), tuple(coords.shape), coords.device)
+        if torch.compiler.is_compiling():  # as for the ids: what the last eager call of this shape saw
+            cached = self._by_shape.get(key[:1] + key[2:])
+            if cached is not None:
+                return cached
+        if self._cache[0] != key:
+            self._cache = (key, _raster_tail(coords[0].detach().cpu()))
+            self._by_shape[key[:1] + key[2:]] = self._cache[1]
+        return self._cache[1]
 
     def _shapes(self, shapes, source: ShapesGrid) -> tuple[tuple[int, ...], int]:
         """``(grid, trailing)``: the first image's grid, and the tokens of the images after it (references).

@@ -73,6 +73,8 @@ def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: i
     if not isinstance(value, torch.Tensor):
         raise RuntimeError(f"token merging: rotary embedding {spec.kwarg!r} is a {type(value).__name__}, "
                            "expected a tensor or a tuple of tensors")
+    if value.shape[spec.token_axis] == 1:  # one row broadcast over every token: the merged tokens' too
+        return value
     index = keep_index(value.shape[spec.token_axis], image, reps.to(value.device), spec.text, trailing)
     return value.index_select(spec.token_axis, index)
 
