@@ -11,12 +11,12 @@ adapter that makes a combination work (ToDo on fused QKV projections).
   the keys and values of (their output keeps every token). With ``scope="block"`` the blocks themselves get merged
   tokens (a cache's hook on a block sees the merged input, which changes size with a schedule): every cache hook
   on a merged block is refused.
-- ``torch.compile``: dynamo does not guard on empty hook lists, so code compiled before the patch keeps running
-  unpatched (the same holds for another instance of the same class compiled earlier in the process). A compiled
-  model (a ``torch.compile`` wrapper, ``Module.compile()``, blocks compiled in place) is refused while compiled code
-  exists (``torch.compiler.reset()`` clears it); before its first compiled call the patch is traced and works.
-  Removal works (compiled code guards on the hooks it saw). A bare denoiser that ran compiled code with an
-  earlier patch (its wrapper not given) gets a warning: its eager calls will be patched, compiled ones may not.
+- ``torch.compile``: dynamo does not guard on empty hook dicts, so code compiled before the patch would keep running
+  unpatched (and code compiled after a removal would ignore a later patch). Installing and removing a patch drop
+  the code compiled for the denoiser's modules' ``forward`` (``forget_compiled``): the next compiled call is traced
+  again, with the hooks as they are. Blocks (or their sub-modules) compiled in place (``Module.compile()``, regional
+  compilation) run the patch's hooks apart from the denoiser's call, which they need: refused, at apply time or at
+  the first call after such a compile.
 - ToDo on an ``attn1`` that is a cross-attention (``only_cross_attention``, LDM's ``disable_self_attn``) would
   change nothing: an error. A call whose token grid is smaller than the merge window (a preview, a hires-fix's
   first pass) runs unmerged, with one warning per patch; a level of it where no window fits while others merge
@@ -29,8 +29,8 @@ adapter that makes a combination work (ToDo on fused QKV projections).
 
 from __future__ import annotations
 
+import sys
 import warnings
-import weakref
 
 import torch
 from torch import nn
@@ -39,7 +39,7 @@ from ..config import ToDoConfig
 from ..families.spec import CROSS, JOINT, MLP, SELF
 from ..merge import num_windows
 
-__all__ = ["check_apply", "on_call", "unmerged", "attach", "detach", "FusedKV", "REUSING_HOOKS"]
+__all__ = ["check_apply", "on_call", "unmerged", "attach", "detach", "forget_compiled", "FusedKV", "REUSING_HOOKS"]
 
 REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
 
@@ -65,8 +65,6 @@ HARMLESS_HOOKS = frozenset({"layerwise_casting", "peft_autocast_disable", "group
                             "layer_execution_tracker", "lazy_prefetch_group_offloading", "layer_skip_hook"})
 
 _GUARD_ATTR = "_tokenmerge_guard"  # the per-patch record of what on_call watches (on the DenoiserPatch)
-# denoisers that ran compiled code with a tokenmerge patch: compiled by a wrapper the patch cannot see
-_RAN_COMPILED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
 
 
 # ---- what a patch merges ------------------------------------------------------------------------------------
@@ -136,63 +134,54 @@ def _cache_message(path: str, what: str, config, later: bool) -> str:
 
 
 # ---- torch.compile -------------------------------------------------------------------------------------------
-def _dynamo_holds_code() -> bool:
-    """Whether torch.compile holds compiled code in this process (any; conservative when it cannot tell)."""
+def forget_compiled(module: nn.Module, *codes) -> None:
+    """Drop what torch.compile compiled for the ``forward`` of ``module`` and of every module it holds (and for
+    ``codes``, the patch's own hook code), with their continuations after graph breaks: the next compiled call is
+    traced again, with the hooks as they are now.
+
+    Dynamo does not guard on empty hook dicts, so code compiled before a patch would keep running unpatched, and
+    code compiled after a removal would ignore a later patch. Other models of these classes recompile at their next
+    compiled call too; no other code is touched. Nothing to do where dynamo was never imported.
+    """
+    if "torch._dynamo" not in sys.modules:
+        return
+    from torch._dynamo import eval_frame
+
+    reset = getattr(eval_frame, "reset_code", None)
+    if reset is None:  # a torch without it: every compiled graph of the process, so that none runs stale
+        torch.compiler.reset()
+        return
     try:
-        from torch._dynamo import convert_frame, eval_frame
-    except Exception:  # noqa: BLE001 - no dynamo: nothing compiled
-        return False
-    seen = getattr(getattr(convert_frame, "input_codes", None), "seen", None)
-    count = getattr(eval_frame, "_get_total_cache_entry_count", None)
-    entries = getattr(eval_frame, "_debug_get_cache_entry_list", None)
-    if seen is None or (count is None and entries is None):
-        return True
-    for ref in list(seen):
-        code = ref() if isinstance(ref, weakref.ref) else ref
-        if code is None:
+        from torch._dynamo.resume_execution import ContinueExecutionCache
+
+        resumed = ContinueExecutionCache.cache
+    except (ImportError, AttributeError):  # pragma: no cover - the continuations of another torch
+        resumed = {}
+    todo = [c for c in {getattr(type(m).forward, "__code__", None) for m in module.modules()} | set(codes) if c]
+    seen = set()
+    while todo:
+        code = todo.pop()
+        if id(code) in seen:
             continue
-        try:
-            if (count(code) if count is not None else len(entries(code))) > 0:
-                return True
-        except Exception:  # noqa: BLE001 - an internal API that changed: assume compiled code exists
-            return True
-    return False
+        seen.add(id(code))
+        reset(code)
+        todo.extend((resumed.get(code) or {}).values())
 
 
-def _compiled(model, site) -> str | None:
-    """How the denoiser of ``site`` is compiled, as far as can be seen from ``model``, or ``None``."""
-    name = site.path or type(site.module).__name__
-    obj, walked = model, ""
-    for part in [p for p in site.path.split(".") if p] + [None]:
-        if isinstance(obj, nn.Module):
-            where = walked or "the model"
-            if isinstance(getattr(obj, "_orig_mod", None), nn.Module):
-                return f"{where} is a torch.compile wrapper"
-            if getattr(obj, "_compiled_call_impl", None) is not None:
-                return f"{where} is compiled in place ({type(obj).__name__}.compile())"
-        if part is None:
-            break
-        obj = getattr(obj, part, None)
-        walked = f"{walked}.{part}" if walked else part
-    for sub_name, sub in site.module.named_modules():
-        if sub_name and getattr(sub, "_compiled_call_impl", None) is not None:
-            return f"{name}.{sub_name} is compiled in place ({type(sub).__name__}.compile())"
+def _compiled_in_place(modules) -> str | None:
+    """The path of the first of ``(path, module)`` compiled in place (``Module.compile()``), or ``None``."""
+    for path, module in modules:
+        if module.__dict__.get("_compiled_call_impl") is not None:
+            return path
     return None
 
 
-def _ran_compiled(site) -> bool:
-    """Whether the denoiser ran compiled code with a tokenmerge patch (compiled by a wrapper not seen here)."""
-    previous = getattr(site.module, "_tokenmerge_patch", None)
-    return site.module in _RAN_COMPILED or bool(getattr(getattr(previous, "_traced", None), "ran", False))
-
-
-def _compile_message(name: str, how: str) -> str:
-    return (f"tokenmerge: cannot patch {name}: {how}, and torch.compile holds compiled code already. Compiled "
-            "code does not see forward hooks added after it was compiled (dynamo skips its guards on empty hook "
-            "lists), so the patch would silently not apply. Patch first, then compile (tokenmerge.apply_patch("
-            "pipe); pipe.unet = torch.compile(pipe.unet)); if this process compiled the model (or another of its "
-            "class) before, call torch.compiler.reset() first, which drops every compiled graph of the process "
-            "(they recompile on their next call), then patch and compile again")
+def _regional_message(path: str, later: bool) -> str:
+    return (f"tokenmerge: {path} {'was compiled in place after the patch' if later else 'is compiled in place'} "
+            "(Module.compile(), as diffusers' compile_repeated_blocks does): its compiled code runs the patch's hooks "
+            "apart from the denoiser's call, whose token grid they need, so the patch cannot work there. Compile "
+            "the whole denoiser instead (pipe.transformer.compile() or torch.compile(pipe.transformer)), before or "
+            "after the patch")
 
 
 # ---- apply time ---------------------------------------------------------------------------------------------
@@ -204,16 +193,10 @@ def check_apply(model, config, plans) -> None:
     for site, blocks in plans:
         if not blocks:
             continue
-        name = site.path or type(site.module).__name__
-        how = _compiled(model, site)
-        if how is not None and _dynamo_holds_code():
-            raise RuntimeError(_compile_message(name, how))
-        if how is None and _ran_compiled(site) and _dynamo_holds_code():
-            # compiled by a wrapper that is not given here: eager calls will be patched, compiled ones may not
-            warnings.warn(f"tokenmerge: {name} ran under torch.compile with an earlier patch. Compiled code does "
-                          "not see forward hooks added after it was compiled: if you call it compiled again, call "
-                          "torch.compiler.reset() first (or patch the compiled wrapper, which is then refused)",
-                          RuntimeWarning, stacklevel=4)
+        regional = _compiled_in_place((f"{b.path}.{n}" if n else b.path, m) for b in blocks
+                                      for n, m in b.module.named_modules())
+        if regional is not None:
+            raise ValueError(_regional_message(regional, later=False))
         if isinstance(config, ToDoConfig) and config.pools:
             _check_self_attention(config, blocks)
         for path, module in _merged_region(config, blocks):
@@ -271,12 +254,10 @@ def attach(patch) -> None:
 
 
 def detach(patch) -> None:
-    """Undo ``attach``; remember a denoiser that ran compiled code with this patch."""
+    """Undo ``attach``."""
     for _, attn in _pooled(patch.config, patch.blocks):
         if isinstance(attn.__dict__.get("to_kv"), FusedKV):
             del attn.__dict__["to_kv"]
-    if getattr(getattr(patch, "_traced", None), "ran", False):
-        _RAN_COMPILED.add(patch.site.module)
     patch.__dict__.pop(_GUARD_ATTR, None)
 
 
@@ -284,10 +265,11 @@ class _Watch:
     """What ``on_call`` checks for one patch: the modules that see merged tokens, the last grid checked and what it
     gave, and whether the patch warned of a call it could not merge."""
 
-    __slots__ = ("region", "seen", "grid", "unfit", "warned")
+    __slots__ = ("region", "hooked", "seen", "grid", "unfit", "warned")
 
     def __init__(self, patch):
         self.region = _merged_region(patch.config, patch.blocks)
+        self.hooked = [(b.path, b.module) for b in patch.blocks] + self.region  # what compiled in place breaks
         self.seen: dict[int, int] = {}  # id of a harmless HookRegistry -> its number of hooks when checked
         self.grid = None
         self.unfit: str | None = None  # why the last grid checked cannot be merged at all (None: it can)
@@ -312,6 +294,9 @@ def on_call(patch, grid: tuple[int, ...]) -> str | None:
     if torch.compiler.is_compiling():
         return None
     watch = _watch(patch)
+    regional = _compiled_in_place(watch.hooked)
+    if regional is not None:
+        raise ValueError(_regional_message(regional, later=True))
     for path, module in watch.region:
         registry = module.__dict__.get(REGISTRY_ATTR)
         if registry is None:

@@ -26,7 +26,7 @@ from ..merge.bipartite import _MASK32, _mix32
 from ..merge.windows import table
 from .discover import DenoiserSite
 from .grids import GridReader, NoGrid
-from .guards import on_call, unmerged
+from .guards import forget_compiled, on_call, unmerged
 from .layout import image_part, sides
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
 from .targets import Bound, TargetHooks
@@ -124,6 +124,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         except BaseException:
             self.remove()
             raise
+        forget_compiled(denoiser, _Hook.__call__.__code__)  # compiled code does not see hooks added after it
 
     def _wanted(self, kind: str) -> bool:
         cfg = self.config
@@ -191,6 +192,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         self.state.reset(self.blocks)
         if getattr(self.site.module, PATCH_ATTR, None) is self:
             delattr(self.site.module, PATCH_ATTR)
+        forget_compiled(self.site.module, _Hook.__call__.__code__)
 
     # ---- denoiser -----------------------------------------------------------------------------------------
     def _denoiser_pre(self, _b, _t, module, args, kwargs):
@@ -208,8 +210,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         timestep = site.timestep.read(args, kwargs) if site.timestep is not None else None
         state.step_key = step_key(timestep, device)
         state.ratio = cfg.ratio
-        state.ran = True  # (written, never read while traced: a changing int here would be guarded on and
-        if not (cfg.scheduled or cfg.reuse_steps > 1):  # recompile every call)
+        if not (cfg.scheduled or cfg.reuse_steps > 1):
             return None
         state.calls += 1  # counted for reuse_steps only, with the host-side timestep reads
         # one host read per denoiser call (not per block): schedules and reuse are host-side control flow
