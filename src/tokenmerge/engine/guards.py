@@ -1,16 +1,13 @@
 """Refusals of combinations that would otherwise give wrong results, or silently change nothing, and the one
 adapter that makes a combination work (ToDo on fused QKV projections).
 
-- diffusers' cache hooks (``diffusers.hooks``): a hook on a sub-module whose tokens are merged that returns an
-  output stored or predicted at an earlier step (Pyramid Attention Broadcast, FasterCache's attention hook,
-  TaylorSeer) hands back tokens of an earlier step's merge plan, which this step's plan then unmerges: tokens get
-  other tokens' outputs. Refused at apply time (cache, then patch) and at the first denoiser call after such a
-  hook appears (patch, then cache): one dictionary lookup per merged sub-module and call, nothing per block.
-  Hooks at block level (First Block Cache, MagCache, SeaCache, TaylorSeer's lite mode) store whole blocks'
-  outputs, in full token space, and are left alone; so are attention caches on sub-modules that ToDo only pools
-  the keys and values of (their output keeps every token). With ``scope="block"`` the blocks themselves get merged
-  tokens (a cache's hook on a block sees the merged input, which changes size with a schedule): every cache hook
-  on a merged block is refused.
+- diffusers' cache hooks (``diffusers.hooks``): an attention cache on a merged target is made to see whole tokens,
+  in both orders of enabling, and one that cannot be (inside a target, or with ``scope="block"``) is refused, at
+  apply time or at the cache's own registration (caches.py). Hooks at block level (First Block Cache, MagCache,
+  SeaCache, TaylorSeer's lite mode) store whole blocks' outputs, in full token space, and are left alone with the
+  default scope; so are attention caches on sub-modules that ToDo only pools the keys and values of. As a last
+  check, each denoiser call looks for an unsafe hook that reached a merged module another way (one dictionary
+  lookup per merged sub-module and call, nothing per block).
 - ``torch.compile``: dynamo does not guard on empty hook dicts, so code compiled before the patch would keep running
   unpatched (and code compiled after a removal would ignore a later patch). Installing and removing a patch drop
   the code compiled for the denoiser's modules' ``forward`` (``forget_compiled``): the next compiled call is traced
@@ -38,31 +35,10 @@ from torch import nn
 from ..config import ToDoConfig
 from ..families.spec import CROSS, JOINT, MLP, SELF
 from ..merge import num_windows
+from .caches import (INSIDE, REGISTRY_ATTR, REUSING_HOOKS, bad_hook, cache_message, unwatch, watch_registries,
+                     why_refused)
 
 __all__ = ["check_apply", "on_call", "unmerged", "attach", "detach", "forget_compiled", "FusedKV", "REUSING_HOOKS"]
-
-REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
-
-# diffusers hook names (the constants in diffusers/hooks/*.py) whose hook may return an output stored or predicted
-# at an earlier call instead of computing it from this call's input
-REUSING_HOOKS = {
-    "pyramid_attention_broadcast": "Pyramid Attention Broadcast (apply_pyramid_attention_broadcast)",
-    "faster_cache_block": "FasterCache (apply_faster_cache)",
-    "faster_cache_denoiser": "FasterCache (apply_faster_cache)",
-    "taylorseer_cache": "the TaylorSeer cache (apply_taylorseer_cache)",
-    "fbc_leader_block_hook": "First Block Cache (apply_first_block_cache)",
-    "fbc_block_hook": "First Block Cache (apply_first_block_cache)",
-    "mag_cache_leader_block_hook": "MagCache (apply_mag_cache)",
-    "mag_cache_block_hook": "MagCache (apply_mag_cache)",
-    "sea_cache_root": "SeaCache", "sea_cache_leader_block": "SeaCache", "sea_cache_block": "SeaCache",
-    "sea_cache_post_norm": "SeaCache",
-    "text_kv_cache_transformer": "the text K/V cache", "text_kv_cache_block": "the text K/V cache",
-    # not a cache, but it blurs the queries as a square grid of tokens, which merged tokens are not
-    "smoothed_energy_guidance_hook": "Smoothed Energy Guidance",
-}
-# hooks that compute from the call's own input every time: casting, offloading, layer skipping
-HARMLESS_HOOKS = frozenset({"layerwise_casting", "peft_autocast_disable", "group_offloading",
-                            "layer_execution_tracker", "lazy_prefetch_group_offloading", "layer_skip_hook"})
 
 _GUARD_ATTR = "_tokenmerge_guard"  # the per-patch record of what on_call watches (on the DenoiserPatch)
 
@@ -95,9 +71,13 @@ def _merged_region(config, blocks) -> list[tuple[str, nn.Module]]:
     if getattr(config, "scope", "attention") == "block":
         return [(f"{site.path}.{name}" if name else site.path, module)
                 for site in blocks for name, module in site.module.named_modules()]
-    kinds = (SELF,) if isinstance(config, ToDoConfig) else None
     return [(f"{path}.{name}" if name else path, module)
-            for path, sub, _ in _targets(config, blocks, kinds) for name, module in sub.named_modules()]
+            for path, sub, _ in _targets(config, blocks, _merged_kinds(config)) for name, module in sub.named_modules()]
+
+
+def _merged_kinds(config):
+    """The kinds of targets whose tokens are merged (ToDo merges only the queries of self-attention)."""
+    return (SELF,) if isinstance(config, ToDoConfig) else None
 
 
 def _pooled(config, blocks) -> list[tuple[str, nn.Module]]:
@@ -105,32 +85,6 @@ def _pooled(config, blocks) -> list[tuple[str, nn.Module]]:
     if not (isinstance(config, ToDoConfig) and config.pools):
         return []
     return [(path, sub) for path, sub, _ in _targets(config, blocks, (SELF,))]
-
-
-# ---- diffusers cache hooks ----------------------------------------------------------------------------------
-def _bad_hook(registry) -> str | None:
-    """What makes a diffusers HookRegistry unsafe on a module that sees merged tokens, or ``None``."""
-    hooks = getattr(registry, "hooks", None)
-    if not isinstance(hooks, dict):
-        return None
-    for name, hook in hooks.items():
-        if name in REUSING_HOOKS:
-            return REUSING_HOOKS[name]
-        if name not in HARMLESS_HOOKS and getattr(hook, "_is_stateful", False):
-            return f"the stateful diffusers hook {name!r} ({type(hook).__name__}), which may return an output " \
-                   "kept from an earlier step"
-    return None
-
-
-def _cache_message(path: str, what: str, config, later: bool) -> str:
-    method = "ToDo with query merging (ratio > 0)" if isinstance(config, ToDoConfig) else "ToMe"
-    when = ("was added after the patch" if later else "is enabled")
-    return (f"tokenmerge: {what} {when} on {path}, whose tokens {method} merges: a cached output holds the "
-            "tokens of an earlier step's merge plan, and unmerging it with this step's plan would give tokens "
-            "other tokens' outputs. Disable one of them (e.g. model.disable_cache()); block-level caches (First "
-            "Block Cache, MagCache) work with the patch's default scope='attention' (not with scope='block', "
-            "whose blocks see merged tokens), and so do attention caches with ToDo without query merging "
-            "(apply_todo(..., ratio=0))")
 
 
 # ---- torch.compile -------------------------------------------------------------------------------------------
@@ -199,11 +153,13 @@ def check_apply(model, config, plans) -> None:
             raise ValueError(_regional_message(regional, later=False))
         if isinstance(config, ToDoConfig) and config.pools:
             _check_self_attention(config, blocks)
+        targets = {id(sub) for _, sub, _ in _targets(config, blocks, _merged_kinds(config))}
         for path, module in _merged_region(config, blocks):
             registry = module.__dict__.get(REGISTRY_ATTR)
-            what = _bad_hook(registry) if registry is not None else None
-            if what is not None:
-                raise ValueError(_cache_message(path, what, config, later=False))
+            what = bad_hook(registry) if registry is not None else None
+            why = why_refused(config, id(module) in targets)
+            if what is not None and why is not None:  # (on a target, it is merged around from inside: caches.py)
+                raise ValueError(cache_message(path, what, config, later=False, why=why))
 
 
 def _check_self_attention(config, blocks) -> None:
@@ -247,14 +203,19 @@ class FusedKV:
 
 def attach(patch) -> None:
     """What an installed patch needs besides its hooks: ``to_kv`` on the self-attentions ToDo pools (so that
-    fusing their projections, before or after the patch, keeps working)."""
+    fusing their projections, before or after the patch, keeps working), and the watch on diffusers' hook
+    registries of the modules it merges (caches.py)."""
     for _, attn in _pooled(patch.config, patch.blocks):
         if callable(getattr(attn, "fuse_projections", None)) and not hasattr(attn, "to_kv"):
             attn.to_kv = FusedKV(attn)
+    targets = {id(getattr(patch.blocks[i].module, bound.spec.attr)): (i, t)
+               for i, bounds in enumerate(patch._targets) for t, bound in enumerate(bounds)}
+    watch_registries(patch, _merged_region(patch.config, patch.blocks), targets)
 
 
 def detach(patch) -> None:
     """Undo ``attach``."""
+    unwatch(patch)
     for _, attn in _pooled(patch.config, patch.blocks):
         if isinstance(attn.__dict__.get("to_kv"), FusedKV):
             del attn.__dict__["to_kv"]
@@ -297,7 +258,7 @@ def on_call(patch, grid: tuple[int, ...]) -> str | None:
     regional = _compiled_in_place(watch.hooked)
     if regional is not None:
         raise ValueError(_regional_message(regional, later=True))
-    for path, module in watch.region:
+    for path, module in watch.region:  # hooks that bypassed the registries' watch (caches.py): refused
         registry = module.__dict__.get(REGISTRY_ATTR)
         if registry is None:
             continue
@@ -305,9 +266,10 @@ def on_call(patch, grid: tuple[int, ...]) -> str | None:
         size = len(hooks) if isinstance(hooks, dict) else 0
         if watch.seen.get(id(registry)) == size:
             continue
-        what = _bad_hook(registry)
-        if what is not None:
-            raise RuntimeError(_cache_message(path, what, patch.config, later=True))
+        what = bad_hook(registry)
+        if what is not None and INSIDE not in hooks:
+            raise ValueError(cache_message(path, what, patch.config, later=True,
+                                           why="its registry was changed without register_hook"))
         watch.seen[id(registry)] = size
     if grid != watch.grid:
         watch.grid, watch.unfit, partly = grid, *_unfit_levels(patch, grid)

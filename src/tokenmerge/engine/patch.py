@@ -92,6 +92,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         self._wholes: list = []  # scope="block": per block, its bound (rotary, mask, per-token) arguments
         self._inputs: list = []  # where each block's forward takes its tokens
         self._refusals: list = []  # per block, its (bound argument, reason) pairs that refuse a call (Blocks.refuse_if)
+        self._target_handles: dict = {}  # (block, target) -> its torch hooks' handles (caches.route removes them)
         self._grid_reader = GridReader(site.family.grid, site.module)
         self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
 
@@ -178,13 +179,16 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         self._handles.append(block.register_forward_hook(_Hook(self, "_block_post", index), always_call=True))
         for t, target in enumerate(targets):
             sub = getattr(block, target.spec.attr)
-            self._handles.append(sub.register_forward_pre_hook(_Hook(self, "_merge_input", index, t), with_kwargs=True))
-            self._handles.append(sub.register_forward_hook(_Hook(self, "_unmerge_output", index, t)))
+            self._target_handles[(index, t)] = (
+                sub.register_forward_pre_hook(_Hook(self, "_merge_input", index, t), with_kwargs=True),
+                sub.register_forward_hook(_Hook(self, "_unmerge_output", index, t)))
+            self._handles.extend(self._target_handles[(index, t)])
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._target_handles.clear()
         self._targets.clear()
         self._wholes.clear()
         self._inputs.clear()
