@@ -70,10 +70,10 @@ def _seen_unpatched_then_patched(model, kw, modules, look):
 
 
 def _refused_at_the_call(model, kw, match, **patch):
-    """Patched with ``patch`` (ToMe 0.5), the call raises a RuntimeError matching ``match``; removed after."""
+    """Patched with ``patch`` (ToMe 0.5), the call raises a ValueError matching ``match``; removed after."""
     tokenmerge.apply_patch(model, ratio=0.5, **patch)
     try:
-        with pytest.raises(RuntimeError, match=match):
+        with pytest.raises(ValueError, match=match):
             _run(model, kw)
     finally:
         tokenmerge.remove_patch(model)

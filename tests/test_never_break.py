@@ -296,3 +296,24 @@ def test_prx_with_zero_initialised_gates_is_merged():
     tokenmerge.apply_patch(model, ratio=0.5)
     assert not torch.allclose(_run(model, kw), plain)
     tokenmerge.remove_patch(model)
+
+
+def test_refusals_are_type_or_value_errors_that_name_tokenmerge():
+    """A layout, an argument or a backend the engine cannot follow is a ValueError (a setting that cannot work) or
+    a TypeError (the wrong kind of object), never a RuntimeError (kept for internal errors)."""
+    from tokenmerge.engine.layout import sides, take_mask, take_rotary
+    from tokenmerge.families.spec import TEXT_NONE, Mask, Rotary
+
+    with pytest.raises(ValueError, match="tokenmerge: a sequence of 1 tokens cannot hold the 16 image tokens"):
+        sides(1, 16, TEXT_NONE)
+    with pytest.raises(ValueError, match="tokenmerge: 20 tokens where the image grid has 16.*not declared"):
+        sides(20, 16, TEXT_NONE)
+    with pytest.raises(TypeError, match="tokenmerge: rotary embedding 'freqs' is a dict"):
+        take_rotary(Rotary("freqs"), {}, 16, torch.arange(8))
+    with pytest.raises(TypeError, match="tokenmerge: attention mask 'mask' is a object"):
+        take_mask(Mask("mask"), object(), 16, torch.arange(8))
+    model = make_unet("sd")
+    tokenmerge.apply_patch(model, ratio=0.5)
+    block = model._tokenmerge_patch.blocks[0].module
+    with pytest.raises(ValueError, match="tokenmerge: block .* was called outside its denoiser's forward"):
+        block(torch.randn(1, 64, 32), encoder_hidden_states=torch.randn(1, 5, 32))

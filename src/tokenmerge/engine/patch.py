@@ -250,14 +250,14 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
             self.observer.begin("block")
         cfg, site, state = self.config, self.blocks[index], self.state
         if state.grid is None:
-            raise RuntimeError(
+            raise ValueError(
                 f"tokenmerge: block {site.path} was called outside its denoiser's forward, so the image size "
                 "is unknown; call the denoiser (or remove the patch first)")
         if not state.active:
             return None
         for bound, reason in self._refusals[index]:
             if bound.read(args, kwargs) is not None:
-                raise RuntimeError(f"tokenmerge: {site.path} got {bound.name!r}: {reason}")
+                raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}: {reason}")
         grid = coarsen(state.grid, site.level)
         image = math.prod(grid)
         x = self._inputs[index].read(args, kwargs)
@@ -266,7 +266,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         if x.shape[1] > image:  # a block input that holds text or reference tokens too
             x = image_part(x, image, sides(x.shape[1], image, site.text, state.trailing)[0])
         if x.shape[1] != image:
-            raise RuntimeError(
+            raise ValueError(
                 f"tokenmerge: block {site.path} (level {site.level}) got {x.shape[1]} tokens, but a latent grid of "
                 f"{_shape(state.grid)} gives {_shape(grid)} = {image} tokens at that level")
         batch = 1 if self.shared_plan else x.shape[0]  # shared: one pattern for the batch (a merged token has one
