@@ -245,6 +245,37 @@ def test_removing_the_patch_under_a_cache_restores_the_cached_model():
         torch.testing.assert_close(_pixart_call(model, i), _pixart_call(reference, i), rtol=0, atol=0)
 
 
+def test_a_hook_that_cannot_be_registered_again_above_a_cache():
+    """The patch goes below a cache by registering the cache's hooks again above its own; a hook added after the
+    cache that does not support removal (as diffusers' layerwise casting) stops that: refused at apply_patch. Added
+    after the patch and the cache, it makes remove_patch leave the patch's hook in place, passing everything."""
+    hooks = _hooks()
+
+    class Pinned(hooks.ModelHook):
+        def deinitalize_hook(self, module):
+            raise NotImplementedError("cannot be removed")
+
+    apply, config = _pab(hooks)
+    model, reference = make_pixart(), make_pixart()
+    apply(model, config)
+    hooks.HookRegistry.check_if_exists_or_initialize(model.transformer_blocks[0].attn1).register_hook(Pinned(), "pin")
+    with pytest.raises(ValueError, match="the diffusers hook 'pin' added after it cannot be registered again"):
+        tokenmerge.apply_patch(model, ratio=0.5)
+    assert tokenmerge.describe_patch(model) is None
+
+    model = make_pixart()
+    tokenmerge.apply_patch(model, ratio=0.5)
+    for m in (model, reference):
+        apply(m, config)
+        hooks.HookRegistry.check_if_exists_or_initialize(m.transformer_blocks[0].attn1).register_hook(Pinned(), "pin")
+    tokenmerge.remove_patch(model)
+    assert model.transformer_blocks[0].attn1._diffusers_hook._hook_order == [
+        "tokenmerge_merge_inside", "pyramid_attention_broadcast", "pin"]
+    for i, t in enumerate(STEPS):
+        STEP["t"] = t
+        torch.testing.assert_close(_pixart_call(model, i), _pixart_call(reference, i), rtol=0, atol=0)
+
+
 def _taylorseer_on(hooks, pattern):
     (config,) = _need(hooks, "TaylorSeerCacheConfig")
     return hooks.apply_taylorseer_cache, config(cache_interval=2, disable_cache_before_step=1,

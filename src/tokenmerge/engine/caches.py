@@ -9,7 +9,8 @@ So a merged target that carries such a hook is merged from inside the chain inst
 patch's (``MergeInside``), registered below the cache's, merges the target's input and unmerges its output, and
 the cache stores and returns full-resolution outputs, each token its own: what it gives on the unmerged tokens.
 Both orders: at apply time the cache's hooks are lifted above the patch's (removed and registered again: their
-state starts as fresh as at registration, before any step); a cache added after the patch is caught at its own
+state starts as fresh as at registration, before any step; a hook added after the cache that does not support
+removal, as layerwise casting, makes that a refusal); a cache added after the patch is caught at its own
 registration (the patch watches the registries of the modules it merges) and lands above the patch's hook.
 
 A cache hook that cannot see whole tokens is refused with a ``ValueError``, at ``apply_patch`` or at the cache's
@@ -87,7 +88,8 @@ def cache_message(path: str, what: str, config, later: bool, why: str) -> str:
 class MergeInside:
     """A diffusers hook (the ``ModelHook`` interface) that merges a target's input and unmerges its output from
     inside the module's hook chain, below a cache's hook: ``patch._merge_input`` / ``patch._unmerge_output`` of
-    target ``t`` of block ``index``. Computes from its call's input every time (not stateful)."""
+    target ``t`` of block ``index`` (``patch`` ``None``: it passes everything through). Computes from its call's
+    input every time (not stateful)."""
 
     _is_stateful = False
 
@@ -108,11 +110,11 @@ class MergeInside:
         return module
 
     def pre_forward(self, module, *args, **kwargs):
-        merged = self.patch._merge_input(self.index, self.t, module, args, kwargs)
+        merged = None if self.patch is None else self.patch._merge_input(self.index, self.t, module, args, kwargs)
         return (args, kwargs) if merged is None else merged
 
     def post_forward(self, module, output):
-        unmerged = self.patch._unmerge_output(self.index, self.t, module, (), output)
+        unmerged = None if self.patch is None else self.patch._unmerge_output(self.index, self.t, module, (), output)
         return output if unmerged is None else unmerged
 
 
@@ -127,16 +129,31 @@ def _hooks_module():
     return hooks if hasattr(hooks, "HookRegistry") else None
 
 
-def route(patch, index: int, t: int, module, registry) -> None:
-    """Merge target ``t`` of block ``index`` (``module``) from inside its hook chain, below every hook of
+def route(patch, index: int, t: int, registry, path: str) -> None:
+    """Merge target ``t`` of block ``index`` (at ``path``) from inside its hook chain, below every hook of
     ``registry`` from its first unsafe one on (those are registered again above the patch's)."""
     if INSIDE in registry.hooks:
         return
     order = list(registry._hook_order)
     first = next((i for i, n in enumerate(order) if what_hook(n, registry.hooks[n]) is not None), len(order))
+    stuck = _stuck(registry, first)
+    if stuck is not None:
+        raise ValueError(f"tokenmerge: {path} carries {bad_hook(registry)}, and the diffusers hook {stuck!r} added "
+                         "after it cannot be registered again (it does not support removal), so the patch cannot "
+                         "merge below the cache there; add the cache after that hook, or apply the patch first")
     _under(registry, first, lambda: _register(registry, MergeInside(patch, index, t), INSIDE))
     for handle in patch._target_handles.pop((index, t), ()):  # the torch hooks of the target: merged inside now
         handle.remove()
+
+
+def _stuck(registry, index: int) -> str | None:
+    """The first hook from position ``index`` of the chain on that cannot be removed and registered again (only
+    the caches and the patch's own hook are: casting and offloading hooks change weights when they are), or
+    ``None``."""
+    for name in list(registry._hook_order)[index:]:
+        if name != INSIDE and what_hook(name, registry.hooks[name]) is None:
+            return name
+    return None
 
 
 def _under(registry, index: int, change) -> None:
@@ -169,7 +186,7 @@ class _Registration:
         if what is not None and self.why is not None:
             raise ValueError(cache_message(self.path, what, self.patch.config, later=True, why=self.why))
         if what is not None:
-            route(self.patch, *self.target, self.registry._module_ref, self.registry)
+            route(self.patch, *self.target, self.registry, self.path)
         _register(self.registry, hook, name)
 
 
@@ -198,7 +215,7 @@ def watch_registries(patch, region, targets) -> None:
         target = targets.get(id(module))
         why = why_refused(patch.config, target is not None)
         if why is None and bad_hook(registry) is not None:
-            route(patch, *target, module, registry)
+            route(patch, *target, registry, path)
         registry.register_hook = _Registration(patch, registry, path, target, why)
         kept.append((module, registry, created))
     _forget_children(patch.site.module)
@@ -211,7 +228,10 @@ def unwatch(patch) -> None:
         registry.__dict__.pop("register_hook", None)
         if INSIDE in registry.hooks:
             above = registry._hook_order.index(INSIDE) + 1
-            _under(registry, above, lambda registry=registry: registry.remove_hook(INSIDE, recurse=False))
+            if _stuck(registry, above) is None:
+                _under(registry, above, lambda registry=registry: registry.remove_hook(INSIDE, recurse=False))
+            else:  # a hook added later that cannot be registered again: the patch's stays, and passes through
+                registry.hooks[INSIDE].patch = None
         if created and not registry.hooks and module.__dict__.get(REGISTRY_ATTR) is registry:
             del module.__dict__[REGISTRY_ATTR]
     _forget_children(patch.site.module)
