@@ -155,9 +155,9 @@ class GridReader:
                                 "of latent tensors (a list of lists: condition images beside each sample, the Omni "
                                 "layout, is not supported)")
             if len(shapes) > 1:
-                raise NoGrid(f"{self.owner}.forward got latents of different sizes in one call "
-                             f"({', '.join('x'.join(map(str, s)) for s in sorted(shapes))}): the engine merges one grid "
-                             "per call; call the model once per size to merge them")
+                sizes = ", ".join("x".join(map(str, s)) for s in sorted(shapes))
+                raise NoGrid(f"{self.owner}.forward got latents of different sizes in one call ({sizes}): the engine "
+                             "merges one grid per call; call the model once per size to merge them")
             sample = sample[0][None]
         if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1 \
                 or (source.axes is not None and sample.dim() <= max(source.axes)):
