@@ -88,7 +88,7 @@ def test_diffusers_attention_backends(name, backend):
             torch.testing.assert_close(_with(model, kw, method), reference[method], rtol=1e-4, atol=1e-5)
         inside = name != "pixart"  # Flux and Wan pool ToDo's keys inside the attention call; PixArt passes them in
         if backend == "flex" and inside:
-            with pytest.raises(RuntimeError, match="no scaled_dot_product_attention call"):
+            with pytest.raises(ValueError, match="no scaled_dot_product_attention call"):
                 _with(model, kw, "todo")
         else:
             torch.testing.assert_close(_with(model, kw, "todo"), reference["todo"], rtol=1e-4, atol=1e-5)

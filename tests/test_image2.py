@@ -50,7 +50,9 @@ def test_ids_grid_skips_leading_rows_and_counts_references_given_apart():
     refs = torch.zeros(6, 4)  # (Nr, 4) ids of 6 reference tokens given in another argument
     grid, _, trailing = reader.read((), dict(position_ids=ids, encoder_hidden_states=text, image_cond_ids=refs))
     assert grid == (3, 4) and trailing == 4 + 6
-    with pytest.raises(RuntimeError, match="do not form"):  # without skipping the text rows: no grid
+    from tokenmerge.engine.grids import NoGrid
+
+    with pytest.raises(NoGrid, match="do not form"):  # without skipping the text rows: no grid (the call runs unmerged)
         GridReader(IdsGrid(Arg("position_ids"), axes=(1, 2)), _IdsModel()).read((), dict(position_ids=ids))
 
 

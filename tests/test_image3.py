@@ -3,7 +3,7 @@
 The conformance suite runs both (off / on / removed, ToDo, scope="block", a permutation of the image tokens). Here:
 the layouts the catalogue's default inputs do not reach: Z-Image's padded image (tokens not a multiple of 32) and
 cond + uncond captions of different lengths in one call (a key mask), Lumina2's captions of different lengths
-(refused), per-sample latents of different sizes (refused), and the patch size chosen per call.
+(refused), per-sample latents of different sizes (run unmerged, with a warning), and the patch size chosen per call.
 """
 
 from __future__ import annotations
@@ -70,13 +70,26 @@ def _seen_unpatched_then_patched(model, kw, modules, look):
 
 
 def _refused_at_the_call(model, kw, match, **patch):
-    """Patched with ``patch`` (ToMe 0.5), the call raises a RuntimeError matching ``match``; removed after."""
+    """Patched with ``patch`` (ToMe 0.5), the call raises a ValueError matching ``match``; removed after."""
     tokenmerge.apply_patch(model, ratio=0.5, **patch)
     try:
-        with pytest.raises(RuntimeError, match=match):
+        with pytest.raises(ValueError, match=match):
             _run(model, kw)
     finally:
         tokenmerge.remove_patch(model)
+
+
+def _unmerged_at_the_call(model, kw, match):
+    """Patched (ToMe 0.5), the call runs unmerged (the unpatched output, bit for bit) with a warning matching
+    ``match``; removed after."""
+    plain = _run(model, kw)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    try:
+        with pytest.warns(RuntimeWarning, match=match):
+            out = _run(model, kw)
+    finally:
+        tokenmerge.remove_patch(model)
+    assert torch.equal(out, plain)
 
 
 def _zimage_long_captions():
@@ -127,11 +140,11 @@ def test_zimage_todo_pools_image_keys_with_a_key_mask():
     assert torch.equal(same, plain)
 
 
-def test_zimage_latents_of_different_sizes_in_one_call_are_refused():
+def test_zimage_latents_of_different_sizes_in_one_call_run_unmerged():
     entry, model = _need("z-image")
     kw = entry.inputs(batch=2)
     kw["x"] = [kw["x"][0], torch.randn(kw["x"][0].shape[0], 1, 6, 8)]
-    _refused_at_the_call(model, kw, "different sizes")
+    _unmerged_at_the_call(model, kw, "different sizes")
 
 
 def test_zimage_omni_layout_is_refused_by_name():
@@ -341,7 +354,7 @@ def test_ideogram4_segment_mask_follows_a_real_merge(scope):
 
 @pytest.mark.parametrize("layout,message", [("shifted", "different places in the samples"),
                                             ("split", "not one contiguous run")])
-def test_ideogram4_image_tags_it_cannot_follow_are_refused(layout, message):
+def test_ideogram4_image_tags_it_cannot_follow_run_unmerged(layout, message):
     entry, model = _need("ideogram4")
     kw = entry.inputs(batch=2)
     indicator = kw["indicator"].clone()
@@ -349,7 +362,7 @@ def test_ideogram4_image_tags_it_cannot_follow_are_refused(layout, message):
         indicator[1] = torch.roll(indicator[1], 1)
     else:  # a text token inside the image's run
         indicator[:, -3] = 3
-    _refused_at_the_call(model, {**kw, "indicator": indicator}, message)
+    _unmerged_at_the_call(model, {**kw, "indicator": indicator}, message)
 
 
 # ---- Bria FIBO 2: [gist | image | edit images] -----------------------------------------------------------------

@@ -137,7 +137,7 @@ def test_self_attention_mask_is_refused_clearly():
     model, kwargs = make_case("layer_norm")
     tokenmerge.apply_patch(model)
     try:
-        with pytest.raises(RuntimeError, match="attention_mask"):
+        with pytest.raises(ValueError, match="attention_mask"):
             run(model, torch.randn(B, DIM, H, W), {**kwargs, "attention_mask": torch.ones(B, 1, H * W)})
     finally:
         tokenmerge.remove_patch(model)

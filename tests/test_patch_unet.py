@@ -289,7 +289,7 @@ def test_block_called_outside_the_denoiser_is_a_clear_error(unet):
     block = unet.down_blocks[0].attentions[0].transformer_blocks[0]
     tokenmerge.apply_patch(unet)
     try:
-        with pytest.raises(RuntimeError, match="outside its denoiser"):
+        with pytest.raises(ValueError, match="outside its denoiser"):
             block(torch.randn(2, 256, 32))
     finally:
         tokenmerge.remove_patch(unet)

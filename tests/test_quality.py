@@ -280,8 +280,8 @@ def test_quality_names_a_refused_combination_instead_of_crashing(tmp_path, capsy
     if not hasattr(diffusers, "FluxTransformer2DModel") or not hasattr(diffusers, "PyramidAttentionBroadcastConfig"):
         pytest.skip("this diffusers lacks the embedded DiT's class or the cache")
     args = ["quality", "--model", "fashion-dit", "--steps", "2", "--count", "1", "--out", str(tmp_path / "q"),
-            "--no-progress", "--methods", "tome:0.5+pab:2"]
+            "--no-progress", "--methods", "tome:0.5,scope=block+pab:2"]  # PAB inside blocks run on merged tokens
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "--methods tome:0.5+pab:2" in err and "Pyramid Attention Broadcast" in err
+    assert "--methods tome:0.5,scope=block+pab:2" in err and "Pyramid Attention Broadcast" in err
     assert not (tmp_path / "q" / "quality.md").exists()

@@ -402,6 +402,21 @@ _add(PipelineCase("ltx", "LTXPipeline", _ltx, video=True, grid=(3, 8, 8), denois
                   notes="a 4x spatial / 4x temporal tiny VAE: 9 frames of 32x32 px -> 3x8x8 tokens (patch 1)"))
 
 
+def _ltx_condition():
+    """LTXConditionPipeline with a conditioning image at frame 8: its latent frame's 8x8 tokens are appended before
+    the video's (with their own video_coords), and the transformer gets video_coords instead of the grid sizes."""
+    condition = importlib.import_module("diffusers.pipelines.ltx.pipeline_ltx_condition").LTXVideoCondition
+    pipe, kw = _ltx()
+    pipe = _pipe("LTXConditionPipeline", **pipe.components)
+    return pipe, {**kw, "conditions": [condition(image=_image(32), frame_index=8)]}
+
+
+_add(PipelineCase("ltx-condition", "LTXConditionPipeline", _ltx_condition, video=True, grid=(3, 8, 8), denoiser="ltx",
+                  requires=("AutoencoderKLLTXVideo",), guidance=dict(guidance_scale=1.0), schedule_steps=8,
+                  notes="the grid from video_coords (no num_frames/height/width); 64 conditioning tokens before the "
+                        "video's pass whole; its linear-quadratic schedule stays at high noise for 7 of 8 steps"))
+
+
 def _cogvideox():
     g = torch.Generator().manual_seed(1)
     pipe = _pipe("CogVideoXPipeline", tokenizer=None, text_encoder=None, vae=_vae_cogvideox(),

@@ -10,7 +10,12 @@ from torch import nn
 from ..families.predicates import params
 from ..families.spec import Arg, ArgsGrid, IdsGrid, LatentGrid, ShapesGrid
 
-__all__ = ["GridReader"]
+__all__ = ["GridReader", "NoGrid"]
+
+
+class NoGrid(Exception):
+    """A call whose arguments describe no token grid the engine can merge (position ids that form no grid,
+    samples of different sizes): the call runs unmerged (``DenoiserPatch._denoiser_pre``). The message says why."""
 
 
 def _default(module: nn.Module, arg: Arg) -> int | None:
@@ -22,6 +27,45 @@ def _default(module: nn.Module, arg: Arg) -> int | None:
             return p.default
     raise TypeError(f"tokenmerge: {type(module).__name__}.forward has no {arg.name} argument with a default to read "
                     "its patch size from")
+
+
+def _verdict(read):
+    """What ``read()`` gives, or the ``NoGrid`` it raises (kept, so that a call's ids are read once)."""
+    try:
+        return read()
+    except NoGrid as reason:
+        return reason
+
+
+def _result(value):
+    if isinstance(value, NoGrid):
+        raise NoGrid(str(value))
+    return value
+
+
+def _raster_tail(coords: torch.Tensor) -> tuple[int, ...]:
+    """The grid ``(n_0, ..., n_last)`` that the last tokens of ``coords`` ``(rank, S)`` list in raster order.
+
+    Innermost axis first: the rows of the axes inside it (``span`` tokens each, counted back from the end) that
+    share the last row's inner pattern and outer coordinates, hold one value of this axis and rise from each row
+    to the next. The tokens before the grid (conditioning frames at later times) break the rise.
+    """
+    rank, total = coords.shape
+    sizes, span = [], 1
+    for axis in range(rank - 1, -1, -1):
+        rows = total // span
+        tail = coords[:, total - rows * span:].reshape(rank, rows, span)
+        last = tail[:, -1:]  # (rank, 1, span)
+        others = torch.cat([tail[:axis], tail[axis + 1:]])
+        like_last = (others == torch.cat([last[:axis], last[axis + 1:]])).flatten(2).all(2).all(0)
+        value = tail[axis]
+        steady = (value == value[:, :1]).all(1)
+        rises = torch.ones_like(steady)
+        rises[:-1] = value[1:, 0] > value[:-1, 0]  # the next row's value is larger
+        good = (like_last & steady & rises).flip(0).int().cumprod(0)
+        sizes.append(int(good.sum()))
+        span *= sizes[-1]
+    return tuple(reversed(sizes))
 
 
 def _describe(value) -> str:
@@ -41,10 +85,12 @@ class GridReader:
         # patch sizes chosen per call by an argument (Z-Image's ``patch_size``): (axis, bound, signature default)
         self._patch_args = [(axis, p.bind(module), _default(module, p)) for axis, p in enumerate(self.patch or ())
                             if isinstance(p, Arg)]
+        self._coords_at = len(self.bound) - 1 if isinstance(source, ArgsGrid) and source.coords is not None else None
         self._cache: tuple = (None, None)
         self._tag_cache: tuple = (None, None)
         self._by_shape: dict = {}  # (ids shape, device) -> what the last eager read of such ids gave
-        missing = [a.name for a, b in zip(self._args(source), self.bound) if b is None]
+        optional = getattr(source, "coords", None)  # read only where the model takes it
+        missing = [a.name for a, b in zip(self._args(source), self.bound) if b is None and a != optional]
         if missing:
             raise TypeError(f"tokenmerge: {self.owner}.forward takes no {', '.join(missing)} argument to read its "
                             "token grid from")
@@ -52,7 +98,7 @@ class GridReader:
     @staticmethod
     def _args(source):
         if isinstance(source, ArgsGrid):
-            return [source.tokens] + [Arg(n) for n in source.names]
+            return [source.tokens] + [Arg(n) for n in source.names] + ([source.coords] if source.coords else [])
         if isinstance(source, IdsGrid):
             return [source.arg] + [a for a in (source.leading, source.refs, source.tag) if a is not None]
         if isinstance(source, LatentGrid) and source.refs is not None:
@@ -61,7 +107,7 @@ class GridReader:
 
     def read(self, args: tuple, kwargs: dict) -> tuple[tuple[int, ...], torch.device, int]:
         """``(grid, device, trailing)``: ``trailing`` reference tokens follow the image's (ids beyond its grid)."""
-        values = [b.read(args, kwargs) for b in self.bound]
+        values = [b.read(args, kwargs) if b is not None else None for b in self.bound]
         first = values[0]
         lead = first[0] if isinstance(first, (list, tuple)) and first else first
         device = lead.device if isinstance(lead, torch.Tensor) else torch.device("cpu")
@@ -80,10 +126,15 @@ class GridReader:
             grid, trailing = self._ids(first, source, lead, count)
             return grid, device, trailing + refs
         if isinstance(source, ArgsGrid):
-            if not all(isinstance(v, int) and v > 0 for v in values[1:]):
-                raise TypeError(f"tokenmerge: {self.owner}.forward needs the integer arguments "
-                                f"{', '.join(source.names)} to know its token grid; got {values[1:]}")
-            return tuple(values[1:]), device, 0
+            ints = values[1: 1 + len(source.names)]
+            if all(isinstance(v, int) and v > 0 for v in ints):
+                return tuple(ints), device, 0
+            coords = values[self._coords_at] if self._coords_at is not None else None
+            if coords is not None:
+                return self._coords(coords, source), device, 0
+            raise TypeError(f"tokenmerge: {self.owner}.forward needs the integer arguments {', '.join(source.names)}"
+                            + (f" (or {source.coords.name})" if source.coords is not None else "")
+                            + f" to know its token grid; got {ints}")
         grid, trailing = self._shapes(first, source)
         return grid, device, trailing
 
@@ -104,9 +155,9 @@ class GridReader:
                                 "of latent tensors (a list of lists: condition images beside each sample, the Omni "
                                 "layout, is not supported)")
             if len(shapes) > 1:
-                raise RuntimeError(f"tokenmerge: {self.owner}.forward got latents of different sizes in one call "
-                                   f"({', '.join('x'.join(map(str, s)) for s in sorted(shapes))}): the engine merges "
-                                   "one grid per call; call the model once per size")
+                sizes = ", ".join("x".join(map(str, s)) for s in sorted(shapes))
+                raise NoGrid(f"{self.owner}.forward got latents of different sizes in one call ({sizes}): the engine "
+                             "merges one grid per call; call the model once per size to merge them")
             sample = sample[0][None]
         if not isinstance(sample, torch.Tensor) or sample.dim() < source.rank + 1 \
                 or (source.axes is not None and sample.dim() <= max(source.axes)):
@@ -144,22 +195,25 @@ class GridReader:
             if cached is not None:
                 return cached
         if self._tag_cache[0] != key:
-            image = tag == source.tag_value
-            if not bool((image == image[:1]).all()):
-                raise RuntimeError(f"tokenmerge: the image's tokens ({source.tag.name} == {source.tag_value}) sit at "
-                                   "different places in the samples of one call, which one merge cannot follow; "
-                                   "pack the samples with one layout (as the model's pipeline does)")
-            where = image[0].nonzero().flatten()
-            if where.numel() == 0:
-                raise RuntimeError(f"tokenmerge: {source.tag.name} tags no token as the image's "
-                                   f"({source.tag_value})")
-            lead, count = int(where[0]), int(where.numel())
-            if int(where[-1]) - lead + 1 != count:
-                raise RuntimeError(f"tokenmerge: the image's tokens ({source.tag.name} == {source.tag_value}) are not "
-                                   "one contiguous run of the sequence; that layout is not supported")
-            self._tag_cache = (key, (lead, count))
-            self._by_shape[key[:1] + key[2:]] = (lead, count)
-        return self._tag_cache[1]
+            self._tag_cache = (key, _verdict(lambda: self._find_tagged(tag, source)))
+            if not isinstance(self._tag_cache[1], NoGrid):
+                self._by_shape[key[:1] + key[2:]] = self._tag_cache[1]
+        return _result(self._tag_cache[1])
+
+    @staticmethod
+    def _find_tagged(tag: torch.Tensor, source: IdsGrid) -> tuple[int, int]:
+        image = tag == source.tag_value
+        what = f"the image's tokens ({source.tag.name} == {source.tag_value})"
+        if not bool((image == image[:1]).all()):
+            raise NoGrid(f"{what} sit at different places in the samples of one call, which one merge cannot "
+                         "follow; pack the samples with one layout (as the model's pipeline does) to merge them")
+        where = image[0].nonzero().flatten()
+        if where.numel() == 0:
+            raise NoGrid(f"{source.tag.name} tags no token as the image's ({source.tag_value})")
+        lead, count = int(where[0]), int(where.numel())
+        if int(where[-1]) - lead + 1 != count:
+            raise NoGrid(f"{what} are not one contiguous run of the sequence, a layout that cannot be merged")
+        return lead, count
 
     def _ids(self, ids, source: IdsGrid, lead: int = 0, count: int | None = None) -> tuple[tuple[int, ...], int]:
         """``(grid, trailing)`` from position ids: the image is the first rows (after ``lead`` rows of other
@@ -175,25 +229,45 @@ class GridReader:
             if cached is not None:
                 return cached
         if self._cache[0] != key:
-            end = ids.shape[-2] if count is None else lead + count
-            rows = ids.reshape(-1, ids.shape[-1])[lead: end]
-            if rows.shape[0] == 0:
-                raise RuntimeError(f"tokenmerge: {source.arg.name} of {ids.shape[-2]} rows hold no image rows after "
-                                   f"the {lead} leading ones")
-            total = ids.shape[-2] - lead
-            if source.image_axis is not None and count is None:
-                same = rows[:, source.image_axis] == rows[0, source.image_axis]
-                count = int(same.sum())
-                if not bool(same[:count].all()):
-                    raise RuntimeError(f"tokenmerge: the image's {source.arg.name} do not come first, before the "
-                                       "reference tokens'; that layout is not supported")
-                rows = rows[:count]
-            grid = tuple(int(rows[:, a].max() - rows[:, a].min()) + 1 for a in source.axes)
-            if math.prod(grid) != rows.shape[0]:
-                raise RuntimeError(f"tokenmerge: {source.arg.name} of {rows.shape[0]} tokens do not form a "
-                                   f"{'x'.join(map(str, grid))} grid")
-            self._cache = (key, (grid, total - rows.shape[0]))
-            self._by_shape[(tuple(ids.shape), ids.device)] = self._cache[1]
+            self._cache = (key, _verdict(lambda: self._read_ids(ids, source, lead, count)))
+            if not isinstance(self._cache[1], NoGrid):
+                self._by_shape[(tuple(ids.shape), ids.device)] = self._cache[1]
+        return _result(self._cache[1])
+
+    @staticmethod
+    def _read_ids(ids: torch.Tensor, source: IdsGrid, lead: int, count: int | None) -> tuple[tuple[int, ...], int]:
+        name = source.arg.name
+        end = ids.shape[-2] if count is None else lead + count
+        rows = ids.reshape(-1, ids.shape[-1])[lead: end]
+        if rows.shape[0] == 0:
+            raise NoGrid(f"{name} of {ids.shape[-2]} rows hold no image rows after the {lead} leading ones")
+        total = ids.shape[-2] - lead
+        if source.image_axis is not None and count is None:
+            same = rows[:, source.image_axis] == rows[0, source.image_axis]
+            count = int(same.sum())
+            if not bool(same[:count].all()):
+                raise NoGrid(f"the image's {name} do not come first, before the reference tokens', a layout that "
+                             "cannot be merged")
+            rows = rows[:count]
+        grid = tuple(int(rows[:, a].max() - rows[:, a].min()) + 1 for a in source.axes)
+        if math.prod(grid) != rows.shape[0]:
+            raise NoGrid(f"{name} of {rows.shape[0]} tokens do not form a {'x'.join(map(str, grid))} grid")
+        return grid, total - rows.shape[0]
+
+    def _coords(self, coords, source: ArgsGrid) -> tuple[int, ...]:
+        """The grid of the last tokens of per-token coordinates ``(B, rank, S)`` (see ``ArgsGrid.coords``)."""
+        rank = len(source.names)
+        if not isinstance(coords, torch.Tensor) or coords.dim() != 3 or coords.shape[1] != rank:
+            raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.coords.name}' tensor (batch, {rank}, "
+                            f"tokens) to read the token grid from; got {_describe(coords)}")
+        key = ("coords", coords.data_ptr(), tuple(coords.shape), coords.device)
+        if torch.compiler.is_compiling():  # as for the ids: what the last eager call of this shape saw
+            cached = self._by_shape.get(key[:1] + key[2:])
+            if cached is not None:
+                return cached
+        if self._cache[0] != key:
+            self._cache = (key, _raster_tail(coords[0].detach().cpu()))
+            self._by_shape[key[:1] + key[2:]] = self._cache[1]
         return self._cache[1]
 
     def _shapes(self, shapes, source: ShapesGrid) -> tuple[tuple[int, ...], int]:

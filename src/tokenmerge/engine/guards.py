@@ -1,24 +1,23 @@
 """Refusals of combinations that would otherwise give wrong results, or silently change nothing, and the one
 adapter that makes a combination work (ToDo on fused QKV projections).
 
-- diffusers' cache hooks (``diffusers.hooks``): a hook on a sub-module whose tokens are merged that returns an
-  output stored or predicted at an earlier step (Pyramid Attention Broadcast, FasterCache's attention hook,
-  TaylorSeer) hands back tokens of an earlier step's merge plan, which this step's plan then unmerges: tokens get
-  other tokens' outputs. Refused at apply time (cache, then patch) and at the first denoiser call after such a
-  hook appears (patch, then cache): one dictionary lookup per merged sub-module and call, nothing per block.
-  Hooks at block level (First Block Cache, MagCache, SeaCache, TaylorSeer's lite mode) store whole blocks'
-  outputs, in full token space, and are left alone; so are attention caches on sub-modules that ToDo only pools
-  the keys and values of (their output keeps every token). With ``scope="block"`` the blocks themselves get merged
-  tokens (a cache's hook on a block sees the merged input, which changes size with a schedule): every cache hook
-  on a merged block is refused.
-- ``torch.compile``: dynamo does not guard on empty hook lists, so code compiled before the patch keeps running
-  unpatched (the same holds for another instance of the same class compiled earlier in the process). A compiled
-  model (a ``torch.compile`` wrapper, ``Module.compile()``, blocks compiled in place) is refused while compiled code
-  exists (``torch.compiler.reset()`` clears it); before its first compiled call the patch is traced and works.
-  Removal works (compiled code guards on the hooks it saw). A bare denoiser that ran compiled code with an
-  earlier patch (its wrapper not given) gets a warning: its eager calls will be patched, compiled ones may not.
+- diffusers' cache hooks (``diffusers.hooks``): an attention cache on a merged target is made to see whole tokens,
+  in both orders of enabling, and one that cannot be (inside a target, or with ``scope="block"``) is refused, at
+  apply time or at the cache's own registration (caches.py). Hooks at block level (First Block Cache, MagCache,
+  SeaCache, TaylorSeer's lite mode) store whole blocks' outputs, in full token space, and are left alone with the
+  default scope; so are attention caches on sub-modules that ToDo only pools the keys and values of. As a last
+  check, each denoiser call looks for an unsafe hook that reached a merged module another way (one dictionary
+  lookup per merged sub-module and call, nothing per block).
+- ``torch.compile``: dynamo does not guard on empty hook dicts, so code compiled before the patch would keep running
+  unpatched (and code compiled after a removal would ignore a later patch). Installing and removing a patch drop
+  the code compiled for the denoiser's modules' ``forward`` (``forget_compiled``): the next compiled call is traced
+  again, with the hooks as they are. Blocks (or their sub-modules) compiled in place (``Module.compile()``, regional
+  compilation) run the patch's hooks apart from the denoiser's call, which they need: refused, at apply time or at
+  the first call after such a compile.
 - ToDo on an ``attn1`` that is a cross-attention (``only_cross_attention``, LDM's ``disable_self_attn``) would
-  change nothing; a merge window larger than the token grid would merge nothing: both are errors.
+  change nothing: an error. A call whose token grid is smaller than the merge window (a preview, a hires-fix's
+  first pass) runs unmerged, with one warning per patch; a level of it where no window fits while others merge
+  is left unmerged alike.
 - ToDo on fused projections (``fuse_qkv_projections``): diffusers' fused processor sends keys and values given
   as ``encoder_hidden_states`` through ``attn.to_kv``, which a fused self-attention lacks; the patch gives it
   one that takes the key and value rows of ``to_qkv`` (not a registered sub-module: nothing enters the state
@@ -27,8 +26,8 @@ adapter that makes a combination work (ToDo on fused QKV projections).
 
 from __future__ import annotations
 
+import sys
 import warnings
-import weakref
 
 import torch
 from torch import nn
@@ -36,35 +35,12 @@ from torch import nn
 from ..config import ToDoConfig
 from ..families.spec import CROSS, JOINT, MLP, SELF
 from ..merge import num_windows
+from .caches import (INSIDE, REGISTRY_ATTR, REUSING_HOOKS, bad_hook, cache_message, unwatch, watch_registries,
+                     why_refused)
 
-__all__ = ["check_apply", "on_call", "attach", "detach", "FusedKV", "REUSING_HOOKS"]
-
-REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
-
-# diffusers hook names (the constants in diffusers/hooks/*.py) whose hook may return an output stored or predicted
-# at an earlier call instead of computing it from this call's input
-REUSING_HOOKS = {
-    "pyramid_attention_broadcast": "Pyramid Attention Broadcast (apply_pyramid_attention_broadcast)",
-    "faster_cache_block": "FasterCache (apply_faster_cache)",
-    "faster_cache_denoiser": "FasterCache (apply_faster_cache)",
-    "taylorseer_cache": "the TaylorSeer cache (apply_taylorseer_cache)",
-    "fbc_leader_block_hook": "First Block Cache (apply_first_block_cache)",
-    "fbc_block_hook": "First Block Cache (apply_first_block_cache)",
-    "mag_cache_leader_block_hook": "MagCache (apply_mag_cache)",
-    "mag_cache_block_hook": "MagCache (apply_mag_cache)",
-    "sea_cache_root": "SeaCache", "sea_cache_leader_block": "SeaCache", "sea_cache_block": "SeaCache",
-    "sea_cache_post_norm": "SeaCache",
-    "text_kv_cache_transformer": "the text K/V cache", "text_kv_cache_block": "the text K/V cache",
-    # not a cache, but it blurs the queries as a square grid of tokens, which merged tokens are not
-    "smoothed_energy_guidance_hook": "Smoothed Energy Guidance",
-}
-# hooks that compute from the call's own input every time: casting, offloading, layer skipping
-HARMLESS_HOOKS = frozenset({"layerwise_casting", "peft_autocast_disable", "group_offloading",
-                            "layer_execution_tracker", "lazy_prefetch_group_offloading", "layer_skip_hook"})
+__all__ = ["check_apply", "on_call", "unmerged", "attach", "detach", "forget_compiled", "FusedKV", "REUSING_HOOKS"]
 
 _GUARD_ATTR = "_tokenmerge_guard"  # the per-patch record of what on_call watches (on the DenoiserPatch)
-# denoisers that ran compiled code with a tokenmerge patch: compiled by a wrapper the patch cannot see
-_RAN_COMPILED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
 
 
 # ---- what a patch merges ------------------------------------------------------------------------------------
@@ -95,9 +71,13 @@ def _merged_region(config, blocks) -> list[tuple[str, nn.Module]]:
     if getattr(config, "scope", "attention") == "block":
         return [(f"{site.path}.{name}" if name else site.path, module)
                 for site in blocks for name, module in site.module.named_modules()]
-    kinds = (SELF,) if isinstance(config, ToDoConfig) else None
     return [(f"{path}.{name}" if name else path, module)
-            for path, sub, _ in _targets(config, blocks, kinds) for name, module in sub.named_modules()]
+            for path, sub, _ in _targets(config, blocks, _merged_kinds(config)) for name, module in sub.named_modules()]
+
+
+def _merged_kinds(config):
+    """The kinds of targets whose tokens are merged (ToDo merges only the queries of self-attention)."""
+    return (SELF,) if isinstance(config, ToDoConfig) else None
 
 
 def _pooled(config, blocks) -> list[tuple[str, nn.Module]]:
@@ -107,90 +87,55 @@ def _pooled(config, blocks) -> list[tuple[str, nn.Module]]:
     return [(path, sub) for path, sub, _ in _targets(config, blocks, (SELF,))]
 
 
-# ---- diffusers cache hooks ----------------------------------------------------------------------------------
-def _bad_hook(registry) -> str | None:
-    """What makes a diffusers HookRegistry unsafe on a module that sees merged tokens, or ``None``."""
-    hooks = getattr(registry, "hooks", None)
-    if not isinstance(hooks, dict):
-        return None
-    for name, hook in hooks.items():
-        if name in REUSING_HOOKS:
-            return REUSING_HOOKS[name]
-        if name not in HARMLESS_HOOKS and getattr(hook, "_is_stateful", False):
-            return f"the stateful diffusers hook {name!r} ({type(hook).__name__}), which may return an output " \
-                   "kept from an earlier step"
-    return None
-
-
-def _cache_message(path: str, what: str, config, later: bool) -> str:
-    method = "ToDo with query merging (ratio > 0)" if isinstance(config, ToDoConfig) else "ToMe"
-    when = ("was added after the patch" if later else "is enabled")
-    return (f"tokenmerge: {what} {when} on {path}, whose tokens {method} merges: a cached output holds the "
-            "tokens of an earlier step's merge plan, and unmerging it with this step's plan would give tokens "
-            "other tokens' outputs. Disable one of them (e.g. model.disable_cache()); block-level caches (First "
-            "Block Cache, MagCache) work with the patch's default scope='attention' (not with scope='block', "
-            "whose blocks see merged tokens), and so do attention caches with ToDo without query merging "
-            "(apply_todo(..., ratio=0))")
-
-
 # ---- torch.compile -------------------------------------------------------------------------------------------
-def _dynamo_holds_code() -> bool:
-    """Whether torch.compile holds compiled code in this process (any; conservative when it cannot tell)."""
+def forget_compiled(module: nn.Module, *codes) -> None:
+    """Drop what torch.compile compiled for the ``forward`` of ``module`` and of every module it holds (and for
+    ``codes``, the patch's own hook code), with their continuations after graph breaks: the next compiled call is
+    traced again, with the hooks as they are now.
+
+    Dynamo does not guard on empty hook dicts, so code compiled before a patch would keep running unpatched, and
+    code compiled after a removal would ignore a later patch. Other models of these classes recompile at their next
+    compiled call too; no other code is touched. Nothing to do where dynamo was never imported.
+    """
+    if "torch._dynamo" not in sys.modules:
+        return
+    from torch._dynamo import eval_frame
+
+    reset = getattr(eval_frame, "reset_code", None)
+    if reset is None:  # a torch without it: every compiled graph of the process, so that none runs stale
+        torch.compiler.reset()
+        return
     try:
-        from torch._dynamo import convert_frame, eval_frame
-    except Exception:  # noqa: BLE001 - no dynamo: nothing compiled
-        return False
-    seen = getattr(getattr(convert_frame, "input_codes", None), "seen", None)
-    count = getattr(eval_frame, "_get_total_cache_entry_count", None)
-    entries = getattr(eval_frame, "_debug_get_cache_entry_list", None)
-    if seen is None or (count is None and entries is None):
-        return True
-    for ref in list(seen):
-        code = ref() if isinstance(ref, weakref.ref) else ref
-        if code is None:
+        from torch._dynamo.resume_execution import ContinueExecutionCache
+
+        resumed = ContinueExecutionCache.cache
+    except (ImportError, AttributeError):  # pragma: no cover - the continuations of another torch
+        resumed = {}
+    todo = [c for c in {getattr(type(m).forward, "__code__", None) for m in module.modules()} | set(codes) if c]
+    seen = set()
+    while todo:
+        code = todo.pop()
+        if id(code) in seen:
             continue
-        try:
-            if (count(code) if count is not None else len(entries(code))) > 0:
-                return True
-        except Exception:  # noqa: BLE001 - an internal API that changed: assume compiled code exists
-            return True
-    return False
+        seen.add(id(code))
+        reset(code)
+        todo.extend((resumed.get(code) or {}).values())
 
 
-def _compiled(model, site) -> str | None:
-    """How the denoiser of ``site`` is compiled, as far as can be seen from ``model``, or ``None``."""
-    name = site.path or type(site.module).__name__
-    obj, walked = model, ""
-    for part in [p for p in site.path.split(".") if p] + [None]:
-        if isinstance(obj, nn.Module):
-            where = walked or "the model"
-            if isinstance(getattr(obj, "_orig_mod", None), nn.Module):
-                return f"{where} is a torch.compile wrapper"
-            if getattr(obj, "_compiled_call_impl", None) is not None:
-                return f"{where} is compiled in place ({type(obj).__name__}.compile())"
-        if part is None:
-            break
-        obj = getattr(obj, part, None)
-        walked = f"{walked}.{part}" if walked else part
-    for sub_name, sub in site.module.named_modules():
-        if sub_name and getattr(sub, "_compiled_call_impl", None) is not None:
-            return f"{name}.{sub_name} is compiled in place ({type(sub).__name__}.compile())"
+def _compiled_in_place(modules) -> str | None:
+    """The path of the first of ``(path, module)`` compiled in place (``Module.compile()``), or ``None``."""
+    for path, module in modules:
+        if module.__dict__.get("_compiled_call_impl") is not None:
+            return path
     return None
 
 
-def _ran_compiled(site) -> bool:
-    """Whether the denoiser ran compiled code with a tokenmerge patch (compiled by a wrapper not seen here)."""
-    previous = getattr(site.module, "_tokenmerge_patch", None)
-    return site.module in _RAN_COMPILED or bool(getattr(getattr(previous, "_traced", None), "ran", False))
-
-
-def _compile_message(name: str, how: str) -> str:
-    return (f"tokenmerge: cannot patch {name}: {how}, and torch.compile holds compiled code already. Compiled "
-            "code does not see forward hooks added after it was compiled (dynamo skips its guards on empty hook "
-            "lists), so the patch would silently not apply. Patch first, then compile (tokenmerge.apply_patch("
-            "pipe); pipe.unet = torch.compile(pipe.unet)); if this process compiled the model (or another of its "
-            "class) before, call torch.compiler.reset() first, which drops every compiled graph of the process "
-            "(they recompile on their next call), then patch and compile again")
+def _regional_message(path: str, later: bool) -> str:
+    return (f"tokenmerge: {path} {'was compiled in place after the patch' if later else 'is compiled in place'} "
+            "(Module.compile(), as diffusers' compile_repeated_blocks does): its compiled code runs the patch's hooks "
+            "apart from the denoiser's call, whose token grid they need, so the patch cannot work there. Compile "
+            "the whole denoiser instead (pipe.transformer.compile() or torch.compile(pipe.transformer)), before or "
+            "after the patch")
 
 
 # ---- apply time ---------------------------------------------------------------------------------------------
@@ -202,23 +147,19 @@ def check_apply(model, config, plans) -> None:
     for site, blocks in plans:
         if not blocks:
             continue
-        name = site.path or type(site.module).__name__
-        how = _compiled(model, site)
-        if how is not None and _dynamo_holds_code():
-            raise RuntimeError(_compile_message(name, how))
-        if how is None and _ran_compiled(site) and _dynamo_holds_code():
-            # compiled by a wrapper that is not given here: eager calls will be patched, compiled ones may not
-            warnings.warn(f"tokenmerge: {name} ran under torch.compile with an earlier patch. Compiled code does "
-                          "not see forward hooks added after it was compiled: if you call it compiled again, call "
-                          "torch.compiler.reset() first (or patch the compiled wrapper, which is then refused)",
-                          RuntimeWarning, stacklevel=4)
+        regional = _compiled_in_place((f"{b.path}.{n}" if n else b.path, m) for b in blocks
+                                      for n, m in b.module.named_modules())
+        if regional is not None:
+            raise ValueError(_regional_message(regional, later=False))
         if isinstance(config, ToDoConfig) and config.pools:
             _check_self_attention(config, blocks)
+        targets = {id(sub) for _, sub, _ in _targets(config, blocks, _merged_kinds(config))}
         for path, module in _merged_region(config, blocks):
             registry = module.__dict__.get(REGISTRY_ATTR)
-            what = _bad_hook(registry) if registry is not None else None
-            if what is not None:
-                raise ValueError(_cache_message(path, what, config, later=False))
+            what = bad_hook(registry) if registry is not None else None
+            why = why_refused(config, id(module) in targets)
+            if what is not None and why is not None:  # (on a target, it is merged around from inside: caches.py)
+                raise ValueError(cache_message(path, what, config, later=False, why=why))
 
 
 def _check_self_attention(config, blocks) -> None:
@@ -262,43 +203,62 @@ class FusedKV:
 
 def attach(patch) -> None:
     """What an installed patch needs besides its hooks: ``to_kv`` on the self-attentions ToDo pools (so that
-    fusing their projections, before or after the patch, keeps working)."""
+    fusing their projections, before or after the patch, keeps working), and the watch on diffusers' hook
+    registries of the modules it merges (caches.py)."""
     for _, attn in _pooled(patch.config, patch.blocks):
         if callable(getattr(attn, "fuse_projections", None)) and not hasattr(attn, "to_kv"):
             attn.to_kv = FusedKV(attn)
+    targets = {id(getattr(patch.blocks[i].module, bound.spec.attr)): (i, t)
+               for i, bounds in enumerate(patch._targets) for t, bound in enumerate(bounds)}
+    watch_registries(patch, _merged_region(patch.config, patch.blocks), targets)
 
 
 def detach(patch) -> None:
-    """Undo ``attach``; remember a denoiser that ran compiled code with this patch."""
+    """Undo ``attach``."""
+    unwatch(patch)
     for _, attn in _pooled(patch.config, patch.blocks):
         if isinstance(attn.__dict__.get("to_kv"), FusedKV):
             del attn.__dict__["to_kv"]
-    if getattr(getattr(patch, "_traced", None), "ran", False):
-        _RAN_COMPILED.add(patch.site.module)
     patch.__dict__.pop(_GUARD_ATTR, None)
 
 
 class _Watch:
-    """What ``on_call`` checks for one patch: the modules that see merged tokens, and the last grid checked."""
+    """What ``on_call`` checks for one patch: the modules that see merged tokens, the last grid checked and what it
+    gave, and whether the patch warned of a call it could not merge."""
 
-    __slots__ = ("region", "seen", "grid")
+    __slots__ = ("region", "hooked", "seen", "grid", "unfit", "warned")
 
     def __init__(self, patch):
         self.region = _merged_region(patch.config, patch.blocks)
+        self.hooked = [(b.path, b.module) for b in patch.blocks] + self.region  # what compiled in place breaks
         self.seen: dict[int, int] = {}  # id of a harmless HookRegistry -> its number of hooks when checked
         self.grid = None
+        self.unfit: str | None = None  # why the last grid checked cannot be merged at all (None: it can)
+        self.warned = False
 
 
-# ---- call time ----------------------------------------------------------------------------------------------
-def on_call(patch, grid: tuple[int, ...]) -> None:
-    """Once per denoiser call, from the denoiser's pre-hook: refuse a cache hook added on a merged sub-module
-    since the patch (one dict lookup per such module) and, once per new grid, a window larger than the grid."""
-    if torch.compiler.is_compiling():
-        return
+def _watch(patch) -> _Watch:
     watch = patch.__dict__.get(_GUARD_ATTR)
     if watch is None:
         watch = patch.__dict__[_GUARD_ATTR] = _Watch(patch)
-    for path, module in watch.region:
+    return watch
+
+
+# ---- call time ----------------------------------------------------------------------------------------------
+def on_call(patch, grid: tuple[int, ...]) -> str | None:
+    """Once per denoiser call, from the denoiser's pre-hook: refuse a cache hook added on a merged sub-module
+    since the patch (one dict lookup per such module) and, once per new grid, check that the merge window fits it.
+
+    Returns why no patched level of ``grid`` can be merged (the call then runs unmerged), or ``None``. A level
+    where no window fits while others merge is left unmerged (its blocks get no plan), with the same one warning.
+    """
+    if torch.compiler.is_compiling():
+        return None
+    watch = _watch(patch)
+    regional = _compiled_in_place(watch.hooked)
+    if regional is not None:
+        raise ValueError(_regional_message(regional, later=True))
+    for path, module in watch.region:  # hooks that bypassed the registries' watch (caches.py): refused
         registry = module.__dict__.get(REGISTRY_ATTR)
         if registry is None:
             continue
@@ -306,30 +266,49 @@ def on_call(patch, grid: tuple[int, ...]) -> None:
         size = len(hooks) if isinstance(hooks, dict) else 0
         if watch.seen.get(id(registry)) == size:
             continue
-        what = _bad_hook(registry)
-        if what is not None:
-            raise RuntimeError(_cache_message(path, what, patch.config, later=True))
+        what = bad_hook(registry)
+        if what is not None and INSIDE not in hooks:
+            raise ValueError(cache_message(path, what, patch.config, later=True,
+                                           why="its registry was changed without register_hook"))
         watch.seen[id(registry)] = size
     if grid != watch.grid:
-        _check_windows(patch, grid)
-        watch.grid = grid
+        watch.grid, watch.unfit, partly = grid, *_unfit_levels(patch, grid)
+        if partly is not None:
+            unmerged(patch, partly)
+    return watch.unfit
 
 
-def _check_windows(patch, grid: tuple[int, ...]) -> None:
-    """A merge window that fits nowhere in a patched level's grid would merge nothing there: an error."""
-    if not _merges(patch.config):
+def unmerged(patch, reason: str) -> None:
+    """Warn, once per patch, that a call (or a level of it) runs unmerged, and why."""
+    watch = _watch(patch)
+    if watch.warned or torch.compiler.is_compiling():
         return
-    for level in sorted({b.level for b in patch.blocks}):
+    watch.warned = True
+    name = patch.site.path or type(patch.site.module).__name__
+    warnings.warn(f"tokenmerge: {name}: {reason}. The generation goes on; later calls that cannot be merged run "
+                  "unmerged too, without another warning", RuntimeWarning, stacklevel=2)
+
+
+def _unfit_levels(patch, grid: tuple[int, ...]) -> tuple[str | None, str | None]:
+    """``(whole, partly)``: why no patched level of ``grid`` fits a merge window (else ``None``), and why some
+    levels do not while others do (else ``None``)."""
+    if not _merges(patch.config):
+        return None, None
+    cfg = patch.config
+    sizes = f"sx={cfg.sx}, sy={cfg.sy}" + (f", st={cfg.st}" if cfg.st != 1 else "")
+    shape = "x".join(map(str, grid))
+    unfit, levels = [], sorted({b.level for b in patch.blocks})
+    for level in levels:
         level_grid = tuple(grid)
         for _ in range(level):  # as the UNets downsample: the last two axes halved, rounded up
             level_grid = level_grid[:-2] + tuple(-(-n // 2) for n in level_grid[-2:])
         if num_windows(level_grid, patch.windows) == 0:
-            cfg = patch.config
-            sizes = f"sx={cfg.sx}, sy={cfg.sy}" + (f", st={cfg.st}" if cfg.st != 1 else "")
-            at = f" at downsample {2 ** level}" if level else ""
-            shape = "x".join(map(str, level_grid))
-            raise ValueError(
-                f"tokenmerge: the merge window ({sizes}) is larger than the {shape} token grid of "
-                f"{patch.site.path or type(patch.site.module).__name__}'s patched blocks{at} (latent grid "
-                f"{'x'.join(map(str, grid))}), so no window fits and nothing would be merged; use windows no larger "
-                f"than the grid (sx <= {level_grid[-1]}, sy <= {level_grid[-2]}) or a larger image")
+            unfit.append(f"{'x'.join(map(str, level_grid))} at downsample {2 ** level}")
+    if not unfit:
+        return None, None
+    if len(unfit) == len(levels):
+        where = "" if levels == [0] else f" at each patched level ({', '.join(unfit)})"
+        return (f"a call with a {shape} token grid ran unmerged: the merge window ({sizes}) is larger than the "
+                f"grid{where}, so no window fits"), None
+    return None, (f"a call with a {shape} token grid ran unmerged in some levels: the merge window ({sizes}) is "
+                  f"larger than their grids ({', '.join(unfit)}); the other levels merged")

@@ -70,8 +70,8 @@ class PoolKeys(TorchFunctionMode):
         """A key mask pooled like the keys: a boolean one keeps a pooled key if any token it pools is allowed
         (exactly that token's entry for nearest pooling); an additive one only with nearest pooling (exact)."""
         if mask.dtype != torch.bool and self.mode != "nearest-exact":
-            raise RuntimeError("tokenmerge: ToDo with an additive attention mask pools keys only with "
-                               "mode='nearest-exact'")
+            raise ValueError("tokenmerge: ToDo with an additive attention mask pools keys only with "
+                             "mode='nearest-exact'; use apply_todo(..., mode='nearest-exact') for this model")
         n = self.image
         image = mask.narrow(-1, before, n)
         lead = image.shape[:-1]

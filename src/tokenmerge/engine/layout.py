@@ -20,7 +20,8 @@ def sides(total: int, image: int, text: str, trailing: int = 0) -> tuple[int, in
     """``(before, after)``: the tokens before and after the ``image`` ones in a sequence of ``total``."""
     extra = total - image
     if extra < 0:
-        raise RuntimeError(f"token merging: a sequence of {total} tokens cannot hold the {image} image tokens")
+        raise ValueError(f"tokenmerge: a sequence of {total} tokens cannot hold the {image} image tokens of the "
+                         "call's grid; the model was called with a token layout its family does not declare")
     if extra == 0:  # the image's tokens alone (an image-only stream of a call that has references elsewhere)
         return 0, 0
     if text == TEXT_BEFORE:
@@ -28,9 +29,10 @@ def sides(total: int, image: int, text: str, trailing: int = 0) -> tuple[int, in
         return extra - after, after
     if text == TEXT_AFTER or extra == trailing:
         return 0, extra
-    raise RuntimeError(f"token merging: {total} tokens where the image grid has {image}"
-                       + (f" and {trailing} reference tokens follow it" if trailing else "")
-                       + ", and this sequence is not declared to hold text beside the image")
+    raise ValueError(f"tokenmerge: {total} tokens where the image grid has {image}"
+                     + (f" and {trailing} reference tokens follow it" if trailing else "")
+                     + ", and this sequence is not declared to hold text beside the image; the model was called "
+                       "with a token layout its family does not declare")
 
 
 def image_part(x: torch.Tensor, image: int, before: int) -> torch.Tensor:
@@ -71,8 +73,10 @@ def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: i
     if isinstance(value, (tuple, list)):
         return type(value)(take_rotary(spec, v, image, reps, trailing) for v in value)
     if not isinstance(value, torch.Tensor):
-        raise RuntimeError(f"token merging: rotary embedding {spec.kwarg!r} is a {type(value).__name__}, "
-                           "expected a tensor or a tuple of tensors")
+        raise TypeError(f"tokenmerge: rotary embedding {spec.kwarg!r} is a {type(value).__name__}, expected a "
+                        "tensor or a tuple of tensors whose rows can follow the merged tokens")
+    if value.shape[spec.token_axis] == 1:  # one row broadcast over every token: the merged tokens' too
+        return value
     index = keep_index(value.shape[spec.token_axis], image, reps.to(value.device), spec.text, trailing)
     return value.index_select(spec.token_axis, index)
 
@@ -83,9 +87,9 @@ def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor, tr
     if not spec.image:
         return mask
     if not isinstance(mask, torch.Tensor):
-        raise RuntimeError(f"token merging: attention mask {spec.kwarg!r} is a {type(mask).__name__}, not a tensor "
-                           "whose rows and columns can follow the merged tokens (a flex attention BlockMask: use an "
-                           "attention processor or backend that takes a tensor mask)")
+        raise TypeError(f"tokenmerge: attention mask {spec.kwarg!r} is a {type(mask).__name__}, not a tensor "
+                        "whose rows and columns can follow the merged tokens (a flex attention BlockMask: use an "
+                        "attention processor or backend that takes a tensor mask)")
     for axis in (-2, -1):  # a (B, S) key mask's axis -2 is the batch, never tokens
         if axis == -2 and mask.dim() == 2 and mask.shape[0] != mask.shape[1]:
             continue

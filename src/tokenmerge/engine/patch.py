@@ -25,8 +25,8 @@ from ..merge import bipartite_soft_matching, downsample, num_windows, random_off
 from ..merge.bipartite import _MASK32, _mix32
 from ..merge.windows import table
 from .discover import DenoiserSite
-from .grids import GridReader
-from .guards import on_call
+from .grids import GridReader, NoGrid
+from .guards import forget_compiled, on_call, unmerged
 from .layout import image_part, sides
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
 from .targets import Bound, TargetHooks
@@ -92,6 +92,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         self._wholes: list = []  # scope="block": per block, its bound (rotary, mask, per-token) arguments
         self._inputs: list = []  # where each block's forward takes its tokens
         self._refusals: list = []  # per block, its (bound argument, reason) pairs that refuse a call (Blocks.refuse_if)
+        self._target_handles: dict = {}  # (block, target) -> its torch hooks' handles (caches.route removes them)
         self._grid_reader = GridReader(site.family.grid, site.module)
         self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
 
@@ -124,6 +125,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         except BaseException:
             self.remove()
             raise
+        forget_compiled(denoiser, _Hook.__call__.__code__)  # compiled code does not see hooks added after it
 
     def _wanted(self, kind: str) -> bool:
         cfg = self.config
@@ -177,13 +179,16 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         self._handles.append(block.register_forward_hook(_Hook(self, "_block_post", index), always_call=True))
         for t, target in enumerate(targets):
             sub = getattr(block, target.spec.attr)
-            self._handles.append(sub.register_forward_pre_hook(_Hook(self, "_merge_input", index, t), with_kwargs=True))
-            self._handles.append(sub.register_forward_hook(_Hook(self, "_unmerge_output", index, t)))
+            self._target_handles[(index, t)] = (
+                sub.register_forward_pre_hook(_Hook(self, "_merge_input", index, t), with_kwargs=True),
+                sub.register_forward_hook(_Hook(self, "_unmerge_output", index, t)))
+            self._handles.extend(self._target_handles[(index, t)])
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._target_handles.clear()
         self._targets.clear()
         self._wholes.clear()
         self._inputs.clear()
@@ -191,18 +196,25 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         self.state.reset(self.blocks)
         if getattr(self.site.module, PATCH_ATTR, None) is self:
             delattr(self.site.module, PATCH_ATTR)
+        forget_compiled(self.site.module, _Hook.__call__.__code__)
 
     # ---- denoiser -----------------------------------------------------------------------------------------
     def _denoiser_pre(self, _b, _t, module, args, kwargs):
         site, cfg, state = self.site, self.config, self.state
         state.reset(self.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
-        state.grid, device, state.trailing = self._grid_reader.read(args, kwargs)
-        on_call(self, state.grid)  # caches added since the patch, windows larger than the grid (guards.py)
+        try:
+            state.grid, device, state.trailing = self._grid_reader.read(args, kwargs)
+        except NoGrid as reason:  # e.g. position ids that describe no grid: this call runs unmerged
+            return self._unmerged(f"a call ran unmerged: {reason}")
+        unfit = on_call(self, state.grid)  # caches added since the patch, windows larger than the grid (guards.py)
+        if unfit is not None and not self.todo:
+            return self._unmerged(unfit)
+        if unfit is not None:  # ToDo still pools the keys of a small grid; its query merging finds no window
+            unmerged(self, f"{unfit} (only ToDo's pooling applied)")
         timestep = site.timestep.read(args, kwargs) if site.timestep is not None else None
         state.step_key = step_key(timestep, device)
         state.ratio = cfg.ratio
-        state.ran = True  # (written, never read while traced: a changing int here would be guarded on and
-        if not (cfg.scheduled or cfg.reuse_steps > 1):  # recompile every call)
+        if not (cfg.scheduled or cfg.reuse_steps > 1):
             return None
         state.calls += 1  # counted for reuse_steps only, with the host-side timestep reads
         # one host read per denoiser call (not per block): schedules and reuse are host-side control flow
@@ -220,6 +232,14 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
             state.ratio = cfg.ratio_at(progress)
         return None
 
+    def _unmerged(self, reason: str) -> None:
+        """This call runs unmerged (its grid cannot be merged): no block merges, one warning per patch."""
+        state = self.state
+        state.grid = state.grid or ()  # known to the blocks (they are inside the denoiser's call), empty
+        state.active = False
+        unmerged(self, reason)
+        return None
+
     def _denoiser_post(self, _b, _t, module, args, output):
         self.state.reset(self.blocks)
         return None
@@ -230,14 +250,14 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
             self.observer.begin("block")
         cfg, site, state = self.config, self.blocks[index], self.state
         if state.grid is None:
-            raise RuntimeError(
+            raise ValueError(
                 f"tokenmerge: block {site.path} was called outside its denoiser's forward, so the image size "
                 "is unknown; call the denoiser (or remove the patch first)")
         if not state.active:
             return None
         for bound, reason in self._refusals[index]:
             if bound.read(args, kwargs) is not None:
-                raise RuntimeError(f"tokenmerge: {site.path} got {bound.name!r}: {reason}")
+                raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}: {reason}")
         grid = coarsen(state.grid, site.level)
         image = math.prod(grid)
         x = self._inputs[index].read(args, kwargs)
@@ -246,7 +266,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         if x.shape[1] > image:  # a block input that holds text or reference tokens too
             x = image_part(x, image, sides(x.shape[1], image, site.text, state.trailing)[0])
         if x.shape[1] != image:
-            raise RuntimeError(
+            raise ValueError(
                 f"tokenmerge: block {site.path} (level {site.level}) got {x.shape[1]} tokens, but a latent grid of "
                 f"{_shape(state.grid)} gives {_shape(grid)} = {image} tokens at that level")
         batch = 1 if self.shared_plan else x.shape[0]  # shared: one pattern for the batch (a merged token has one

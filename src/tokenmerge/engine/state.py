@@ -49,7 +49,6 @@ class CallState:
     def __init__(self) -> None:
         self.reset()
         self.calls = 0  # denoiser calls, counted when plans are kept across them (reuse_steps)
-        self.ran = False  # whether a denoiser call ran with this state (torch.compile's: code was compiled)
         self.last_t: float | None = None
         self.kept: dict[int, KeptPlan] = {}
 

@@ -50,7 +50,7 @@ class TargetHooks:
         plan, target = call.plan, self._targets[index][t]
         kind = target.spec.kind
         if target.inside and torch.compiler.is_compiling():
-            raise RuntimeError(COMPILE_REFUSED)
+            raise ValueError(COMPILE_REFUSED)
         if target.inside:  # ToDo after the rotary embedding: pool inside the attention call (ratio is 0 here)
             call.inside[t] = mode = PoolKeys(plan.num_tokens if plan.num_merged else math.prod(call.grid), call.grid,
                                              self.factors, self.config.mode, target.spec.keys, self.state.trailing,
@@ -63,7 +63,7 @@ class TargetHooks:
             return None
         masked = target.mask is not None and kind in (SELF, JOINT) and target.mask.read(args, kwargs) is not None
         if masked and (target.spec.mask is None or pool or (kind == SELF and context is not None)):
-            raise RuntimeError(
+            raise ValueError(
                 f"tokenmerge: {target.spec.attr} got an attention mask ({target.mask.name}) over image tokens, which "
                 + ("ToDo cannot pool" if pool else f"the {self.family.name} family does not declare to follow")
                 + "; apply the patch with merge_attn=False for this model")
@@ -98,8 +98,8 @@ class TargetHooks:
             if value is old:
                 args, kwargs = bound.replace(args, kwargs, new)
             elif value is not None:
-                raise RuntimeError(f"tokenmerge: {target.spec.attr} got a {bound.name} that is not its {what}, "
-                                   f"which the {self.family.name} family declares it to be")
+                raise ValueError(f"tokenmerge: {target.spec.attr} got a {bound.name} that is not its {what}, "
+                                 f"which the {self.family.name} family declares it to be")
         return args, kwargs
 
     def _follow_rotary(self, plan, target: Bound, args, kwargs):
@@ -111,9 +111,9 @@ class TargetHooks:
             if value is None:
                 continue
             if not isinstance(plan, SharedPlan):
-                raise RuntimeError(f"tokenmerge: {target.spec.attr} takes per-token positions or masks, which need "
-                                   f"one merge pattern for the batch: family {self.family.name!r} must set "
-                                   "shared_plan=True")
+                raise ValueError(f"tokenmerge: {target.spec.attr} takes per-token positions or masks, which need "
+                                 f"one merge pattern for the batch: family {self.family.name!r} must set "
+                                 "shared_plan=True")
             taken = plan.take(take, spec, value, self.state.trailing)
             args, kwargs = bound.replace(args, kwargs, taken)
             if take is take_rotary:  # the same table under another name (Lumina-Next's key_rotary_emb)
@@ -135,7 +135,7 @@ class TargetHooks:
             mode = call.inside.pop(t)
             mode.__exit__(None, None, None)
             if mode.calls == 0:
-                raise RuntimeError(
+                raise ValueError(
                     f"tokenmerge: ToDo found no scaled_dot_product_attention call in {self._targets[index][t].spec.attr}"
                     " to pool the keys of: its attention backend computes attention another way (ToDo pools keys "
                     "inside the call only with PyTorch's SDPA, diffusers' default 'native' backend), or a cache "
@@ -152,8 +152,8 @@ class TargetHooks:
                 return type(output)(parts)
             return _unmerge_part(plan, output, *around)
         if not isinstance(output, torch.Tensor):
-            raise RuntimeError(f"tokenmerge: {spec.attr} returned a {type(output).__name__}, expected a tensor "
-                               "to unmerge")
+            raise TypeError(f"tokenmerge: {spec.attr} returned a {type(output).__name__}, expected a tensor "
+                            "to unmerge")
         return _unmerge(plan, output)
 
 

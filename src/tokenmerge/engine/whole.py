@@ -21,15 +21,15 @@ class WholeBlocks:
         full = self._inputs[index].read(args, kwargs)
         for bound in refuse_if:
             if bound.read(args, kwargs) is not None:
-                raise RuntimeError(f"tokenmerge: {site.path} got {bound.name!r}, which a whole-block merge would make "
-                                   "wrong; use scope='attention' for this model")
+                raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}, which a whole-block merge would make "
+                                 "wrong; use scope='attention' for this model")
         for bound in per_token:
             value = bound.read(args, kwargs)
             # per-token modulation: (B, N, 6, D) (Wan 2.2 TI2V) or (B, 6, N, D) (SkyReels-V2 diffusion forcing)
             if isinstance(value, torch.Tensor) and value.dim() >= 2 and (value.shape[1] in (image, full.shape[1]) or (
                     value.dim() >= 4 and value.shape[2] in (image, full.shape[1]))):
-                raise RuntimeError(f"tokenmerge: {site.path} got a per-token {bound.name!r} (one entry per token), "
-                                   "which a whole-block merge does not follow; use scope='attention' for this model")
+                raise ValueError(f"tokenmerge: {site.path} got a per-token {bound.name!r} (one entry per token), "
+                                 "which a whole-block merge does not follow; use scope='attention' for this model")
         before, after = sides(full.shape[1], image, site.text, self.state.trailing)
         part = image_part(full, image, before)
         merged = plan.merge(part)
@@ -39,9 +39,9 @@ class WholeBlocks:
             value = bound.read(args, kwargs) if bound is not None else None
             if value is not None:
                 if not isinstance(plan, SharedPlan):
-                    raise RuntimeError(f"tokenmerge: {site.path} takes per-token positions or masks, which need one "
-                                       f"merge pattern for the batch: family {self.family.name!r} must set "
-                                       "shared_plan=True")
+                    raise ValueError(f"tokenmerge: {site.path} takes per-token positions or masks, which need one "
+                                     f"merge pattern for the batch: family {self.family.name!r} must set "
+                                     "shared_plan=True")
                 args, kwargs = bound.replace(args, kwargs, plan.take(take, spec, value, self.state.trailing))
         return args, kwargs
 

@@ -316,11 +316,15 @@ class IdsGrid:
 class ArgsGrid:
     """The grid from integer forward arguments, in tokens (LTX-Video: ``num_frames``, ``height``, ``width``).
 
-    ``tokens``: the argument holding the (packed) tokens, which tells the device.
+    ``tokens``: the argument holding the (packed) tokens, which tells the device. ``coords``: a call that gives
+    no integers may give per-token coordinates ``(B, rank, S)`` instead (LTXConditionPipeline's ``video_coords``):
+    the video's tokens are then the last ones of the sequence, in raster order, and the tokens before them
+    (conditioning frames appended by the pipeline) pass whole; read on the host once per coordinates tensor.
     """
 
     names: tuple[str, ...] = ("num_frames", "height", "width")
     tokens: Arg = Arg("hidden_states", fallback_index=0)
+    coords: Arg | None = None
 
     @property
     def arg(self) -> Arg:

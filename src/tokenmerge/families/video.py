@@ -12,7 +12,8 @@
   table (video rows only) follow the merge.
 - CogVideoX 1.0 / 1.5: latent ``(B, F, C, H, W)`` (frames before channels); ``attn1`` joins [text, video], and
   the feed-forward runs on [text, video] too: only the video part is merged.
-- LTX-Video: packed tokens, the grid from ``num_frames`` / ``height`` / ``width``; rotary ``(B, N, D)``.
+- LTX-Video: packed tokens, the grid from ``num_frames`` / ``height`` / ``width`` (or the video's last tokens in
+  ``video_coords``, conditioning tokens before them); rotary ``(B, N, D)``.
 - Mochi: ``attn1`` joins [video, valid text] per sample; its text mask passes whole; called with 1000 - t.
 """
 
@@ -79,17 +80,20 @@ COGVIDEOX = Family(
     examples=("cogvideox", "cogvideox-5b", "cogvideox-i2v", "cogvideox-1.5", "consisid"),
 )
 
+# LTXConditionPipeline gives ``video_coords`` instead of the integers and puts the tokens of conditioning frames
+# before the video's: they pass whole ("before" the grid's tokens), with their rotary rows
+_LTX_ROTARY = Rotary("image_rotary_emb", token_axis=-2, text=TEXT_BEFORE)
 LTX_VIDEO = Family(
     "ltx-video",
     match=has("proj_in", "rope", "caption_projection") & has_list("transformer_blocks") & ~has("audio_proj_in")
     & block_has("transformer_blocks", "attn1", "attn2", "ff") & takes("num_frames", "height", "width"),
-    grid=ArgsGrid(("num_frames", "height", "width")),
+    grid=ArgsGrid(("num_frames", "height", "width"), coords=Arg("video_coords")),
     blocks=(Blocks("transformer_blocks", (
-        Target("attn1", SELF, rotary=Rotary("image_rotary_emb", token_axis=-2, text=TEXT_NONE), keys=TEXT_NONE),
-        Target("attn2", CROSS), Target("ff", MLP)), requires=("attn1", "ff"),
-        whole=Whole(rotary=Rotary("image_rotary_emb", token_axis=-2, text=TEXT_NONE), per_token=("temb",))),),
+        Target("attn1", SELF, text=TEXT_BEFORE, rotary=_LTX_ROTARY, keys=TEXT_BEFORE),
+        Target("attn2", CROSS, text=TEXT_BEFORE), Target("ff", MLP, text=TEXT_BEFORE)),
+        text=TEXT_BEFORE, requires=("attn1", "ff"), whole=Whole(rotary=_LTX_ROTARY, per_token=("temb",))),),
     shared_plan=True,
-    description="LTX-Video (T2V, I2V, condition)",
+    description="LTX-Video (T2V, I2V, condition: the conditioning frames' tokens pass whole)",
     examples=("ltx", "ltx-i2v"),
 )
 

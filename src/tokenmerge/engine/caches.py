@@ -1,0 +1,245 @@
+"""diffusers' cache hooks on the sub-modules a patch merges around: made to see whole tokens, or refused.
+
+An attention cache (Pyramid Attention Broadcast, FasterCache's attention hook, TaylorSeer) stores a sub-module's
+output at one step and returns it, or a prediction made from several such outputs, at later steps. The patch's
+torch hooks run outside diffusers' hook chain (``module.forward``), so on a merged target the cache would keep
+merged tokens of one step's plan for a later step's plan to unmerge: tokens would get other tokens' outputs.
+
+So a merged target that carries such a hook is merged from inside the chain instead: a diffusers hook of the
+patch's (``MergeInside``), registered below the cache's, merges the target's input and unmerges its output, and
+the cache stores and returns full-resolution outputs, each token its own: what it gives on the unmerged tokens.
+Both orders: at apply time the cache's hooks are lifted above the patch's (removed and registered again: their
+state starts as fresh as at registration, before any step; a hook added after the cache that does not support
+removal, as layerwise casting, makes that a refusal); a cache added after the patch is caught at its own
+registration (the patch watches the registries of the modules it merges) and lands above the patch's hook.
+
+A cache hook that cannot see whole tokens is refused with a ``ValueError``, at ``apply_patch`` or at the cache's
+own registration: on a sub-module inside a merged target (whose tokens are merged whichever way), or on a block
+(or inside one) whose tokens ``scope="block"`` merges.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..config import ToDoConfig
+
+__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "INSIDE", "MergeInside", "bad_hook", "what_hook",
+           "cache_message", "why_refused", "route", "watch_registries", "unwatch"]
+
+REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
+INSIDE = "tokenmerge_merge_inside"  # the name of the patch's own hook in a registry
+
+# diffusers hook names (the constants in diffusers/hooks/*.py) whose hook may return an output stored or predicted
+# at an earlier call instead of computing it from this call's input
+REUSING_HOOKS = {
+    "pyramid_attention_broadcast": "Pyramid Attention Broadcast (apply_pyramid_attention_broadcast)",
+    "faster_cache_block": "FasterCache (apply_faster_cache)",
+    "faster_cache_denoiser": "FasterCache (apply_faster_cache)",
+    "taylorseer_cache": "the TaylorSeer cache (apply_taylorseer_cache)",
+    "fbc_leader_block_hook": "First Block Cache (apply_first_block_cache)",
+    "fbc_block_hook": "First Block Cache (apply_first_block_cache)",
+    "mag_cache_leader_block_hook": "MagCache (apply_mag_cache)",
+    "mag_cache_block_hook": "MagCache (apply_mag_cache)",
+    "sea_cache_root": "SeaCache", "sea_cache_leader_block": "SeaCache", "sea_cache_block": "SeaCache",
+    "sea_cache_post_norm": "SeaCache",
+    "text_kv_cache_transformer": "the text K/V cache", "text_kv_cache_block": "the text K/V cache",
+    # not a cache, but it blurs the queries as a square grid of tokens, which merged tokens are not
+    "smoothed_energy_guidance_hook": "Smoothed Energy Guidance",
+}
+# hooks that compute from the call's own input every time: casting, offloading, layer skipping (and the patch's)
+HARMLESS_HOOKS = frozenset({"layerwise_casting", "peft_autocast_disable", "group_offloading",
+                            "layer_execution_tracker", "lazy_prefetch_group_offloading", "layer_skip_hook", INSIDE})
+
+
+def what_hook(name: str, hook) -> str | None:
+    """What makes the hook ``name`` unsafe on a module that sees merged tokens, or ``None``."""
+    if name in REUSING_HOOKS:
+        return REUSING_HOOKS[name]
+    if name not in HARMLESS_HOOKS and getattr(hook, "_is_stateful", False):
+        return f"the stateful diffusers hook {name!r} ({type(hook).__name__}, which may return an output kept " \
+               "from an earlier step)"
+    return None
+
+
+def bad_hook(registry) -> str | None:
+    """What makes a diffusers HookRegistry unsafe on a module that sees merged tokens, or ``None``."""
+    hooks = getattr(registry, "hooks", None)
+    if not isinstance(hooks, dict):
+        return None
+    for name, hook in hooks.items():
+        what = what_hook(name, hook)
+        if what is not None:
+            return what
+    return None
+
+
+def cache_message(path: str, what: str, config, later: bool, why: str) -> str:
+    """The refusal of a cache hook ``what`` on ``path`` (``later``: registered after the patch), and ``why``."""
+    method = "ToDo with query merging (ratio > 0)" if isinstance(config, ToDoConfig) else "ToMe"
+    when = "cannot be added after the patch" if later else "is enabled"
+    return (f"tokenmerge: {what} {when} on {path}, whose tokens {method} merges ({why}): a cached output would "
+            "hold the tokens of an earlier step's merge plan, and unmerging it with this step's plan would give "
+            "tokens other tokens' outputs. Put the cache on the attention modules the patch merges around (diffusers' "
+            "defaults do), use the patch's default scope='attention' with block-level caches, or disable one of "
+            "them (e.g. model.disable_cache())")
+
+
+class MergeInside:
+    """A diffusers hook (the ``ModelHook`` interface) that merges a target's input and unmerges its output from
+    inside the module's hook chain, below a cache's hook: ``patch._merge_input`` / ``patch._unmerge_output`` of
+    target ``t`` of block ``index`` (``patch`` ``None``: it passes everything through). Computes from its call's
+    input every time (not stateful)."""
+
+    _is_stateful = False
+
+    def __init__(self, patch, index: int, t: int):
+        self.patch, self.index, self.t = patch, index, t
+        self.fn_ref = None
+
+    def initialize_hook(self, module):
+        return module
+
+    def deinitalize_hook(self, module):  # (diffusers' spelling)
+        return module
+
+    def detach_hook(self, module):
+        return module
+
+    def reset_state(self, module):
+        return module
+
+    def pre_forward(self, module, *args, **kwargs):
+        merged = None if self.patch is None else self.patch._merge_input(self.index, self.t, module, args, kwargs)
+        return (args, kwargs) if merged is None else merged
+
+    def post_forward(self, module, output):
+        unmerged = None if self.patch is None else self.patch._unmerge_output(self.index, self.t, module, (), output)
+        return output if unmerged is None else unmerged
+
+
+def _hooks_module():
+    """``diffusers.hooks`` where diffusers is in use and has it, else ``None`` (never imports diffusers itself)."""
+    if "diffusers" not in sys.modules:
+        return None
+    try:
+        import diffusers.hooks as hooks
+    except ImportError:  # a diffusers before its hooks: no cache to combine with
+        return None
+    return hooks if hasattr(hooks, "HookRegistry") else None
+
+
+def route(patch, index: int, t: int, registry, path: str) -> None:
+    """Merge target ``t`` of block ``index`` (at ``path``) from inside its hook chain, below every hook of
+    ``registry`` from its first unsafe one on (those are registered again above the patch's)."""
+    if INSIDE in registry.hooks:
+        return
+    order = list(registry._hook_order)
+    first = next((i for i, n in enumerate(order) if what_hook(n, registry.hooks[n]) is not None), len(order))
+    stuck = _stuck(registry, first)
+    if stuck is not None:
+        raise ValueError(f"tokenmerge: {path} carries {bad_hook(registry)}, and the diffusers hook {stuck!r} added "
+                         "after it cannot be registered again (it does not support removal), so the patch cannot "
+                         "merge below the cache there; add the cache after that hook, or apply the patch first")
+    _under(registry, first, lambda: _register(registry, MergeInside(patch, index, t), INSIDE))
+    for handle in patch._target_handles.pop((index, t), ()):  # the torch hooks of the target: merged inside now
+        handle.remove()
+
+
+def _stuck(registry, index: int) -> str | None:
+    """The first hook from position ``index`` of the chain on that cannot be removed and registered again (only
+    the caches and the patch's own hook are: casting and offloading hooks change weights when they are), or
+    ``None``."""
+    for name in list(registry._hook_order)[index:]:
+        if name != INSIDE and what_hook(name, registry.hooks[name]) is None:
+            return name
+    return None
+
+
+def _under(registry, index: int, change) -> None:
+    """``change()`` the hooks below position ``index`` of ``registry``'s chain: the hooks from ``index`` on are
+    removed (from the top: diffusers relinks a chain right only there) and registered again after it."""
+    lifted = [(n, registry.hooks[n]) for n in list(registry._hook_order)[index:]]
+    for name, _ in reversed(lifted):
+        registry.remove_hook(name, recurse=False)
+    change()
+    for name, hook in lifted:
+        _register(registry, hook, name)
+
+
+def _register(registry, hook, name: str) -> None:
+    """``registry.register_hook`` itself (not the patch's watch on it)."""
+    type(registry).register_hook(registry, hook, name)
+
+
+class _Registration:
+    """``register_hook`` of a registry on a module the patch merges around: a hook that would see merged tokens of
+    an earlier step lands above the patch's own (a target: ``why`` is ``None``), or is refused with ``why``."""
+
+    __slots__ = ("patch", "registry", "path", "target", "why")
+
+    def __init__(self, patch, registry, path: str, target, why: str | None):
+        self.patch, self.registry, self.path, self.target, self.why = patch, registry, path, target, why
+
+    def __call__(self, hook, name: str) -> None:
+        what = what_hook(name, hook)
+        if what is not None and self.why is not None:
+            raise ValueError(cache_message(self.path, what, self.patch.config, later=True, why=self.why))
+        if what is not None:
+            route(self.patch, *self.target, self.registry, self.path)
+        _register(self.registry, hook, name)
+
+
+def why_refused(config, is_target: bool) -> str | None:
+    """Why an unsafe hook cannot be made to see whole tokens on a merged module (``None``: a target, it can)."""
+    if getattr(config, "scope", "attention") == "block":
+        return "scope='block' merges the tokens of its block"
+    return None if is_target else "it sits inside a merged target, whose tokens are merged whichever way"
+
+
+def watch_registries(patch, region, targets) -> None:
+    """Route the targets that carry an unsafe hook already, and watch the registries of the ``region`` modules
+    (``(path, module)``: every module that sees merged tokens) for hooks added later.
+
+    ``targets``: ``{id(module): (block index, target index)}`` of the targets merged around.
+    """
+    hooks = _hooks_module()
+    if hooks is None:
+        return
+    kept = patch.__dict__.setdefault("_registries", [])
+    for path, module in region:
+        created = REGISTRY_ATTR not in module.__dict__
+        registry = hooks.HookRegistry.check_if_exists_or_initialize(module)
+        if not all(hasattr(registry, a) for a in ("hooks", "_hook_order", "remove_hook", "_module_ref")):
+            continue  # a registry of another shape: on_call's check still refuses an unsafe hook on it
+        target = targets.get(id(module))
+        why = why_refused(patch.config, target is not None)
+        if why is None and bad_hook(registry) is not None:
+            route(patch, *target, registry, path)
+        registry.register_hook = _Registration(patch, registry, path, target, why)
+        kept.append((module, registry, created))
+    _forget_children(patch.site.module)
+
+
+def unwatch(patch) -> None:
+    """Undo ``watch_registries`` and the routing: the patch's hooks out of the registries, the registries it made
+    and left empty removed."""
+    for module, registry, created in patch.__dict__.pop("_registries", ()):
+        registry.__dict__.pop("register_hook", None)
+        if INSIDE in registry.hooks:
+            above = registry._hook_order.index(INSIDE) + 1
+            if _stuck(registry, above) is None:
+                _under(registry, above, lambda registry=registry: registry.remove_hook(INSIDE, recurse=False))
+            else:  # a hook added later that cannot be registered again: the patch's stays, and passes through
+                registry.hooks[INSIDE].patch = None
+        if created and not registry.hooks and module.__dict__.get(REGISTRY_ATTR) is registry:
+            del module.__dict__[REGISTRY_ATTR]
+    _forget_children(patch.site.module)
+
+
+def _forget_children(denoiser) -> None:
+    """The denoiser's registry lists its children's registries once (cache contexts): registries were added or
+    removed below it."""
+    registry = denoiser.__dict__.get(REGISTRY_ATTR)
+    if hasattr(registry, "invalidate_child_registries_cache"):
+        registry.invalidate_child_registries_cache()
