@@ -97,9 +97,16 @@ def test_cuda_code_paths_give_the_cpu_paths_results(name, method):
     torch.testing.assert_close(cuda, cpu, rtol=1e-4, atol=1e-4)
 
 
+def _needs(*names):
+    for name in names:
+        if available(name) is not None:
+            pytest.skip(available(name))
+
+
 def _per_block(method: str, layers: tuple[int, int] = (2, 6)) -> dict:
     """Kernels a merged block adds on the CUDA paths (tiny PixArt, a 16x16 grid, batch 2): the count per step
     with ``layers[1]`` blocks minus with ``layers[0]``, over the blocks added (the per-call part cancels)."""
+    _needs("pixart")
     entry = CATALOGUE["pixart"]
     counts = []
     for n in layers:
@@ -145,6 +152,7 @@ def test_describe_patch_says_where_a_setting_cannot_pay_on_a_gpu():
     merging with shared plans, and ToDo without query merging, get no such note; a UNet gets no attention note."""
     from tokenmerge.patch import NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK
 
+    _needs("pixart", "unet-sd")
     model = CATALOGUE["pixart"].build()
     tokenmerge.apply_patch(model, ratio=0.5)
     notes = tokenmerge.describe_patch(model).notes
