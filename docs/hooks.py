@@ -12,8 +12,6 @@ import re
 import sys
 from pathlib import Path
 
-from mkdocs.structure.files import File
-
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 _PUBLISHED = (".md", ".png", ".gif")  # what the site shows; the .csv/.jsonl/.json/.log data stay in the repository
@@ -61,6 +59,8 @@ def results_index() -> str:
 
 def on_files(files, config):
     """Publish ``benchmarks/results/`` (tables and figures) at its repository path."""
+    from mkdocs.structure.files import File  # here: the tests import this module without mkdocs
+
     for path in sorted(RESULTS.rglob("*")):
         if path.is_file() and path.suffix in _PUBLISHED:
             rel = path.relative_to(ROOT).as_posix()  # benchmarks/results/...
