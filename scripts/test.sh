@@ -9,6 +9,7 @@ OLDEST="diffusers==0.27.2 transformers==4.40.2 tokenizers==0.19.1 huggingface_hu
 run() { "$@"; local rc=$?; [ "$rc" -eq 5 ] && { echo "pytest collected no tests" >&2; return 1; }; return "$rc"; }
 echo "== tests, installed diffusers"
 run .venv/bin/python -m pytest -q "$@" || exit 1
+bash scripts/docs.sh || exit 1
 if [ "${TOKENMERGE_SKIP_OLDEST:-0}" != 1 ]; then
   if [ ! -f .venv-oldest/.done ] || [ "$(cat .venv-oldest/.done)" != "$OLDEST" ]; then
     rm -rf .venv-oldest

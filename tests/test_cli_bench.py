@@ -441,7 +441,7 @@ def test_slice_plan_shares_one_pattern_and_keeps_positions():
     """The limit on families with one merge pattern per batch (rotary positions): expand and representatives."""
     import torch
 
-    from tokenmerge.merge.plan import SlicePlan, slice_match
+    from tokenmerge.tools.limits import SlicePlan, slice_match
 
     plan = slice_match(torch.zeros(1, 24, 4), (2, 3, 4), (1, 2, 2), 12)
     assert isinstance(plan, SlicePlan) and plan.num_slots == 12

@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from tokenmerge.merge import (
-    IdentityPlan, SlicePlan, bipartite_soft_matching, bipartite_soft_matching_2d, downsample, downsample_tokens,
-    num_windows, pooled_shape, pooled_size, random_offsets, slice_downsample, slice_downsampler, slice_match,
-    slice_matcher, window_destinations,
+    IdentityPlan, bipartite_soft_matching, bipartite_soft_matching_2d, downsample, downsample_tokens, num_windows,
+    pooled_shape, pooled_size, random_offsets, window_destinations,
 )
 from tokenmerge.merge.local import local_soft_matching, local_soft_matching_2d
+from tokenmerge.tools.limits import SlicePlan, slice_downsample, slice_downsampler, slice_match, slice_matcher
 
 CPU = torch.device("cpu")
 

@@ -113,7 +113,8 @@ def _apply(mode: MethodSpec, model, timer: PhaseTimer) -> None:
     import tokenmerge
     from tokenmerge.config import ToDoConfig
 
-    from ..merge.downsample import downsample, slice_downsample
+    from ..merge.downsample import downsample
+    from ..tools.limits import slice_downsample
 
     pool = slice_downsample if mode.name == "todo-limit" else downsample
     tokenmerge.apply_config(model, ToDoConfig(downsample=mode.value, **mode.kwargs()),

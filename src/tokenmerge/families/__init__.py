@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import dit, image, image2, image3, refused, unet, video, video2
+from . import (allegro, cogview, cosmos, dit, dual_stream, easyanimate, hunyuan_image, image, kandinsky, refused,
+               sana_video, unet, unified_stream, video)
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, Blocks, BlockSite,
                    Family, IdsGrid, LatentGrid, Mask, Predicate, Refused, Rotary, Target, block_has, config_has, config_is, has, has_list,
                    takes)
@@ -25,7 +26,8 @@ __all__ = [
 ]
 
 # Each group module lists its families (FAMILIES) and the models it recognises and refuses (REFUSED, optional).
-_GROUPS = (unet, dit, image, video, image2, image3, video2, refused)
+_GROUPS = (unet, dit, image, cogview, hunyuan_image, dual_stream, unified_stream, video, easyanimate, cosmos, sana_video,
+           kandinsky, allegro, refused)
 BUILTIN: tuple[Family, ...] = tuple(f for group in _GROUPS for f in group.FAMILIES)
 # Models recognised and refused with their own reason (checked before the families).
 REFUSED: tuple[Refused, ...] = tuple(r for group in _GROUPS for r in getattr(group, "REFUSED", ()))

@@ -26,7 +26,7 @@ JOINT_REFUSES_TODO = (
 DIT = Family(
     "diffusers-dit",
     match=config_has("patch_size", int) & has("pos_embed") & block_has("transformer_blocks", "attn1", "ff", "norm1")
-    & ~config_has("patch_size_t"),  # Allegro (video2): frames in the sequence, its own rotary layout
+    & ~config_has("patch_size_t"),  # Allegro (allegro.py): frames in the sequence, its own rotary layout
     grid=LatentGrid(patch=_PATCH),
     blocks=(Blocks("transformer_blocks", BASIC_TARGETS, requires=("attn1", "ff", "norm1"), whole=WHOLE),),
     description="DiT, PixArt-alpha/Sigma (and Latte's spatial blocks)",

@@ -1,5 +1,7 @@
 """Denoisers tokenmerge recognises and refuses with their reason: audio and other 1-D models, the unCLIP prior,
-sub-modules that are not a whole denoiser, and multimodal LLMs without an image grid (facts: docs/family-facts.md).
+sub-modules that are not a whole denoiser, image models whose attention takes the (B, C, H, W) feature map (no
+token sequence to merge), and multimodal models without an image grid in a fixed place (facts: docs/family-facts.md).
+Refusals that belong to a supported line sit beside its families (``video``, ``kandinsky``, ``sana_video``...).
 """
 
 from __future__ import annotations
@@ -55,4 +57,23 @@ REFUSED: tuple = (
             & takes("vision_tokens", "vision_sequence_indexes"),
             "Cosmos 3 Omni is a mixture-of-transformers LLM over one packed, unbatched sequence of text, vision, sound "
             "and action tokens at caller-given indexes: no image grid in a fixed place"),
+    Refused("kandinsky3-unet", has("add_time_condition", "encoder_hid_proj", "conv_in") & has_list("down_blocks"),
+            "Kandinsky 3's attention blocks take the (B, C, H, W) feature map and flatten it inside, and its "
+            "self-attention passes the same tokens as queries and keys: no sub-module takes a token sequence to merge"),
+    Refused("stable-cascade", has("clip_txt_mapper", "embedding") & has_list("down_blocks", "up_blocks")
+            & takes("timestep_ratio"),
+            "Stable Cascade's attention blocks take the (B, C, H, W) feature map, flattened inside the attention "
+            "call with the image's own tokens among the keys: no sub-module takes a token sequence to merge"),
+    Refused("unet-2d", has("conv_in", "mid_block", "time_embedding") & has_list("down_blocks", "up_blocks")
+            & takes("sample", "class_labels") & ~takes("encoder_hidden_states"),
+            "UNet2DModel (DDPM) attends inside its resolution blocks on the (B, C, H, W) feature map, flattened inside "
+            "the attention call: no sub-module takes a token sequence to merge"),
+    Refused("uvit2d", has("mlm_layer", "embed") & has_list("transformer_layers") & takes("input_ids", "micro_conds"),
+            "aMUSEd's U-ViT is a masked-token model over VQ ids, called without a timestep (no denoising schedule "
+            "to merge by); not supported"),
+    Refused("minimax-h3", takes("token_tags", "position_ids", "video_indices", "audio_indices")
+            & has_list("transformer_blocks"),
+            "MiniMax-H3 runs one caller-built sequence of text, audio and video rows at caller-given positions "
+            "(video_indices), conditioning and generated video rows mixed: its video tokens are not one grid in "
+            "one place"),
 )

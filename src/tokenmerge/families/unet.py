@@ -4,16 +4,18 @@ SDXL, the video UNets' spatial blocks), and LDM-style ``UNetModel``s (CompVis ``
 Their transformer blocks are diffusers' ``BasicTransformerBlock`` or LDM's look-alike (``attn1`` + ``ff`` +
 ``norm1``), found in ``transformer_blocks`` lists; the level of a block counts the 2x downsamplings above it.
 Temporal blocks of video UNets (``temp_attentions``, ``time_stack``, ``motion_modules``) are left out: their
-tokens are frames, not a spatial grid.
+tokens are frames, not a spatial grid. ControlNet-XS (``UNetControlNetXSModel``) runs a base and a control UNet
+side by side: both UNets' transformer blocks are merged, level by level.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from .spec import CROSS, MLP, SELF, Arg, BlockSite, Family, LatentGrid, Target, Whole, has, has_list
+from .spec import CROSS, MLP, SELF, Arg, BlockSite, Family, LatentGrid, Target, Whole, has, has_list, takes
 
-__all__ = ["DIFFUSERS_UNET", "LDM_UNET", "BASIC_TARGETS", "WHOLE", "transformer_blocks_in", "is_transformer_block", "FAMILIES"]
+__all__ = ["DIFFUSERS_UNET", "LDM_UNET", "CONTROLNET_XS", "BASIC_TARGETS", "WHOLE", "transformer_blocks_in",
+           "is_transformer_block", "FAMILIES"]
 
 BASIC_TARGETS = (Target("attn1", SELF), Target("attn2", CROSS), Target("ff", MLP))
 WHOLE = Whole()  # a basic block returns its hidden states; its other arguments are per image, not per token
@@ -97,4 +99,35 @@ LDM_UNET = Family(
     examples=("ldm",),
 )
 
-FAMILIES = (DIFFUSERS_UNET, LDM_UNET,)
+# ControlNet-XS: two UNets side by side, level by level
+def _join(a: str, b: str) -> str:
+    return f"{a}.{b}" if a else b
+
+
+def _xs_levels(module: nn.Module, path: str) -> list[BlockSite]:
+    """UNetControlNetXSModel: base and control transformer blocks of each level (the two UNets run side by side,
+    at the same resolution)."""
+    blocks, level = [], 0
+    for i, block in enumerate(module.down_blocks):
+        blocks += transformer_blocks_in(block, _join(path, f"down_blocks.{i}"), level)
+        if getattr(block, "base_downsamplers", None) is not None:
+            level += 1
+    blocks += transformer_blocks_in(module.mid_block, _join(path, "mid_block"), level)
+    for i, block in enumerate(module.up_blocks):
+        blocks += transformer_blocks_in(block, _join(path, f"up_blocks.{i}"), level)
+        if getattr(block, "upsamplers", None) is not None:
+            level -= 1
+    return blocks
+
+
+CONTROLNET_XS = Family(
+    "controlnet-xs",
+    match=has("base_conv_in", "ctrl_conv_in", "mid_block") & has_list("down_blocks", "up_blocks")
+    & takes("sample", "controlnet_cond"),
+    grid=LatentGrid(Arg("sample", fallback_index=0)),
+    levels=_xs_levels,
+    description="ControlNet-XS (UNetControlNetXSModel: the base and control UNets' transformer blocks)",
+    examples=("controlnet-xs",),
+)
+
+FAMILIES = (DIFFUSERS_UNET, LDM_UNET, CONTROLNET_XS)

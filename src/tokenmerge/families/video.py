@@ -1,4 +1,6 @@
-"""Video transformers over (frames, height, width) token grids (layout facts: docs/family-facts.md).
+"""The Wan, HunyuanVideo, CogVideoX, LTX and Mochi video lines, over (frames, height, width) token grids (layout
+facts: docs/family-facts.md). Other video lines have a module each (``cosmos``, ``kandinsky``, ``sana_video``,
+``easyanimate``, ``allegro``).
 
 - Wan 2.1 / 2.2 (T2V, I2V, TI2V) and its kin with the same block layout (VACE, Animate, SkyReels-V2, ChronoEdit):
   latent ``(B, C, F, H, W)``, ``patch_size=(1, 2, 2)``, ``blocks`` of self-attention ``attn1`` (rotary
@@ -10,11 +12,17 @@
 - HunyuanVideo 1.0 (T2V, I2V, token-replace): double- and single-stream blocks whose ``attn`` takes the image
   and the text as two streams and joins them [image, text]; the key mask ``(B, 1, 1, N + L)`` and the rotary
   table (video rows only) follow the merge.
+- HunyuanVideo 1.5 (T2V, I2V): double-stream blocks only; ``attn`` takes the video and the context as two streams
+  and joins them [video, context] inside; its mask ``(B, L)`` covers the context only (the processor pads it with
+  the video's entries), so it passes whole; rotary ``(cos, sin)`` each ``(N, d)``, video rows only.
 - CogVideoX 1.0 / 1.5: latent ``(B, F, C, H, W)`` (frames before channels); ``attn1`` joins [text, video], and
   the feed-forward runs on [text, video] too: only the video part is merged.
 - LTX-Video: packed tokens, the grid from ``num_frames`` / ``height`` / ``width`` (or the video's last tokens in
   ``video_coords``, conditioning tokens before them); rotary ``(B, N, D)``.
+- LTX-2: a video and an audio stream in every block; the video is merged, the audio passes whole.
 - Mochi: ``attn1`` joins [video, valid text] per sample; its text mask passes whole; called with 1000 - t.
+
+Recognised and refused: HunyuanVideo Framepack, Helios, AnyFlow (-FAR) and Wan-Animate 2 (each with its reason).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from __future__ import annotations
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, ArgsGrid, Blocks, Family, LatentGrid,
                    Mask, Refused, Rotary, Target, Whole, block_has, config_has, has, has_list, takes)
 
-__all__ = ["WAN", "HUNYUAN_VIDEO", "COGVIDEOX", "LTX_VIDEO", "MOCHI", "REFUSED", "FAMILIES"]
+__all__ = ["WAN", "HUNYUAN_VIDEO", "HUNYUAN_VIDEO_15", "COGVIDEOX", "LTX_VIDEO", "LTX2", "MOCHI", "REFUSED", "FAMILIES"]
 
 _WAN_LAYOUT = has("patch_embedding", "rope", "condition_embedder") & has_list("blocks") & ~has("patch_short") \
     & ~has("far_patch_embedding") & block_has("blocks", "attn1", "attn2", "ffn")
@@ -113,6 +121,44 @@ MOCHI = Family(
     examples=("mochi",),
 )
 
+_VIDEO_ROTARY = Rotary("image_rotary_emb", text=TEXT_NONE)  # (cos, sin) each (N, d): the video's rows only
+
+HUNYUAN_VIDEO_15 = Family(
+    "hunyuan-video-1.5",
+    match=has("x_embedder", "context_embedder", "context_embedder_2", "image_embedder", "cond_type_embed", "rope")
+    & has_list("transformer_blocks") & ~has("single_transformer_blocks")
+    & block_has("transformer_blocks", "attn", "ff", "ff_context", "norm1_context"),
+    grid=LatentGrid(rank=3, patch=("patch_size_t", "patch_size", "patch_size")),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn", JOINT, rotary=_VIDEO_ROTARY, mask=Mask("attention_mask", image=False), keys=TEXT_AFTER),
+        Target("ff", MLP)), requires=("attn", "ff")),),
+    shared_plan=True,
+    description="HunyuanVideo 1.5 (T2V, I2V): double-stream blocks, the context's mask passes whole",
+    examples=("hunyuan-video-1.5", "hunyuan-video-1.5-i2v"),
+)
+
+# LTX-2: every block carries the video and the audio stream. The video is merged in its self-attention ``attn1``, its
+# text cross-attention ``attn2``, the audio-to-video cross-attention (its queries are video tokens, with their own
+# rotary rows) and ``ff``; the audio stream and its sub-modules pass whole, and ``video_to_audio_attn`` takes the
+# block's unmerged video tokens as keys. Tokens a call appends after the grid's (the condition pipelines' keyframe
+# tokens) pass whole, with their rotary rows.
+_LTX2_VIDEO_ROTARY = Rotary("query_rotary_emb", text=TEXT_AFTER)  # (cos, sin): (B, N, D) or (B, heads, N, d / 2)
+LTX2 = Family(
+    "ltx2",
+    match=has("proj_in", "audio_proj_in", "rope", "audio_rope") & has_list("transformer_blocks")
+    & block_has("transformer_blocks", "attn1", "audio_attn1", "audio_to_video_attn", "video_to_audio_attn")
+    & takes("audio_hidden_states", "num_frames", "height", "width"),
+    grid=ArgsGrid(("num_frames", "height", "width")),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn1", SELF, text=TEXT_AFTER, rotary=_LTX2_VIDEO_ROTARY, keys=TEXT_AFTER),
+        Target("attn2", CROSS, text=TEXT_AFTER),
+        Target("audio_to_video_attn", CROSS, text=TEXT_AFTER, rotary=_LTX2_VIDEO_ROTARY),
+        Target("ff", MLP, text=TEXT_AFTER)), text=TEXT_AFTER, requires=("attn1", "ff", "audio_to_video_attn")),),
+    shared_plan=True,
+    description="LTX-2 (audio + video): the video merged, the audio stream whole; appended keyframe tokens pass whole",
+    examples=("ltx2",),
+)
+
 REFUSED = (
     Refused("hunyuan-video-framepack", has("clean_x_embedder", "x_embedder") & has_list("single_transformer_blocks"),
             "HunyuanVideo Framepack prepends history and clean-frame tokens (with their own rotary rows) to the "
@@ -127,6 +173,11 @@ REFUSED = (
     Refused("anyflow-far", has("far_patch_embedding", "patch_embedding") & has_list("blocks"),
             "AnyFlow-FAR generates in autoregressive chunks with a block mask and a key/value cache over earlier "
             "chunks; not supported yet"),
+    Refused("wan-animate-2", has("patch_embedding") & has_list("blocks") & takes("condition_latents", "kv_cache")
+            & block_has("blocks", "self_attn", "cross_attn", "ffn"),
+            "Wan-Animate 2 takes per-sample lists of latents padded to seq_len, rotates its queries and keys inside "
+            "self-attention by positions computed there from grid_sizes (not per-token rows that could follow the "
+            "merge), and caches reference-frame keys and values across calls"),
 )
 
-FAMILIES = (WAN, HUNYUAN_VIDEO, COGVIDEOX, LTX_VIDEO, MOCHI,)
+FAMILIES = (WAN, HUNYUAN_VIDEO, HUNYUAN_VIDEO_15, COGVIDEOX, LTX_VIDEO, LTX2, MOCHI)

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["downsample", "pooled_shape", "slice_downsample", "downsample_tokens", "pooled_size", "slice_downsampler"]
+__all__ = ["downsample", "pooled_shape", "downsample_tokens", "pooled_size"]
 
 _MODES = {"nearest-exact": dict(mode="nearest-exact"), "avg": dict(mode="area"),
           "bilinear": dict(mode="bilinear", align_corners=False),
@@ -89,16 +89,6 @@ def _interpolate(x: torch.Tensor, shape, factors, mode: str) -> torch.Tensor:
     return pooled.flatten(2).transpose(1, 2)
 
 
-def slice_downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int, ...],
-                     mode: str = "nearest-exact") -> torch.Tensor:
-    """ToDo's zero-overhead reference (the bench's "todo-limit"): the first ``prod(pooled)`` tokens, a free view.
-
-    Not a downsampling (the keys/values it gives are meaningless): the attention on the pooled count is all that
-    is left, the best speed any pooling to that count could reach.
-    """
-    return x if all(f == 1 for f in factors) else x[:, : math.prod(pooled_shape(shape, factors))]
-
-
 def pooled_size(h: int, w: int, factor: int) -> tuple[int, int]:
     """The pooled ``h`` x ``w`` grid (2-D API of ``pooled_shape``)."""
     return pooled_shape((h, w), (factor, factor))
@@ -107,8 +97,3 @@ def pooled_size(h: int, w: int, factor: int) -> tuple[int, int]:
 def downsample_tokens(x: torch.Tensor, h: int, w: int, factor: int, mode: str = "nearest-exact") -> torch.Tensor:
     """``(B, h*w, C) -> (B, h'*w', C)`` with ``(h', w') = pooled_size(h, w, factor)``; factor 1 returns ``x``."""
     return downsample(x, (h, w), (factor, factor), mode)
-
-
-def slice_downsampler(x: torch.Tensor, h: int, w: int, factor: int, mode: str = "nearest-exact") -> torch.Tensor:
-    """``slice_downsample`` of an ``h`` x ``w`` grid (2-D API)."""
-    return slice_downsample(x, (h, w), (factor, factor), mode)

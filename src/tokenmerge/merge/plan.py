@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .windows import arange, table
 
-__all__ = ["MergePlan", "IdentityPlan", "SlicePlan", "slice_match", "slice_matcher"]
+__all__ = ["MergePlan", "IdentityPlan"]
 
 
 @table
@@ -116,50 +114,3 @@ class MergePlan:
         channels = x.shape[2]
         out = x.reshape(-1, channels).index_select(0, self.flat_dest)
         return out.view(self.batch, self.num_tokens, channels)
-
-
-class SlicePlan:
-    """The zero-overhead reference ("limit"): keep the first ``M`` tokens, repeat them back to ``N``.
-
-    Not a merge (its output is meaningless as an image); it costs nothing to build or apply, so the attention
-    on ``M`` tokens is all that is left: the best speed any merge to ``M`` tokens could reach.
-    """
-
-    def __init__(self, num_tokens: int, num_slots: int, device=None):
-        self.num_tokens, self.num_slots = num_tokens, num_slots
-        self.num_merged = num_tokens - num_slots
-        self._repeat = -(-num_tokens // num_slots)
-        self.device = device
-        self._reps: torch.Tensor | None = None
-
-    def expand(self, batch: int) -> "SlicePlan":
-        """The same slice for every element of a batch of any size (one pattern for all, as ``MergePlan.expand``)."""
-        return self
-
-    def representatives(self) -> torch.Tensor:
-        """``(1, M)``: the merged token ``i`` is token ``i`` (the first ``M`` tokens keep their own positions), so
-        rotary positions and mask entries follow a limit as they follow a real merge (``MergePlan``)."""
-        if self._reps is None:
-            self._reps = arange(self.num_slots, torch.device(self.device or "cpu")).unsqueeze(0)
-        return self._reps
-
-    def merge(self, x: torch.Tensor) -> torch.Tensor:
-        return x[:, : self.num_slots]
-
-    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
-        b, m, c = x.shape
-        return x.unsqueeze(2).expand(b, m, self._repeat, c).reshape(b, m * self._repeat, c)[:, : self.num_tokens]
-
-
-def slice_match(metric, shape, windows, r, offsets=None, radius=None):
-    """A matcher with ToMe's token count after merging (``r`` capped at the number of sources), on a grid of
-    any rank (``bipartite_soft_matching``'s arguments; ``offsets`` and ``radius`` change nothing)."""
-    tokens = metric.shape[1]
-    num = math.prod([n // s for n, s in zip(shape, windows)])
-    r = min(r, tokens - num)
-    return IdentityPlan(tokens) if r <= 0 or num == 0 else SlicePlan(tokens, tokens - r, metric.device)
-
-
-def slice_matcher(metric, h, w, sx, sy, r, offsets=None):
-    """``slice_match`` of an ``h`` x ``w`` grid with ``sy`` x ``sx`` windows (2-D API)."""
-    return slice_match(metric, (h, w), (sy, sx), r, offsets)

@@ -175,11 +175,11 @@ class MethodSpec:
         elif self.name == "todo":
             tokenmerge.apply_todo(model, downsample=self.value, **self.kwargs())
         elif self.name == "limit":
-            from ..merge.plan import slice_match  # the engine's N-D matcher signature
+            from .limits import slice_match  # the engine's N-D matcher signature
 
             tokenmerge.apply_config(model, ToMeConfig(ratio=self.value, **self.kwargs()), matcher=slice_match)
         elif self.name == "todo-limit":
-            from ..merge.downsample import slice_downsample  # the engine's N-D downsampler signature
+            from .limits import slice_downsample  # the engine's N-D downsampler signature
 
             tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()),
                                     downsampler=slice_downsample)

@@ -1,8 +1,9 @@
-"""The families of ``tokenmerge.families.image2`` lay out their tokens right: a "merge" that only permutes the image
-tokens (every other token, rotary row and mask entry where the family says it is) leaves the model's output
-unchanged up to rounding, since attention and feed-forwards are equivariant to a permutation of their tokens when
-the positions and masks follow them. A wrong text side, rotary axis or mask layout moves text rows or positions
-and changes the output by far more than rounding."""
+"""The image families of 2025-2026 (``tokenmerge.families``: ``cogview``, ``hunyuan_image``, ``dual_stream``; Krea 2,
+Ideogram 4 and Qwen-Image 2.1 of ``unified_stream``; ControlNet-XS of ``unet``) lay out their tokens right: a "merge"
+that only permutes the image tokens (every other token, rotary row and mask entry where the family says it is) leaves
+the model's output unchanged up to rounding, since attention and feed-forwards are equivariant to a permutation of
+their tokens when the positions and masks follow them. A wrong text side, rotary axis or mask layout moves text rows
+or positions and changes the output by far more than rounding."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import torch
 
 import tokenmerge
 from tiny_denoisers import CATALOGUE, available, output_tensor
-from tokenmerge.families import image2
+from tokenmerge.families import cogview, dual_stream, hunyuan_image, unet, unified_stream
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 
-EXAMPLES = [name for family in image2.FAMILIES for name in family.examples]
+FAMILIES = (cogview.FAMILIES + hunyuan_image.FAMILIES + dual_stream.FAMILIES
+            + (unified_stream.KREA2, unified_stream.IDEOGRAM4, unified_stream.QWEN_IMAGE_21, unet.CONTROLNET_XS))
+EXAMPLES = [name for family in FAMILIES for name in family.examples]
 
 
 def _out(model, inputs, entry):

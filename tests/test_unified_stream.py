@@ -1,4 +1,4 @@
-"""Z-Image and Lumina-Image 2.0: one unified stream of image and caption tokens (families/image3.py).
+"""Z-Image and Lumina-Image 2.0: one unified stream of image and caption tokens (families/unified_stream.py).
 
 The conformance suite runs both (off / on / removed, ToDo, scope="block", a permutation of the image tokens). Here:
 the layouts the catalogue's default inputs do not reach: Z-Image's padded image (tokens not a multiple of 32) and
@@ -149,7 +149,7 @@ def test_zimage_latents_of_different_sizes_in_one_call_run_unmerged():
 
 def test_zimage_omni_layout_is_refused_by_name():
     from tokenmerge.engine.grids import GridReader
-    from tokenmerge.families.image3 import Z_IMAGE
+    from tokenmerge.families.unified_stream import Z_IMAGE
 
     _, model = _need("z-image")
     reader = GridReader(Z_IMAGE.grid, model)
@@ -309,7 +309,7 @@ def test_omnigen_mask_rows_and_columns_follow_a_real_merge(scope):
     torch.testing.assert_close(merged, merged_other, rtol=0, atol=1e-6)
 
 
-# ---- Ideogram 4 (families/image2.py): one packed sequence tagged per token -------------------------------------
+# ---- Ideogram 4 (families/unified_stream.py): one packed sequence tagged per token -----------------------------
 def test_ideogram4_text_and_padding_rows_reach_the_attention_unchanged():
     """[left padding | text | image]: with the image merged, the attention gets the unpatched call's padding and
     text rows bit for bit, then fewer image rows, and a mask and rotary rows of the merged length."""

@@ -1,4 +1,4 @@
-"""Image transformers with one unified stream of image and caption tokens (layout facts: docs/family-facts.md).
+"""Image transformers that run image and caption tokens in one unified stream (layout facts: docs/family-facts.md).
 
 - Z-Image: ``forward(x=[(C, 1, H, W)] per sample, t, cap_feats=[(L, D)] per sample)``; the noise refiner runs on
   the image tokens (padded with a learned token to a multiple of 32), the main layers on ``[image | padding |
@@ -16,14 +16,21 @@
 - ERNIE-Image: ``[image | caption]`` layers that hold the sequence sequence-first (S, B, D); the attention module
   gets it batch-first with a per-token rotary table (B, S, 1, d) and a (B, 1, 1, S) key mask. Attention only: the
   feed-forward takes (S, B, D) and whole-block merging is not declared.
+- Krea 2: one ``[text | image]`` sequence from the first block; ``position_ids`` ``(L + N, 3)`` start with the text's
+  rows.
+- Ideogram 4: one packed ``[left padding | text | image]`` sequence per sample, each token tagged by ``indicator``
+  (2: image); the image's rows are found by the tag, their grid by the (offset) position ids.
+- Qwen-Image 2.1: one block-causal sequence, the VLM's text with condition images spliced in, then the target
+  image's tokens last (raster order); the target is merged with its rotary rows and key masks.
 """
 
 from __future__ import annotations
 
-from .spec import (CROSS, JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, LatentGrid, Mask, Refused,
-                   Rotary, Target, Whole, has, has_list, takes)
+from .spec import (CROSS, JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, IdsGrid, LatentGrid,
+                   Mask, Refused, Rotary, ShapesGrid, Target, Whole, block_has, has, has_list, takes)
 
-__all__ = ["Z_IMAGE", "LUMINA2", "LUMINA_NEXT", "ERNIE_IMAGE", "OMNIGEN", "BRIA_FIBO2", "FAMILIES", "REFUSED"]
+__all__ = ["Z_IMAGE", "LUMINA2", "LUMINA_NEXT", "ERNIE_IMAGE", "OMNIGEN", "BRIA_FIBO2", "KREA2", "IDEOGRAM4",
+           "QWEN_IMAGE_21", "FAMILIES", "REFUSED"]
 
 _Z_ROTARY = Rotary("freqs_cis", token_axis=1, text=TEXT_AFTER)
 _Z_TARGETS = (Target("attention", JOINT, text=TEXT_AFTER, rotary=_Z_ROTARY, mask=Mask("attention_mask", text=TEXT_AFTER),
@@ -153,7 +160,71 @@ BRIA_FIBO2 = Family(
     examples=("bria-fibo2",),
 )
 
-FAMILIES: tuple = (Z_IMAGE, LUMINA2, LUMINA_NEXT, ERNIE_IMAGE, OMNIGEN, BRIA_FIBO2)
+# ---- Krea 2 ---------------------------------------------------------------------------------------------------
+KREA2 = Family(
+    "krea2",
+    match=has("text_fusion", "rotary_emb", "img_in", "txt_in") & has_list("transformer_blocks")
+    & takes("position_ids", "encoder_attention_mask") & block_has("transformer_blocks", "attn", "ff"),
+    grid=IdsGrid(Arg("position_ids"), axes=(1, 2), leading=Arg("encoder_hidden_states")),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn", JOINT, text=TEXT_BEFORE, rotary=Rotary("image_rotary_emb", text=TEXT_BEFORE),
+               mask=Mask("attention_mask", text=TEXT_BEFORE), keys=TEXT_BEFORE),
+        Target("ff", MLP, text=TEXT_BEFORE)), text=TEXT_BEFORE, requires=("attn", "ff")),),
+    timestep=Arg("timestep", scale=1000.0),
+    shared_plan=True,
+    description="Krea 2 (one [text | image] sequence; 0..1 timesteps)",
+    examples=("krea2",),
+)
+
+# ---- Ideogram 4 ----------------------------------------------------------------------------------------------
+# One packed sequence per sample from the input on, tagged per token: [left padding | text | image] (the pipeline's
+# layout; the unconditional transformer gets the image alone). The image's rows are those tagged 2; their position
+# ids (t, h, w) are offset by 65536 (the span is what counts). Rotary (cos, sin) (B, S, d) and the segment mask
+# (B, 1, S, S), made inside the call, are indexed like the tokens.
+_I4_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
+_I4_MASK = Mask("attention_mask", text=TEXT_BEFORE)
+
+IDEOGRAM4 = Family(
+    "ideogram4",
+    match=takes("indicator", "segment_ids", "position_ids") & has_list("layers")
+    & block_has("layers", "attention", "feed_forward"),
+    grid=IdsGrid(Arg("position_ids"), axes=(1, 2), image_axis=None, tag=Arg("indicator"), tag_value=2),
+    blocks=(Blocks("layers", (
+        Target("attention", JOINT, text=TEXT_BEFORE, rotary=_I4_ROTARY, mask=_I4_MASK, keys=TEXT_BEFORE),
+        Target("feed_forward", MLP, text=TEXT_BEFORE)), text=TEXT_BEFORE, requires=("attention", "feed_forward"),
+        whole=Whole(rotary=_I4_ROTARY, mask=_I4_MASK, per_token=("adaln_input",))),),
+    timestep=Arg("timestep", scale=1000.0, reverse=True),  # model time 0..1, 0 = noise
+    shared_plan=True,
+    description="Ideogram 4 (one packed [text | image] sequence tagged per token; conditional and unconditional "
+                "transformers)",
+    examples=("ideogram4",),
+)
+
+# ---- Qwen-Image 2.1 -------------------------------------------------------------------------------------------
+# One single-stream sequence from the first block: the VLM's text with condition images spliced in (each image slot
+# expanded to its 2x2 latent tokens), then the target image's tokens in raster order, last. The default processor
+# runs the block-causal prefill as one SDPA call per prefix segment plus one for the target rows, over a (B, S) key
+# mask ``key_valid``; a prefix KV cache holds the prefix's keys, which the target never changes (causal).
+_Q21_MASK = Mask("attention_mask", text=TEXT_BEFORE, same=("key_valid",))
+
+QWEN_IMAGE_21 = Family(
+    "qwen-image-2.1",
+    match=has("img_in", "txt_in", "modulation") & has_list("transformer_blocks") & takes("img_mask", "img_shapes"),
+    grid=ShapesGrid(Arg("img_shapes"), rank=2, last=True),
+    blocks=(Blocks("transformer_blocks", (
+        Target("attn", JOINT, text=TEXT_BEFORE, rotary=Rotary("rotary_emb", text=TEXT_BEFORE), mask=_Q21_MASK),
+        Target("img_mlp", MLP, text=TEXT_BEFORE)), text=TEXT_BEFORE, requires=("attn", "img_mlp")),),
+    timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise
+    shared_plan=True,
+    todo="its attention processor splits the block-causal prefill into one attention call per prefix segment, "
+         "most of which hold no image keys to pool; use ToMe (apply_patch)",
+    description="Qwen-Image 2.1 (one block-causal [text and condition images | target image] sequence; the "
+                "target merged, its key mask and rotary rows with it; prefix KV cache)",
+    examples=("qwen-image-2.1",),
+)
+
+
+FAMILIES: tuple = (Z_IMAGE, LUMINA2, LUMINA_NEXT, ERNIE_IMAGE, OMNIGEN, BRIA_FIBO2, KREA2, IDEOGRAM4, QWEN_IMAGE_21)
 
 REFUSED: tuple = (
     Refused("z-image-controlnet", has_list("control_layers", "noise_refiner") & has("cap_embedder")

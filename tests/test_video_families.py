@@ -1,4 +1,5 @@
-"""The families of ``tokenmerge.families.video2`` lay out their tokens right.
+"""The video families of 2025-2026 (``tokenmerge.families``: HunyuanVideo 1.5 and LTX-2 of ``video``, ``easyanimate``,
+``cosmos``, ``sana_video``, ``kandinsky``, ``allegro``) lay out their tokens right.
 
 A "merge" that only permutes the video tokens (every other token, rotary row and mask entry where the family says it
 is) leaves the model's output unchanged up to rounding, since attention and feed-forwards are equivariant to a
@@ -16,13 +17,15 @@ import torch
 
 import tokenmerge
 from tiny_denoisers import CATALOGUE, available, output_tensor
-from tokenmerge.families import match_family, refusal_for, video2
+from tokenmerge.families import allegro, cosmos, easyanimate, kandinsky, match_family, refusal_for, sana_video, video
 from tokenmerge.families.spec import Arg
 from tiny_models import permuting_matcher
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 
-EXAMPLES = [name for family in video2.FAMILIES for name in family.examples]
+FAMILIES = ((video.HUNYUAN_VIDEO_15,) + easyanimate.FAMILIES + cosmos.FAMILIES + sana_video.FAMILIES
+            + kandinsky.FAMILIES + (video.LTX2,) + allegro.FAMILIES)
+EXAMPLES = [name for family in FAMILIES for name in family.examples]
 
 
 def _build(name):

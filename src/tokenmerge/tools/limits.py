@@ -1,0 +1,94 @@
+"""The zero-overhead limits the bench measures against: stand-ins for a merge or a pooling that cost nothing.
+
+``limit`` (ToMe's) keeps the first ``M`` tokens a merge would leave and repeats them back; ``todo-limit`` (ToDo's)
+takes the first tokens of the pooled count as keys and values. Their outputs are meaningless as images: they are
+the best speed any merge or pooling to that token count could reach, so a method's share of the limit's gain is
+what its own overhead leaves. They are handed to the core through ``apply_config(matcher=...)`` and
+``apply_config(downsampler=...)`` with the signatures of the engine's N-D matcher and downsampler.
+
+Example:
+    >>> import torch
+    >>> plan = slice_match(torch.zeros(1, 16, 4), (4, 4), (2, 2), 8)
+    >>> plan.num_slots, plan.merge(torch.zeros(1, 16, 4)).shape
+    (8, torch.Size([1, 8, 4]))
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..merge import IdentityPlan, pooled_shape
+from ..merge.windows import arange  # a table kept on the device: a constant under torch.compile
+
+__all__ = ["SlicePlan", "slice_match", "slice_matcher", "slice_downsample", "slice_downsampler"]
+
+
+class SlicePlan:
+    """The zero-overhead reference ("limit"): keep the first ``M`` tokens, repeat them back to ``N``.
+
+    Not a merge (its output is meaningless as an image); it costs nothing to build or apply, so the attention
+    on ``M`` tokens is all that is left: the best speed any merge to ``M`` tokens could reach.
+
+    Args:
+        num_tokens: ``N``, the tokens before the "merge".
+        num_slots: ``M``, the tokens kept.
+        device: where ``representatives`` is made.
+    """
+
+    def __init__(self, num_tokens: int, num_slots: int, device=None):
+        self.num_tokens, self.num_slots = num_tokens, num_slots
+        self.num_merged = num_tokens - num_slots
+        self._repeat = -(-num_tokens // num_slots)
+        self.device = device
+        self._reps: torch.Tensor | None = None
+
+    def expand(self, batch: int) -> "SlicePlan":
+        """The same slice for every element of a batch of any size (one pattern for all, as ``MergePlan.expand``)."""
+        return self
+
+    def representatives(self) -> torch.Tensor:
+        """``(1, M)``: the merged token ``i`` is token ``i`` (the first ``M`` tokens keep their own positions), so
+        rotary positions and mask entries follow a limit as they follow a real merge (``MergePlan``)."""
+        if self._reps is None:
+            self._reps = arange(self.num_slots, torch.device(self.device or "cpu")).unsqueeze(0)
+        return self._reps
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, N, C) -> (B, M, C)``: the first ``M`` tokens (a view)."""
+        return x[:, : self.num_slots]
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, M, C) -> (B, N, C)``: each kept token repeated, cut to ``N``."""
+        b, m, c = x.shape
+        return x.unsqueeze(2).expand(b, m, self._repeat, c).reshape(b, m * self._repeat, c)[:, : self.num_tokens]
+
+
+def slice_match(metric, shape, windows, r, offsets=None, radius=None):
+    """A matcher with ToMe's token count after merging (``r`` capped at the number of sources), on a grid of
+    any rank (``bipartite_soft_matching``'s arguments; ``offsets`` and ``radius`` change nothing)."""
+    tokens = metric.shape[1]
+    num = math.prod([n // s for n, s in zip(shape, windows)])
+    r = min(r, tokens - num)
+    return IdentityPlan(tokens) if r <= 0 or num == 0 else SlicePlan(tokens, tokens - r, metric.device)
+
+
+def slice_matcher(metric, h, w, sx, sy, r, offsets=None):
+    """``slice_match`` of an ``h`` x ``w`` grid with ``sy`` x ``sx`` windows (2-D API)."""
+    return slice_match(metric, (h, w), (sy, sx), r, offsets)
+
+
+def slice_downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int, ...],
+                     mode: str = "nearest-exact") -> torch.Tensor:
+    """ToDo's zero-overhead reference (the bench's "todo-limit"): the first ``prod(pooled)`` tokens, a free view.
+
+    Not a downsampling (the keys/values it gives are meaningless): the attention on the pooled count is all that
+    is left, the best speed any pooling to that count could reach.
+    """
+    return x if all(f == 1 for f in factors) else x[:, : math.prod(pooled_shape(shape, factors))]
+
+
+def slice_downsampler(x: torch.Tensor, h: int, w: int, factor: int, mode: str = "nearest-exact") -> torch.Tensor:
+    """``slice_downsample`` of an ``h`` x ``w`` grid (2-D API)."""
+    return slice_downsample(x, (h, w), (factor, factor), mode)
