@@ -5,7 +5,10 @@ one kernel launch; views and allocations left out), after a warm-up step (cached
 preset with RANDOM weights. By default the code paths a CUDA call takes are run on whatever device is used
 (``tokenmerge.merge.local.code_paths("cuda")``), so a CPU run counts what an H100 run launches; ``--cpu-paths``
 counts the CPU's own paths. ``--blocks`` keeps that many blocks of each stack (REDUCED; the count per merged block
-does not depend on it, the per-call part is then shared by fewer blocks).
+does not depend on it, the per-call part is then shared by fewer blocks). ``--narrow`` builds the preset with
+2 or 3 heads of 16 channels and narrow text and feed-forward widths (the UNet: a tenth of its channels) at the same
+token counts: the same operators in the same order, a small fraction of the arithmetic (the counts at real widths
+and narrowed are compared in ``benchmarks/results/kernels/README.md``).
 
     .venv/bin/python benchmarks/kernels_per_call.py --preset pixart --resolution 1024 --blocks 7 \\
         --methods tome:0.5 tome:0.5,match_radius=None tome:0.5,scope=block tome:0.5,share_plans=true todo:2
@@ -52,6 +55,7 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--blocks", type=int, default=None, help="keep this many blocks of each stack (REDUCED)")
     p.add_argument("--methods", nargs="+", default=["tome:0.5"])
+    p.add_argument("--narrow", action="store_true", help="narrow widths, same token counts (see above)")
     p.add_argument("--cpu-paths", action="store_true", help="count the CPU's code paths instead of CUDA's")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -62,6 +66,8 @@ def main() -> None:
             if key in config:
                 config[key] = min(config[key], args.blocks)
         preset = dataclasses.replace(preset, unet=config)
+    if args.narrow:
+        preset = _narrow(preset)
     model = preset.build(torch.float32, "cpu")
     set_attention(model, "sdpa", preset.family)
     inputs = preset.inputs(1, args.resolution, torch.float32, torch.device("cpu"), frames=args.frames)
@@ -69,6 +75,7 @@ def main() -> None:
                             cwd=tokenmerge.__path__[0]).stdout.strip()
     paths = _paths(args.cpu_paths)[1]
     reduced = f", REDUCED to {args.blocks} blocks per stack" if args.blocks is not None else ""
+    reduced += ", NARROWED widths (same token counts)" if args.narrow else ""
     print(f"`{' '.join(sys.argv)}`\n\ntokenmerge {commit}, torch {torch.__version__}, {preset.name} "
           f"({preset.description}{reduced}), {args.resolution}, RANDOM weights, {paths}, one step as the pipeline "
           "runs it\n")
@@ -84,6 +91,24 @@ def main() -> None:
         base = kernels if base is None else base
         extra = f"{(kernels - base) / blocks:.1f} ({blocks} blocks)" if blocks else ""
         print(f"| {text} | {kernels} | {kernels / base:.2f}x | {extra} | {counted['syncs']} |", flush=True)
+
+
+# per family: the config keys of the widths, narrowed (heads x head channels, text, feed-forward); the token
+# counts (patch size, latent channels, text tokens) are kept
+_NARROW = {
+    "unet": dict(block_out_channels=(32, 64, 128, 128), cross_attention_dim=16, norm_num_groups=32),
+    "pixart": dict(num_attention_heads=3, attention_head_dim=16, cross_attention_dim=48, caption_channels=16),
+    "flux": dict(num_attention_heads=2, attention_head_dim=16, joint_attention_dim=16, pooled_projection_dim=16,
+                 axes_dims_rope=(4, 6, 6)),
+    "wan": dict(num_attention_heads=2, attention_head_dim=16, text_dim=16, ffn_dim=32),
+}
+
+
+def _narrow(preset):
+    if preset.family not in _NARROW:
+        raise SystemExit(f"--narrow: no narrow widths for the {preset.family!r} family (one of {sorted(_NARROW)})")
+    config = dict(preset.unet, **_NARROW[preset.family])
+    return dataclasses.replace(preset, unet=config, text_dim=None if preset.text_dim is None else 16)
 
 
 def _patches(model):
