@@ -30,10 +30,11 @@ def memory_cell(preset: Preset, cell: Cell, mode: MethodSpec, dtype: str, limit_
     if lines:  # the probe's own verdict, "ok" or "OOM"
         return json.loads(lines[-1])
     # killed (the kernel's OOM killer, or an allocation failure that aborted): out of memory as well; so is an
-    # OpenMP runtime that could not map a thread's stack under the limit (libgomp exits: "Thread creation failed")
+    # OpenMP runtime that could not map a thread's stack under the limit (libgomp exits: "Thread creation failed"),
+    # and oneDNN that could not allocate a convolution's primitive under it (seen with OMP_NUM_THREADS=1)
     tail = proc.stderr[-4000:]
     words = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "out of memory")
-    words += ("Thread creation failed",) if limit_mb else ()
+    words += ("Thread creation failed", "could not create a primitive") if limit_mb else ()
     if proc.returncode < 0 or any(w in tail for w in words):
         return {"status": "OOM", "peak_rss_mb": None, "step_rss_mb": None}
     raise RuntimeError(f"memory probe failed for {cell} {mode}:\n{proc.stderr[-2000:]}")
