@@ -7,8 +7,14 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
 OLDEST="diffusers==0.27.2 transformers==4.40.2 tokenizers==0.19.1 huggingface_hub==0.25.2 accelerate==0.30.1 peft==0.10.0"
 run() { "$@"; local rc=$?; [ "$rc" -eq 5 ] && { echo "pytest collected no tests" >&2; return 1; }; return "$rc"; }
+# one pytest worker per core (pytest-xdist; TOKENMERGE_TEST_WORKERS=0 runs in this process), each on one OpenMP
+# thread: two workers of two threads each on two cores ran slower than one process (thread oversubscription)
+WORKERS="${TOKENMERGE_TEST_WORKERS:-auto}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+PARALLEL=(-n "$WORKERS" --dist worksteal)
+[ "$WORKERS" = 0 ] && PARALLEL=()
 echo "== tests, installed diffusers"
-run .venv/bin/python -m pytest -q "$@" || exit 1
+run .venv/bin/python -m pytest -q "${PARALLEL[@]}" "$@" || exit 1
 bash scripts/docs.sh || exit 1
 if [ "${TOKENMERGE_SKIP_OLDEST:-0}" != 1 ]; then
   if [ ! -f .venv-oldest/.done ] || [ "$(cat .venv-oldest/.done)" != "$OLDEST" ]; then
@@ -20,6 +26,6 @@ if [ "${TOKENMERGE_SKIP_OLDEST:-0}" != 1 ]; then
   echo "== tests, oldest supported diffusers ($OLDEST)"
   # torch.compile is the same torch either way: its tests run once, above; so do the tests that start other
   # processes (accelerate, memory limits, seeds across processes: process handling, not diffusers' API)
-  PYTHONPATH="$PWD/.venv-oldest" run .venv/bin/python -m pytest -q -p no:cacheprovider \
+  PYTHONPATH="$PWD/.venv-oldest" run .venv/bin/python -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" \
     -m "not compile and not processes and not slow" "$@" || exit 1
 fi
