@@ -189,16 +189,8 @@ class GridReader:
         if not isinstance(tag, torch.Tensor) or tag.dim() != 2:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no per-token '{source.tag.name}' tensor (batch, "
                             f"tokens) to find the image's tokens by; got {_describe(tag)}")
-        key = ("tag", tag.data_ptr(), tuple(tag.shape), tag.device)
-        if torch.compiler.is_compiling():  # as for the ids: what the last eager call of this shape saw
-            cached = self._by_shape.get(key[:1] + key[2:])
-            if cached is not None:
-                return cached
-        if self._tag_cache[0] != key:
-            self._tag_cache = (key, _verdict(lambda: self._find_tagged(tag, source)))
-            if not isinstance(self._tag_cache[1], NoGrid):
-                self._by_shape[key[:1] + key[2:]] = self._tag_cache[1]
-        return _result(self._tag_cache[1])
+        return self._read_once("_tag_cache", ("tag", tag.data_ptr(), tuple(tag.shape), tag.device),
+                               ("tag", tuple(tag.shape), tag.device), lambda: self._find_tagged(tag, source))
 
     @staticmethod
     def _find_tagged(tag: torch.Tensor, source: IdsGrid) -> tuple[int, int]:
@@ -223,16 +215,25 @@ class GridReader:
         if not isinstance(ids, torch.Tensor) or ids.dim() not in (2, 3) or ids.shape[-1] < width:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' tensor (tokens, {width}) "
                             f"to read the image grid from; got {_describe(ids)}")
-        key = (ids.data_ptr(), tuple(ids.shape), ids.device, lead, count)
-        if torch.compiler.is_compiling():  # traced code cannot compare data pointers: the grid seen for this shape
-            cached = self._by_shape.get((tuple(ids.shape), ids.device))
+        return self._read_once("_cache", (ids.data_ptr(), tuple(ids.shape), ids.device, lead, count),
+                               (tuple(ids.shape), ids.device), lambda: self._read_ids(ids, source, lead, count))
+
+    def _read_once(self, slot: str, key: tuple, shape_key: tuple, read):
+        """What ``read()`` (a host read of a per-call tensor) gives, or the ``NoGrid`` it raised, kept in the
+        ``(key, value)`` attribute ``slot``: read once per tensor (``key``: its data pointer, shape, device...).
+        Traced code cannot compare data pointers: under torch.compile, what the last eager read of a tensor of
+        ``shape_key`` gave."""
+        if torch.compiler.is_compiling():
+            cached = self._by_shape.get(shape_key)
             if cached is not None:
                 return cached
-        if self._cache[0] != key:
-            self._cache = (key, _verdict(lambda: self._read_ids(ids, source, lead, count)))
-            if not isinstance(self._cache[1], NoGrid):
-                self._by_shape[(tuple(ids.shape), ids.device)] = self._cache[1]
-        return _result(self._cache[1])
+        cache = getattr(self, slot)
+        if cache[0] != key:
+            cache = (key, _verdict(read))
+            setattr(self, slot, cache)
+            if not isinstance(cache[1], NoGrid):
+                self._by_shape[shape_key] = cache[1]
+        return _result(cache[1])
 
     @staticmethod
     def _read_ids(ids: torch.Tensor, source: IdsGrid, lead: int, count: int | None) -> tuple[tuple[int, ...], int]:
@@ -260,15 +261,9 @@ class GridReader:
         if not isinstance(coords, torch.Tensor) or coords.dim() != 3 or coords.shape[1] != rank:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.coords.name}' tensor (batch, {rank}, "
                             f"tokens) to read the token grid from; got {_describe(coords)}")
-        key = ("coords", coords.data_ptr(), tuple(coords.shape), coords.device)
-        if torch.compiler.is_compiling():  # as for the ids: what the last eager call of this shape saw
-            cached = self._by_shape.get(key[:1] + key[2:])
-            if cached is not None:
-                return cached
-        if self._cache[0] != key:
-            self._cache = (key, _raster_tail(coords[0].detach().cpu()))
-            self._by_shape[key[:1] + key[2:]] = self._cache[1]
-        return self._cache[1]
+        return self._read_once("_cache", ("coords", coords.data_ptr(), tuple(coords.shape), coords.device),
+                               ("coords", tuple(coords.shape), coords.device),
+                               lambda: _raster_tail(coords[0].detach().cpu()))
 
     def _shapes(self, shapes, source: ShapesGrid) -> tuple[tuple[int, ...], int]:
         """``(grid, trailing)``: the first image's grid, and the tokens of the images after it (references).
