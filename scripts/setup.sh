@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a virtual environment in .venv with tokenmerge and its dependencies.
-#   bash scripts/setup.sh            # the package with its test and demo dependencies (README command 2)
+#   bash scripts/setup.sh            # the package with its test, docs and demo dependencies (README command 2)
 #   bash scripts/setup.sh demo       # only what the demo needs (README command 1: half the install time)
 # Idempotent: a second run only checks; `setup.sh` after `setup.sh demo` adds the test dependencies.
 # torch: an already installed torch of any build (CUDA, ROCm, MPS, CPU) is kept. With none, TORCH_SPEC is
@@ -11,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-test}" in
-  test) EXTRAS=test; NEEDS="tokenmerge, diffusers, transformers, tomesd, pytest, xdist, hypothesis, matplotlib, peft" ;;
+  test) EXTRAS=test,docs; NEEDS="tokenmerge, diffusers, transformers, tomesd, pytest, xdist, hypothesis, matplotlib, peft"
+        NEEDS="$NEEDS, mkdocs, material, mkdocstrings_handlers.python" ;;  # docs: the site, built by test.sh
   demo) EXTRAS=quality; NEEDS="tokenmerge, diffusers, matplotlib, tqdm, accelerate, safetensors, PIL" ;;
   *) echo "setup.sh: unknown argument '$1': give nothing (tests and demo) or 'demo' (the demo only)" >&2; exit 2 ;;
 esac
@@ -26,7 +27,7 @@ if ! "$VPY" -c "import $NEEDS" 2>/dev/null; then
   quiet "$VPY" -m pip install -q --no-compile -e ".[$EXTRAS]"
   rm -f .venv/.compiled
 fi
-if [ "$EXTRAS" = test ] && [ ! -f .venv/.compiled ]; then  # test runs start many interpreters: compile once
+if [ "$EXTRAS" = test,docs ] && [ ! -f .venv/.compiled ]; then  # test runs start many interpreters: compile once
   # (not the packages the tests import a few modules of, if any: Python compiles those when it imports them)
   "$VPY" -m compileall -q -j 0 -x '/(transformers|pip|fontTools|pygments|networkx|setuptools|[a-z_]+/tests)/' \
     "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true

@@ -1,4 +1,5 @@
-"""torch.compile (inductor, CPU) of patched models: one graph, no breaks caused by our hooks, same results."""
+"""torch.compile of patched models (inductor on the CPU; dynamo alone where inductor's minutes buy nothing
+more): one graph, no breaks caused by our hooks, same results."""
 
 import pytest
 
@@ -19,21 +20,28 @@ def fresh_dynamo():
 
 
 # the default ToMe patch compiles in the conformance suite (test_compile_fullgraph_matches_eager); these add the
-# other targets and radius 0 (a minute each: slow) and ToDo
-@pytest.mark.parametrize("apply", [
-    pytest.param(lambda m: tokenmerge.apply_patch(m, ratio=0.5, merge_crossattn=True, merge_mlp=True),
-                 marks=pytest.mark.slow),
-    lambda m: tokenmerge.apply_todo(m, downsample=2),
-    pytest.param(lambda m: tokenmerge.apply_patch(m, ratio=0.5, match_radius=0), marks=pytest.mark.slow),
-], ids=["tome-all-targets", "todo", "tome-local-matching"])
-def test_compiled_patched_unet_is_one_graph_and_matches_eager(apply):
+# other targets and radius 0, and ToDo. Inductor takes a minute a case on a CPU (cold caches): the default run
+# traces ToDo with dynamo alone (one graph, the eager backend), the slow tests compile every case with inductor
+# (the default run's inductor case is tests/test_inductor_cpu.py's)
+_TOME_ALL = lambda m: tokenmerge.apply_patch(m, ratio=0.5, merge_crossattn=True, merge_mlp=True)  # noqa: E731
+_TODO = lambda m: tokenmerge.apply_todo(m, downsample=2)  # noqa: E731
+_TOME_LOCAL = lambda m: tokenmerge.apply_patch(m, ratio=0.5, match_radius=0)  # noqa: E731
+
+
+@pytest.mark.parametrize("apply, backend", [
+    pytest.param(_TOME_ALL, "inductor", marks=pytest.mark.slow),
+    (_TODO, "eager"),
+    pytest.param(_TODO, "inductor", marks=pytest.mark.slow),
+    pytest.param(_TOME_LOCAL, "inductor", marks=pytest.mark.slow),
+], ids=["tome-all-targets", "todo-dynamo", "todo", "tome-local-matching"])
+def test_compiled_patched_unet_is_one_graph_and_matches_eager(apply, backend):
     unet = make_unet("sd")
     apply(unet)
     x, t, ctx = torch.randn(2, 4, 16, 12), torch.tensor([500, 500]), torch.randn(2, 8, 32)
     with torch.no_grad():
         eager = unet(x, t, encoder_hidden_states=ctx).sample
         # fullgraph=True: any graph break (a host sync, an untraceable op in our hooks) is an error
-        compiled = torch.compile(unet, fullgraph=True)(x, t, encoder_hidden_states=ctx).sample
+        compiled = torch.compile(unet, fullgraph=True, backend=backend)(x, t, encoder_hidden_states=ctx).sample
         tokenmerge.remove_patch(unet)
         plain = unet(x, t, encoder_hidden_states=ctx).sample
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
