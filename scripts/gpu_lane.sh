@@ -14,6 +14,14 @@
 #                  or two each for the big models): GPU_METHODS picks a few per command
 #   summary        benchmarks/results/gpu/gpu-table.md: the table of every ROW-eager / ROW-compiled-MODE .jsonl
 #   all            check, lane, lane-compile, bench, compiled, summary
+#   quick15        a 15-minute GPU lease in one command (about 8 minutes, QUICK_BUDGET seconds, default 480): check,
+#                  a CUDA smoke of the lane (a handful of cases: plans CPU = CUDA, no host sync, fp16/bf16
+#                  finite), then eager rows while time lasts (flux1-dev-1024 sdxl-1024 pixart-alpha-1024 sd15-512
+#                  wan2.1-1.3b-480p, --repeats 5), one compiled row (pixart-alpha-1024: vanilla and whole-block,
+#                  inductor's default mode), the summary. A part that would not end inside the budget is skipped
+#                  and says so; each part runs under `timeout`. RESULTS_COPY=DIR: after every part, a tarball of
+#                  benchmarks/results/gpu (DIR/gpu-results.tgz) and the log so far are left there, so a lease that
+#                  ends early still keeps what was measured.
 # ROW: the rows of `tokenmerge bench --gpu` (all when none is named): sd15-512 sd15-1024 sdxl-1024 sdxl-2048
 #   pixart-alpha-1024 flux1-dev-1024 flux1-dev-2048 wan2.1-1.3b-480p wan2.1-14b-480p hunyuan-video-720p
 #
@@ -43,7 +51,7 @@ ROWS=("$@")
 
 usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2; }
 case "$PART" in
-  check|lane|lane-compile|quick|bench|compiled|summary|all) ;;
+  check|lane|lane-compile|quick|quick15|bench|compiled|summary|all) ;;
   "") usage; exit 2 ;;
   *) echo "gpu_lane.sh: unknown part '$PART'" >&2; usage; exit 2 ;;
 esac
@@ -159,8 +167,48 @@ summary() {
   "$PY" -m tokenmerge bench --summarize "${found[@]}" --out "$OUT" --stem gpu-table
 }
 
+# quick15's parts: the smallest time (s) each needs to be started, in the issue's order
+QUICK15=(smoke:60 flux1-dev-1024:110 sdxl-1024:80 pixart-alpha-1024:70 sd15-512:50 wan2.1-1.3b-480p:150
+         compiled-pixart-alpha-1024:150 summary:10)
+save() {  # leave what was measured so far in $RESULTS_COPY (quick15)
+  [ -n "${RESULTS_COPY:-}" ] || return 0
+  tar czf "$RESULTS_COPY/gpu-results.tgz" "$OUT" 2>/dev/null
+  return 0
+}
+in_time() {  # in_time SECONDS FUNCTION ARGS...: a function of this script under `timeout`
+  local seconds=$1 fn=$2
+  shift 2
+  timeout "$seconds" bash -c "$(declare -f "$fn"); PY='$PY' OUT='$OUT'; $fn \"\$@\"" "$fn" "$@"
+}
+quick15() {
+  local budget=${QUICK_BUDGET:-480} start part name need left
+  start=$(date +%s)
+  export BENCH_ARGS="${BENCH_ARGS:---repeats 5}" GPU_METHODS="${GPU_METHODS:-}" TAG="${TAG:-}"
+  timed check check
+  for part in "${QUICK15[@]}"; do
+    name=${part%%:*} need=${part##*:}
+    left=$(( start + budget - $(date +%s) ))
+    if [ "$left" -lt "$need" ]; then
+      echo "== $name: skipped ($left s left of the ${budget} s budget, it needs about $need s)"
+      continue
+    fi
+    case $name in
+      smoke) timed smoke timeout "$left" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_lane.py -x -rfEs \
+        -m "cuda and not compile" \
+        -k "flux-tome-block or flux-tome-local or wan-tome-local or unet-sd-todo or pixart-tome-local" ;;
+      compiled-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-} default" \
+        in_time "$left" bench_row "${name#compiled-}" compiled default ;;
+      summary) timed summary summary ;;
+      *) timed "bench $name" in_time "$left" bench_row "$name" eager ;;
+    esac
+    save
+  done
+  echo "== quick15: $(( $(date +%s) - start )) s"
+}
+
 run_part() {
   case $1 in
+    quick15) quick15 ;;
     check) timed check check ;;
     lane) timed lane lane ;;
     lane-compile) timed lane-compile lane_compile ;;
