@@ -704,3 +704,28 @@ def test_summarize_refuses_what_is_not_bench_records(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--summarize", str(bad), "--out", str(tmp_path / "o")])
     assert "holds no bench records" in capsys.readouterr().err
+
+
+def test_a_half_precision_preset_compiles_as_one_graph():
+    """A preset built in half precision holds tensors made in that dtype, not float32 ones whose ``.data`` was
+    swapped: dynamo traces the module's tensors by the dtype they were made with, and PixArt's position table
+    (made from NumPy in float64) failed every compile of the H200 table that way ('torch.float32 !=
+    torch.float16', vanilla included). Checked with dynamo alone (backend "eager"), on a 2-block PixArt."""
+    import torch
+
+    from tokenmerge.bench.configs import PIXART_512
+    from tokenmerge.bench.preset import Preset
+
+    preset = Preset("pixart-test", "PixArt-alpha, 2 blocks", dict(PIXART_512, num_layers=2, num_attention_heads=2,
+                                                                    attention_head_dim=16, cross_attention_dim=32,
+                                                                    caption_channels=32, sample_size=16),
+                    text_tokens=8, family="pixart", text_dim=32, patch=2)
+    model = preset.build(torch.bfloat16, "cpu")
+    assert {t.dtype for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()} == {torch.bfloat16}
+    inputs = preset.inputs(1, 128, torch.bfloat16, "cpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        out = compiled(**inputs).sample
+    torch._dynamo.reset()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()

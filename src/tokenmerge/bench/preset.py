@@ -67,11 +67,20 @@ class Preset:
         # as from_pretrained(torch_dtype=...) loads it: floating tensors in ``dtype``, except, in half precision, the
         # modules the class keeps in float32 (``_keep_in_fp32_modules``: Wan's rotary tables and norms...); what
         # init made from NumPy (on the CPU) is moved. Set through ``.data``: diffusers warns on every ``.to(dtype)``
+        # A tensor whose dtype changes is replaced in its module, not converted through ``.data``: dynamo keeps the
+        # dtype a tensor was made with, and a ``.data`` of another dtype fails its trace (an AssertionError,
+        # 'torch.float32 != torch.float16', seen compiling PixArt's float64-made position table on an H200)
         keep = (getattr(model, "_keep_in_fp32_modules", None) or []) if dtype in (torch.float16, torch.bfloat16) else []
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            want = torch.float32 if any(k in name.split(".") for k in keep) else dtype
-            if tensor.is_floating_point() and tensor.dtype != want:
-                tensor.data = tensor.data.to(want)
+        for module_name, module in model.named_modules():
+            for store in (module._parameters, module._buffers):
+                for name, tensor in list(store.items()):
+                    path = f"{module_name}.{name}".split(".")
+                    want = torch.float32 if any(k in path for k in keep) else dtype
+                    if tensor is None or not tensor.is_floating_point() or tensor.dtype == want:
+                        continue
+                    converted = tensor.detach().to(want)
+                    store[name] = torch.nn.Parameter(converted, tensor.requires_grad) \
+                        if isinstance(tensor, torch.nn.Parameter) else converted
         if any(t.device.type != torch.device(device).type for t in [*model.parameters(), *model.buffers()]):
             model = model.to(device)
         return model.eval()
