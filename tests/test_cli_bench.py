@@ -657,6 +657,9 @@ def test_gpu_table_rows_and_summary(tmp_path, monkeypatch, capsys, fast_cpu):
     out = tmp_path / "res"
     assert main(["bench", "--gpu", "tiny-unet", "tiny-wan", "--device", "cpu", "--warmup", "0", "--out", str(out),
                  "--stem", "gpu", "--no-progress"]) == 0
+    printed = capsys.readouterr().out  # each record is printed as it is made (a run cut short keeps its log)
+    assert "  done: tokenmerge 0.5 scope=block: " in printed
+    assert printed.index("  done: ") < printed.index("## GPU table")
     md = (out / "gpu.md").read_text()
     assert md.startswith("## GPU table") and "## Every cell" in md
     for heading in ("speed-up over vanilla", "kernels launched per denoiser call", "host time to issue"):

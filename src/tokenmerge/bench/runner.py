@@ -67,7 +67,8 @@ def _frames(preset, frames) -> list:
 
 
 def _run_cell(unet, preset, cell: Cell, modes, repeats, device, dtype, dtype_name, memory, memory_limit_mb,
-              breakdown, breakdown_repeats, steps, compile, warmup, bar, kernels=False, eager=True) -> list[dict]:
+              breakdown, breakdown_repeats, steps, compile, warmup, bar, kernels=False, eager=True,
+              log=None) -> list[dict]:
     """One cell: the memory probes, the interleaved step timing, whole generations, the breakdown."""
     if memory_limit_mb is not None and device.type == "cpu":
         probes = {m.text: memory_cell(preset, cell, m, dtype_name, memory_limit_mb) for m in modes}
@@ -75,7 +76,7 @@ def _run_cell(unet, preset, cell: Cell, modes, repeats, device, dtype, dtype_nam
     else:
         probes, fits = {}, list(modes)
     cell_records = time_cell(unet, preset, cell, fits, repeats, device, dtype, bar, compile=compile, warmup=warmup,
-                             kernels=kernels, eager=eager) if fits else []
+                             kernels=kernels, eager=eager, log=log) if fits else []
     bar.update(_runs(warmup, repeats, compile, eager) * (len(modes) - len(fits)))
     done = {r["spec"] for r in cell_records}
     for m in modes:
@@ -119,13 +120,14 @@ def _runs(warmup: int, repeats: int, compile, eager: bool = True) -> int:
 
 def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec], repeats, device, dtype,
              memory=False, memory_limit_mb=None, progress=True, breakdown=False, steps=0, compile=False,
-             log=print, warmup: int = 1, frames=None, breakdown_repeats: int | None = None, kernels: bool = False,
+             log=None, warmup: int = 1, frames=None, breakdown_repeats: int | None = None, kernels: bool = False,
              eager: bool = True) -> tuple[list[dict], dict]:
     """Every cell of the grid; records of step times (and memory), plus, with ``breakdown``, records of the
     phases (``kind="breakdown"``, ``breakdown_repeats`` rounds, default ``repeats``), and with ``steps``, each
     record's ``generate_s`` (the end-to-end time). ``frames``: pixel frames of the video presets' cells.
     ``compile``: False, True (inductor's default mode) or a list of compile modes (``steps.COMPILE_MODES``);
-    ``kernels``: count each mode's kernels per call; ``eager=False``: only the compiled modes."""
+    ``kernels``: count each mode's kernels per call; ``eager=False``: only the compiled modes; ``log``: called with a
+    line per step record as soon as it is made (None: silent)."""
     from tqdm.auto import tqdm
 
     device = torch.device(device)
@@ -137,7 +139,7 @@ def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec],
     bar = tqdm(total=total, desc="bench", disable=not progress, unit="run")
     job = dict(modes=modes, repeats=repeats, device=device, dtype=dtype, dtype_name=dtype_name, memory=memory,
                memory_limit_mb=memory_limit_mb, breakdown=breakdown, breakdown_repeats=breakdown_repeats, steps=steps,
-               compile=compile, warmup=warmup, bar=bar, kernels=kernels, eager=eager)
+               compile=compile, warmup=warmup, bar=bar, kernels=kernels, eager=eager, log=log)
     records = []
     for preset in presets:
         unet = preset.build(dtype, device)

@@ -133,7 +133,8 @@ def _record(cell: Cell, mode: MethodSpec, compile_mode, status, times, hosts, pe
 
 
 def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, device, dtype,
-              progress=None, compile=False, warmup: int = 1, kernels: bool = False, eager: bool = True) -> list[dict]:
+              progress=None, compile=False, warmup: int = 1, kernels: bool = False, eager: bool = True,
+              log=None) -> list[dict]:
     """Time every mode on one cell; one record per mode (``status`` "ok", "OOM" or why compiling failed).
 
     Args:
@@ -147,6 +148,8 @@ def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, d
         warmup: untimed rounds before the timed ones (compiled: at least one call, which compiles).
         kernels: count each mode's kernels per call (after the timed rounds).
         eager: time the eager modes (False: only the compiled ones).
+        log: called with a line per record as soon as it is made (a run cut short by a time limit keeps them in
+            its log), or None.
     """
     set_attention(unet, cell.attention, preset.family)
     device = torch.device(device)
@@ -155,17 +158,29 @@ def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, d
     records = []
     if eager:
         records += _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels)
+        for r in records:
+            _log(log, r)
     if compile_modes:
         _compile_friendly()
         for compile_mode in compile_modes:
             for mode in modes:
                 records.append(_compiled(unet, cell, mode, inputs[mode.text], repeats, device, progress, warmup,
                                          kernels, compile_mode))
+                _log(log, records[-1])
     for r in records:  # the token grid a grid-limit call ran on
         if r["mode"] == "grid-limit":
             grid = preset.grid(preset.merged_resolution(cell.resolution, r["ratio"], cell.frames), cell.frames)
             r["limit_grid"], r["limit_tokens"] = "x".join(map(str, grid)), math.prod(grid)
     return records
+
+
+def _log(log, r: dict) -> None:
+    """One line of a finished record: its label, median step time, kernels per call and status."""
+    if log is None:
+        return
+    time = f"{r['median_s'] * 1000:.4g} ms" if r.get("median_s") is not None else "-"
+    kernels = f", {r['kernels_per_call']:,.0f} kernels/call" if r.get("kernels_per_call") else ""
+    log(f"  done: {r['label']}: {time}{kernels} ({r['status']})")
 
 
 def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels) -> list[dict]:

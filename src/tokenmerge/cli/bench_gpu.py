@@ -71,7 +71,8 @@ def run_gpu(args, parser, grid_options) -> int:
         rows_records, meta = runner.run_grid(
             [preset], ["sdpa"], [row.resolution], [1], modes, args.repeats or row.repeats, device, dtype,
             progress=not args.no_progress, compile=args.compile or False, warmup=args.warmup,
-            frames=[row.frames] if row.frames else None, kernels=True, eager=not args.compiled_only)
+            frames=[row.frames] if row.frames else None, kernels=True, eager=not args.compiled_only,
+            log=lambda line: print(line, flush=True))  # each record as made: a run cut short keeps them in its log
         for r in rows_records:
             r["gpu_row"] = name
         records += rows_records
