@@ -111,6 +111,7 @@ def _run(model, inputs) -> torch.Tensor:
 
 def _apply(model, method: str, matcher=None):
     kind, kwargs = METHODS[method]
+    kwargs = dict(kwargs, min_size=0)  # the tiny models' calls are far below CUDA's default min_size: merge them
     if kind == "todo":
         return tokenmerge.apply_todo(model, **kwargs)
     if matcher is None:

@@ -19,11 +19,12 @@ pytestmark = pytest.mark.usefixtures("fast_cpu")
 # text before the image, rotary), Qwen-Image (shapes grid, rotary pair), Wan (3-D latent grid), HunyuanVideo
 # (text after the image), LTX (grid from integer arguments)
 ENTRIES = ["unet-sd", "pixart", "sd3", "flux", "qwen-image", "wan", "hunyuan-video", "ltx"]
-METHODS = {
+METHODS = {  # the defaults (one plan per level: share_plans=True), and a plan per block
     "tome": lambda m: tokenmerge.apply_patch(m, ratio=0.5),
-    "tome-global": lambda m: tokenmerge.apply_patch(m, ratio=0.5, match_radius=None),
+    "tome-per-block": lambda m: tokenmerge.apply_patch(m, ratio=0.5, share_plans=False),
+    "tome-global": lambda m: tokenmerge.apply_patch(m, ratio=0.5, match_radius=None, share_plans=False),
     "whole-block": lambda m: tokenmerge.apply_patch(m, ratio=0.5, scope="block"),
-    "shared": lambda m: tokenmerge.apply_patch(m, ratio=0.5, share_plans=True),
+    "whole-block-per-block": lambda m: tokenmerge.apply_patch(m, ratio=0.5, scope="block", share_plans=False),
     "todo": lambda m: tokenmerge.apply_todo(m, downsample=(1, 2, 2) if _video(m) else 2),
 }
 
@@ -75,7 +76,7 @@ def test_no_host_sync_after_the_first_call(name, method):
     assert patched == vanilla
 
 
-@pytest.mark.parametrize("method", ["tome", "shared", "whole-block"])
+@pytest.mark.parametrize("method", ["tome", "tome-per-block", "whole-block"])
 @pytest.mark.parametrize("name", ["pixart", "flux", "wan", "unet-sd"])
 def test_cuda_code_paths_give_the_cpu_paths_results(name, method):
     """The CUDA code paths (local matching as one masked product, no chunks) merge the same tokens into the
@@ -123,9 +124,10 @@ def _per_block(method: str | None, layers: tuple[int, int] = (2, 6)) -> float:
 
 
 # kernels a merged PixArt block adds on the CUDA paths, at most: what this hot path takes (the one before it took
-# 83 local, 66 global, 86 whole-block, 45 shared, 29 ToDo). A regression guard, not a timing: a change that adds
-# kernels to every block shows here (raise the budget only for a reason).
-BUDGET = {"tome": 25, "tome-global": 24, "whole-block": 28, "shared": 4, "todo": 1}
+# 83 local, 66 global, 86 whole-block, 45 shared, 29 ToDo, plans made per block but "shared"). A regression guard,
+# not a timing: a change that adds kernels to every block shows here (raise the budget only for a reason).
+BUDGET = {"tome-per-block": 25, "tome-global": 24, "whole-block-per-block": 28, "tome": 4, "whole-block": 7,
+          "todo": 1}
 
 
 @pytest.mark.parametrize("method", sorted(BUDGET))
@@ -135,21 +137,70 @@ def test_kernels_per_merged_block(method):
 
 def test_describe_patch_says_where_a_setting_cannot_pay_on_a_gpu():
     """Attention-only ToMe on an image transformer and plans built block by block are named plainly; whole-block
-    merging with shared plans, and ToDo without query merging, get no such note; a UNet gets no attention note."""
+    merging with the default shared plans, and ToDo without query merging, get no such note; a UNet gets no
+    attention note."""
     from tokenmerge.patch import NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK
 
     _needs("pixart", "unet-sd")
     model = CATALOGUE["pixart"].build()
     tokenmerge.apply_patch(model, ratio=0.5)
     notes = tokenmerge.describe_patch(model).notes
-    assert notes == (NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK) and "note: merging around attention" in \
-        str(tokenmerge.describe_patch(model))
-    tokenmerge.apply_patch(model, ratio=0.5, scope="block", share_plans=True)
+    assert notes == (NOTE_ATTENTION_ONLY,) and "note: merging around attention" in str(tokenmerge.describe_patch(model))
+    tokenmerge.apply_patch(model, ratio=0.5, share_plans=False)
+    assert tokenmerge.describe_patch(model).notes == (NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK)
+    tokenmerge.apply_patch(model, ratio=0.5, scope="block")
     assert tokenmerge.describe_patch(model).notes == ()
     tokenmerge.apply_todo(model, downsample=2)
     assert tokenmerge.describe_patch(model).notes == ()
     unet = CATALOGUE["unet-sd"].build()
-    tokenmerge.apply_patch(unet, ratio=0.5)
+    tokenmerge.apply_patch(unet, ratio=0.5, share_plans=False)
     assert tokenmerge.describe_patch(unet).notes == (NOTE_PLAN_PER_BLOCK,)
     tokenmerge.remove_patch(model)
     tokenmerge.remove_patch(unet)
+
+
+# ---- min_size: calls too small to pay on a GPU run unmerged --------------------------------------------------
+def test_min_size_defaults_to_the_h200_threshold_on_cuda_only():
+    from tokenmerge.config import CUDA_MIN_SIZE, min_size_on
+
+    assert CUDA_MIN_SIZE == 4096 * 1024
+    assert min_size_on(None, torch.device("cuda", 0)) == CUDA_MIN_SIZE
+    assert min_size_on(None, torch.device("cpu")) == 0 and min_size_on(None, "mps") == 0
+    assert min_size_on(0, torch.device("cuda")) == 0 and min_size_on(7, torch.device("cpu")) == 7
+    for bad in (-1, 1.5, True, "big"):
+        with pytest.raises(ValueError, match="min_size must be None"):
+            tokenmerge.ToMeConfig(min_size=bad)
+        with pytest.raises(ValueError, match="min_size must be None"):
+            tokenmerge.ToDoConfig(min_size=bad)
+
+
+@pytest.mark.parametrize("method", ["tome", "whole-block", "todo"])
+@pytest.mark.parametrize("name", ["unet-sd", "pixart", "flux", "wan"])
+def test_calls_below_min_size_run_unmerged_and_describe_patch_says_so(name, method):
+    """A call whose hidden states (tokens x channels per sample) are below ``min_size`` runs unmerged, bit for bit
+    the unpatched model's (ToDo pools nothing either), and ``describe_patch`` names the level and sizes; at
+    ``min_size=0`` the same call merges."""
+    entry, model, inputs = _setup(name)
+    with torch.no_grad():
+        plain = output_tensor(model(**inputs), entry)
+    kwargs = dict(downsample=(1, 2, 2) if _video(model) else 2) if method == "todo" else \
+        dict(ratio=0.5, scope="block" if method == "whole-block" else "attention")
+    apply = tokenmerge.apply_todo if method == "todo" else tokenmerge.apply_patch
+    try:
+        apply(model, min_size=10**9, **kwargs)
+    except ValueError as err:  # a method this family refuses at apply time (with its reason)
+        pytest.skip(f"{method} refused: {err}")
+    try:
+        with torch.no_grad():
+            small = output_tensor(model(**inputs), entry)
+        notes = tokenmerge.describe_patch(model).notes
+        apply(model, min_size=0, **kwargs)
+        with torch.no_grad():
+            merged = output_tensor(model(**inputs), entry)
+        assert not any("smaller than min_size" in n for n in tokenmerge.describe_patch(model).notes)
+    finally:
+        tokenmerge.remove_patch(model)
+    assert torch.equal(small, plain)
+    assert any("calls ran unmerged where their hidden states were smaller than min_size (downsample 1: " in n
+               and "< 1,000,000,000" in n for n in notes), notes
+    assert not torch.equal(merged, plain)

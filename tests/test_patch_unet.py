@@ -36,7 +36,7 @@ def test_parity_with_tomesd(unet, merge_attn, merge_crossattn, merge_mlp, max_do
     finally:
         tomesd.remove_patch(unet)
     tokenmerge.apply_patch(unet, ratio=0.5, max_downsample=max_downsample, use_rand=False, match_radius=None,
-                           **flags)  # tomesd's matching: one argument away from the default
+                           share_plans=False, **flags)  # tomesd's matching, a plan per block: two arguments away
     try:
         ours = run(unet, inp)
     finally:
@@ -138,7 +138,7 @@ def test_sizes_and_batches(unet, batch, h, w, use_rand):
 
     inp = unet_inputs(batch=batch, h=h, w=w)
     vanilla = run(unet, inp)
-    tokenmerge.apply_patch(unet, ratio=0.5, use_rand=use_rand, max_downsample=2, match_radius=None)
+    tokenmerge.apply_patch(unet, ratio=0.5, use_rand=use_rand, max_downsample=2, match_radius=None, share_plans=False)
     try:
         out = run(unet, inp)
         out_again = run(unet, unet_inputs(batch=batch + 1, h=h, w=w))  # batch size changes between calls

@@ -134,7 +134,8 @@ def test_reuse_steps_computes_plans_every_other_call(name):
         made.append(pipe.transformer._tokenmerge_patch.state.calls)  # the denoiser call it is made in (from 1)
         return bipartite_soft_matching(*args, **kwargs)
 
-    tokenmerge.apply_config(pipe, tokenmerge.ToMeConfig(ratio=0.5, reuse_steps=2), matcher=counting_matcher)
+    tokenmerge.apply_config(pipe, tokenmerge.ToMeConfig(ratio=0.5, reuse_steps=2, share_plans=False),
+                            matcher=counting_matcher)
     # every patched denoiser makes its plans in the calls of its step (Ideogram 4's unconditional transformer
     # right after the conditional one, whose call count this reads)
     blocks = sum(len(getattr(pipe, d)._tokenmerge_patch.blocks) for d in case.denoisers)

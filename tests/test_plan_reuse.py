@@ -47,15 +47,15 @@ def test_shared_plans_equal_recomputed_ones_when_the_plan_cannot_change():
     model = TwinBlocks()
     inp = twin_inputs()
     calls = []
-    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, merge_mlp=True), matcher=counting(calls))
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, merge_mlp=True, share_plans=False),
+                            matcher=counting(calls))
     with torch.no_grad():
         recomputed = model(**inp)
     assert len(calls) == 2
     calls.clear()
-    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, merge_mlp=True, share_plans=True),
-                            matcher=counting(calls))
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, merge_mlp=True), matcher=counting(calls))
     with torch.no_grad():
-        shared = model(**inp)
+        shared = model(**inp)  # the default: share_plans=True
     assert len(calls) == 1  # computed once, used twice
     assert torch.equal(shared, recomputed)
     tokenmerge.remove_patch(model)
@@ -65,21 +65,22 @@ def test_share_plans_on_a_unet_computes_one_plan_per_level():
     unet = make_unet()
     inp = unet_inputs()
     calls = []
-    tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(max_downsample=2, share_plans=True), matcher=counting(calls))
+    tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(max_downsample=2), matcher=counting(calls))
     with torch.no_grad():
         out = unet(**inp).sample
-    assert len(calls) == 2  # levels 0 and 1, for 6 patched blocks
-    tokenmerge.apply_patch(unet, max_downsample=2)
+    assert len(calls) == 2  # levels 0 and 1, for 6 patched blocks (share_plans=True, the default)
+    tokenmerge.apply_patch(unet, max_downsample=2, share_plans=False)
     with torch.no_grad():
         exact = unet(**inp).sample
-    assert not torch.equal(out, exact)  # it is an approximation: off by default
+    assert not torch.equal(out, exact)  # a plan per block, from each block's own input, merges other tokens
     tokenmerge.remove_patch(unet)
 
 
 def test_reuse_steps_keeps_plans_for_k_calls_and_a_new_generation_recomputes():
     model = TwinBlocks()
     calls = []
-    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, reuse_steps=2), matcher=counting(calls))
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, reuse_steps=2, share_plans=False),
+                            matcher=counting(calls))
     per_call = []
     with torch.no_grad():
         for t in (900, 800, 700, 600, 999, 900):  # 999: a new generation starts
@@ -88,10 +89,10 @@ def test_reuse_steps_keeps_plans_for_k_calls_and_a_new_generation_recomputes():
             per_call.append(len(calls) - before)
     assert per_call == [2, 0, 2, 0, 2, 0]
     # identical inputs: the kept plans are the recomputed ones, so results agree exactly
-    tokenmerge.apply_patch(model, use_rand=False)
+    tokenmerge.apply_patch(model, use_rand=False, share_plans=False)
     with torch.no_grad():
         exact = model(**twin_inputs(800))
-    tokenmerge.apply_patch(model, use_rand=False, reuse_steps=3)
+    tokenmerge.apply_patch(model, use_rand=False, reuse_steps=3, share_plans=False)
     with torch.no_grad():
         model(**twin_inputs(900))
         kept = model(**twin_inputs(800))
@@ -102,7 +103,7 @@ def test_reuse_steps_keeps_plans_for_k_calls_and_a_new_generation_recomputes():
 def test_reuse_follows_batch_and_ratio_changes():
     unet = make_unet()
     calls = []
-    tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(reuse_steps=10), matcher=counting(calls))
+    tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(reuse_steps=10, share_plans=False), matcher=counting(calls))
     with torch.no_grad():
         unet(**unet_inputs(batch=2))
         n = len(calls)

@@ -44,7 +44,7 @@ def test_the_readme_is_a_short_guide():
     for heading in ("## GPU quick start", "## The speed you can expect", "## tokenmerge and tomesd"):
         assert heading in README
     # the setting that reproduces tomesd, as the parity tests pass it
-    assert "match_radius=None, use_rand=False" in README
+    assert "match_radius=None, use_rand=False, share_plans=False" in README
 
 
 def test_the_readme_commands_and_links():

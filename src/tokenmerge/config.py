@@ -5,12 +5,30 @@ from __future__ import annotations
 import numbers
 from dataclasses import KW_ONLY, asdict, dataclass
 
-__all__ = ["ToMeConfig", "ToDoConfig", "DEFAULT_SEED", "POOL_MODES"]
+__all__ = ["ToMeConfig", "ToDoConfig", "DEFAULT_SEED", "POOL_MODES", "CUDA_MIN_SIZE", "min_size_on"]
 
 POOL_MODES = ("nearest-exact", "avg", "bilinear", "trilinear")
 # "attention": merge around the attention (and, if asked, cross-attention / feed-forward) of each block;
 # "block": merge once at the block's entry, run the whole block on the merged tokens, unmerge its update.
 SCOPES = ("attention", "block")
+
+# ``min_size=None`` on CUDA: calls whose merged hidden states hold fewer elements per sample (tokens x channels) run
+# unmerged. Chosen from the H200 table (benchmarks/results/gpu/gpu-table.md, eager, one step): below it merging was
+# slower than vanilla or no faster even at its zero-overhead limit (SD 1.5 at 512, 4096 tokens x 320 channels: ToMe
+# 0.83x, limit 0.93x, ToDo 0.96x; SDXL at 1024, 4096 x 640: ToMe 0.91x, limit 1.00x, ToDo 1.01x), above it merging
+# paid (PixArt-alpha at 1024, 4096 x 1152: ToMe with share_plans 1.17x, ToDo 1.29x; Flux.1 at 1024, 4096 x 3072:
+# 1.25x; Wan 2.1 1.3B 480p x 81, 32760 x 1536: 1.86x).
+CUDA_MIN_SIZE = 4096 * 1024
+
+
+def min_size_on(min_size: int | None, device) -> int:
+    """The smallest merged call (tokens x channels per sample) that ``min_size`` lets merge on ``device``: itself
+    if given, else ``CUDA_MIN_SIZE`` on CUDA and 0 (every call) elsewhere (the CPU tables show merging paying at
+    every size they measured)."""
+    if min_size is not None:
+        return min_size
+    return CUDA_MIN_SIZE if getattr(device, "type", device) == "cuda" else 0
+
 
 # Used when ``seed=None``: the merge pattern is reproducible by default (tomesd drew it from the global RNG,
 # so it changed from run to run and consumed the user's random numbers).
@@ -56,11 +74,12 @@ class _WhenAndReuse:
     stop: float = 1.0
     ratio_end: float | None = None
     num_train_timesteps: int = 1000
-    share_plans: bool = False
+    share_plans: bool = True
     reuse_steps: int = 1
     match_radius: int | None = 1
     blocks: tuple[int, ...] | None = None
     st: int = 1
+    min_size: int | None = None
 
     def _check_when_and_reuse(self, upper: float) -> None:
         if self.blocks is not None:
@@ -79,6 +98,9 @@ class _WhenAndReuse:
             object.__setattr__(self, "ratio_end", float(end))
         _check_schedule(self)
         _check_bool("share_plans", self.share_plans)
+        if self.min_size is not None:
+            _check_int("min_size", self.min_size, 0, "None (on CUDA: calls of fewer than 4096 x 1024 tokens x channels "
+                       "per sample run unmerged; elsewhere every call merges) or an integer >= 0 (0: merge every call)")
         _check_int("reuse_steps", self.reuse_steps, 1, "an integer >= 1 (1 = recompute the plan at every call)")
         if self.match_radius is not None:
             _check_int("match_radius", self.match_radius, 0,
@@ -149,12 +171,19 @@ class ToMeConfig(_WhenAndReuse):
         ratio_end: if set, the ratio moves linearly from ``ratio`` at ``start`` to ``ratio_end`` at ``stop``.
         num_train_timesteps: the scale of the timesteps the denoiser is called with (1000 for SD).
         share_plans: compute the merge plan once per level and call (at the level's first block) and reuse it
-            in the level's other blocks. Off by default: it changes results (faster, approximate).
+            in the level's other blocks (the default). False builds a plan in every block, from its own input:
+            about as faithful on the shipped models (UNet 36.3 vs 36.0 dB, DiT 11.6 vs 11.8 dB) and slower on
+            every row of the H200 table (Flux.1 1024: 1.12x vs 1.25x; PixArt 1024: 0.74x vs 1.17x).
+        min_size: merge a block's call only when its merged hidden states hold at least this many elements per
+            sample (tokens x channels); smaller calls run unmerged. ``None`` (default): ``CUDA_MIN_SIZE``
+            (4096 x 1024) on CUDA, where smaller calls were no faster merged on the H200 table (SD 1.5 at 512,
+            SDXL at 1024), and 0 elsewhere. 0 merges every call. ``describe_patch`` lists the calls it left
+            unmerged.
         reuse_steps: keep each plan for this many consecutive denoiser calls (1: recompute every call, the
             default). A new generation (the timestep going up) always recomputes.
         match_radius: an integer R (default 1): each source token is compared only with the destinations of the
             windows at most R windows away ((2R+1)^2 candidates), so the matching costs O(N) instead of O(N^2).
-            ``None``: with every destination, tomesd's matching (its exact results, with ``use_rand=False``).
+            ``None``: with every destination, tomesd's matching (its exact results, with ``use_rand=False, share_plans=False``).
             The default was chosen by measurement (README, "How it differs from tomesd"): on every trained model
             shipped it is as faithful or more, and on the transformers it is the faster.
     """
@@ -214,6 +243,7 @@ class ToDoConfig(_WhenAndReuse):
         ratio: ToMe on the queries as well (0: off), with ``sx``, ``sy``, ``use_rand``, ``seed`` as in ToMe.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``ToMeConfig``.
         share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``ToMeConfig``.
+        min_size: the smallest call that is pooled and merged, as in ``ToMeConfig``.
     """
 
     downsample: int | tuple[int, ...] = 2

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -31,12 +33,13 @@ def apply_patch(
     stop: float = 1.0,
     ratio_end: float | None = None,
     num_train_timesteps: int = 1000,
-    share_plans: bool = False,
+    share_plans: bool = True,
     reuse_steps: int = 1,
     match_radius: int | None = 1,
     blocks=None,
     st: int = 1,
     scope: str = "attention",
+    min_size: int | None = None,
 ):
     """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
 
@@ -69,12 +72,16 @@ def apply_patch(
             timestep (progress = 1 - t / num_train_timesteps: 0 is the first, noisiest step, 1 the end).
         ratio_end: the ratio moves linearly from ``ratio`` at ``start`` to ``ratio_end`` at ``stop``.
         num_train_timesteps: the timestep scale of the model (1000 for SD).
-        share_plans: one merge plan per level and call, reused by the level's other blocks (changes results;
-            off by default).
+        share_plans: one merge plan per level and call, made at its first block and reused by the level's
+            other blocks (default). ``False``: a plan per block, from its own input (as tomesd; about as
+            faithful, and slower on a GPU: a plan costs about 25 small kernels).
+        min_size: merge a call only where its hidden states hold at least this many elements per sample (tokens
+            x channels). ``None`` (default): 4096 x 1024 on CUDA, where smaller calls were no faster merged (SD 1.5
+            at 512 and SDXL at 1024 on an H200 run unmerged), 0 elsewhere. 0: merge every call.
         reuse_steps: keep plans for this many consecutive denoiser calls (1, the default: recompute).
         match_radius: an integer R (default 1): each source token is matched only against the destinations of
             the windows at most R windows away, so the matching's cost grows with the token count instead of its
-            square. ``None``: against every destination, as in tomesd (its exact results with ``use_rand=False``).
+            square. ``None``: against every destination, as in tomesd (its exact results with ``use_rand=False, share_plans=False``).
         blocks: which of the blocks the level rule selects to patch, by index (negative from the end):
             ``range(0, 28, 2)`` every other block, ``range(4, 20)`` a range. ``None`` (default): all of them.
             For DiT-family transformers (one resolution) this is the way to choose blocks.
@@ -87,7 +94,7 @@ def apply_patch(
     config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
                         start=start, stop=stop, ratio_end=ratio_end, num_train_timesteps=num_train_timesteps,
                         share_plans=share_plans, reuse_steps=reuse_steps, match_radius=match_radius,
-                        blocks=blocks, st=st, scope=scope)
+                        blocks=blocks, st=st, scope=scope, min_size=min_size)
     return apply_config(model, config)
 
 
@@ -106,11 +113,12 @@ def apply_todo(
     stop: float = 1.0,
     ratio_end: float | None = None,
     num_train_timesteps: int = 1000,
-    share_plans: bool = False,
+    share_plans: bool = True,
     reuse_steps: int = 1,
     match_radius: int | None = 1,
     blocks=None,
     st: int = 1,
+    min_size: int | None = None,
 ):
     """Patch a diffusion model with ToDo (token downsampling, arXiv 2402.13573), in place.
 
@@ -128,6 +136,7 @@ def apply_todo(
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``apply_patch``.
         share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``apply_patch``.
         blocks: which blocks, by index, as in ``apply_patch``.
+        min_size: the smallest call that is pooled, as in ``apply_patch`` (``None``: 4096 x 1024 on CUDA).
 
     ToDo needs self-attention that takes separate keys/values (UNets, DiT, PixArt); the joint attention of
     SD3 and Flux is refused with a ``ValueError`` that says why.
@@ -137,7 +146,7 @@ def apply_todo(
     """
     config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start=start, stop=stop,
                         ratio_end=ratio_end, num_train_timesteps=num_train_timesteps, share_plans=share_plans,
-                        reuse_steps=reuse_steps, match_radius=match_radius, blocks=blocks, st=st)
+                        reuse_steps=reuse_steps, match_radius=match_radius, blocks=blocks, st=st, min_size=min_size)
     return apply_config(model, config)
 
 
@@ -357,16 +366,41 @@ NOTE_ATTENTION_ONLY = (
     "step slower there; scope='block' (the whole block on merged tokens) or apply_todo(...) save more, and the "
     "gain of this setting grows with the image size")
 NOTE_PLAN_PER_BLOCK = (
-    "each merged block builds its own plan: run eagerly on a GPU, its small kernels cost host time that a "
-    "denoiser step near 1024 px does not hide; share_plans=True (one plan per level and step) launches a few "
-    "kernels per block instead of about twenty-five, at a small cost in fidelity, or compile the model "
-    "(torch.compile), which removes the launch overhead")
+    "share_plans=False: each merged block builds its own plan; run eagerly on a GPU, its small kernels cost host "
+    "time that a denoiser step near 1024 px does not hide (H200: Flux.1 1024 1.12x against 1.25x with the default "
+    "share_plans=True, PixArt-alpha 1024 0.74x against 1.17x), or compile the model (torch.compile), which removes "
+    "the launch overhead")
+
+
+NOTE_SMALL_ON_CUDA = (
+    "min_size=None: on CUDA, a block's call whose hidden states hold fewer than 4096 x 1024 elements per sample "
+    "(tokens x channels) runs unmerged, since smaller calls were no faster merged on the H200 table (SD 1.5 at "
+    "512, SDXL at 1024); min_size=0 merges every call")
+
+
+def _small_note(p) -> str | None:
+    """Which levels of ``p``'s calls ran unmerged for their size (``min_size``), or ``None``."""
+    if not p.small:
+        return None
+    name = p.site.path or type(p.site.module).__name__
+    parts = [f"downsample {2 ** level}: {'x'.join(map(str, grid))} tokens x {channels} channels = "
+             f"{math.prod(grid) * channels:,} < {smallest:,}" for level, (grid, channels, smallest) in sorted(p.small.items())]
+    return f"{name}: calls ran unmerged where their hidden states were smaller than min_size ({'; '.join(parts)})"
+
+
+def _on_cuda(module) -> bool:
+    return any(t.device.type == "cuda" for t in itertools.chain(module.parameters(), module.buffers()))
 
 
 def _notes(patches) -> tuple[str, ...]:
-    """Plain-language notes on settings known not to pay on a GPU (``PatchInfo.notes``)."""
+    """Plain-language notes on settings known not to pay on a GPU and on calls left unmerged (``PatchInfo.notes``)."""
     notes = []
     for p in patches:
+        small = _small_note(p)
+        if small is not None:
+            notes.append(small)
+        if p.config.min_size is None and _on_cuda(p.site.module) and NOTE_SMALL_ON_CUDA not in notes:
+            notes.append(NOTE_SMALL_ON_CUDA)
         cfg, family = p.config, p.site.family
         unet = "unet" in family.name or "controlnet" in family.name
         merges = cfg.ratio > 0 or (cfg.ratio_end or 0) > 0

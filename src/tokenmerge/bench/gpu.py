@@ -4,8 +4,9 @@ vanilla and its zero-overhead limit, eager and compiled, with kernels per call a
 ``ROWS`` are the rows of the table measured by hand on an H100 before this command existed: SD 1.5 at 512 and
 1024, SDXL at 1024 and 2048, PixArt-alpha 1024, Flux.1-dev at 1024 and 2048, Wan 2.1 1.3B and 14B at 480x832 x
 81 frames, HunyuanVideo at 720x1280 x 61 frames; fp16 for the UNets and PixArt, bf16 for the others. Each row
-runs ToMe 0.5 (the default local matching, ``match_radius=1``), ToMe 0.5 global (``match_radius=None``),
-whole-block ToMe 0.5 (``scope="block"``), each of those two with ``share_plans=True``, ToDo 2 (video: also ToDo (2, 2, 2)), tomesd 0.5 (UNets), and their
+runs ToMe 0.5 (the defaults: local matching, ``match_radius=1``, one plan per level, ``share_plans=True``), with a
+plan per block (``share_plans=False``), ToMe 0.5 global (``match_radius=None``), whole-block ToMe 0.5
+(``scope="block"``, with either plan), on the UNets the merge forced below ``min_size`` (``min_size=0``), ToDo 2 (video: also ToDo (2, 2, 2)), tomesd 0.5 (UNets), and their
 zero-overhead limits: ``limit`` (the same hooks with a free merge), ``grid-limit`` (whole-block merging on a
 transformer: the unpatched model at the merged token count, no hooks at all), ``todo-limit``.
 
@@ -20,9 +21,13 @@ from dataclasses import dataclass
 
 __all__ = ["Row", "ROWS", "QUICK", "COLUMNS", "summary"]
 
-_TOME = ("tome:0.5", "tome:0.5,match_radius=None", "tome:0.5,scope=block", "tome:0.5,share_plans=true",
-         "tome:0.5,scope=block,share_plans=true", "todo:2")
-_UNET = ("vanilla",) + _TOME + ("tomesd:0.5", "limit:0.5", "limit:0.5,scope=block", "todo-limit:2")
+_TOME = ("tome:0.5", "tome:0.5,share_plans=false", "tome:0.5,match_radius=None", "tome:0.5,scope=block",
+         "tome:0.5,scope=block,share_plans=false", "todo:2")
+# UNets at their usual sizes fall below min_size on CUDA (config.CUDA_MIN_SIZE): the defaults run unmerged there, so
+# the rows also force the merge (min_size=0), with its limits
+_UNET = ("vanilla",) + _TOME + ("tome:0.5,min_size=0", "todo:2,min_size=0", "tomesd:0.5", "limit:0.5",
+                                "limit:0.5,min_size=0", "limit:0.5,scope=block", "todo-limit:2",
+                                "todo-limit:2,min_size=0")
 _DIT = ("vanilla",) + _TOME + ("limit:0.5", "grid-limit:0.5", "todo-limit:2")
 _VIDEO = _DIT + ("todo:2x2x2", "todo-limit:2x2x2")
 
@@ -66,11 +71,17 @@ ROWS = {
 QUICK = ("sd15-512", "flux1-dev-1024", "wan2.1-1.3b-480p")
 
 # the table's method columns: (heading, label of the record in a cell)
-COLUMNS = (("ToMe 0.5", "tokenmerge 0.5"), ("ToMe 0.5 global", "tokenmerge 0.5 match_radius=None"),
-           ("whole-block 0.5", "tokenmerge 0.5 scope=block"), ("ToMe 0.5 shared", "tokenmerge 0.5 share_plans=True"),
-           ("whole-block 0.5 shared", "tokenmerge 0.5 scope=block share_plans=True"), ("ToDo 2", "todo 2"), ("ToDo 2x2x2", "todo 2x2x2"),
-           ("tomesd 0.5", "tomesd 0.5"), ("limit 0.5", "limit 0.5"), ("limit 0.5 block", "limit 0.5 scope=block"),
-           ("grid-limit 0.5", "grid-limit 0.5"), ("todo-limit 2", "todo-limit 2"),
+# (the 2026-11-26 tables, measured when share_plans=False was the default, name share_plans=True explicitly)
+COLUMNS = (("ToMe 0.5", "tokenmerge 0.5"), ("ToMe 0.5 plan per block", "tokenmerge 0.5 share_plans=False"),
+           ("ToMe 0.5 global", "tokenmerge 0.5 match_radius=None"),
+           ("ToMe 0.5 shared", "tokenmerge 0.5 share_plans=True"), ("ToMe 0.5 min_size=0", "tokenmerge 0.5 min_size=0"),
+           ("whole-block 0.5", "tokenmerge 0.5 scope=block"),
+           ("whole-block 0.5 plan per block", "tokenmerge 0.5 scope=block share_plans=False"),
+           ("whole-block 0.5 shared", "tokenmerge 0.5 scope=block share_plans=True"), ("ToDo 2", "todo 2"),
+           ("ToDo 2 min_size=0", "todo 2 min_size=0"), ("ToDo 2x2x2", "todo 2x2x2"), ("tomesd 0.5", "tomesd 0.5"),
+           ("limit 0.5", "limit 0.5"), ("limit 0.5 min_size=0", "limit 0.5 min_size=0"),
+           ("limit 0.5 block", "limit 0.5 scope=block"), ("grid-limit 0.5", "grid-limit 0.5"),
+           ("todo-limit 2", "todo-limit 2"), ("todo-limit 2 min_size=0", "todo-limit 2 min_size=0"),
            ("todo-limit 2x2x2", "todo-limit 2x2x2"))
 _SECTIONS = ((None, "eager"), ("default", "compiled (inductor, default mode)"),
              ("reduce-overhead", "compiled (inductor, mode=\"reduce-overhead\": CUDA graphs)"))

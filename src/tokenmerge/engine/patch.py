@@ -19,7 +19,7 @@ import threading
 import torch
 from torch import nn
 
-from ..config import ToDoConfig, ToMeConfig
+from ..config import ToDoConfig, ToMeConfig, min_size_on
 from ..families.spec import CROSS, JOINT, MLP, SELF, Arg, BlockSite, grid_rank
 from ..merge import bipartite_soft_matching, downsample, num_windows, random_offsets
 from ..merge.bipartite import _MASK32, _mix32
@@ -95,6 +95,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         self._target_handles: dict = {}  # (block, target) -> its torch hooks' handles (caches.route removes them)
         self._grid_reader = GridReader(site.family.grid, site.module)
         self._seed_key = _mix32((config.effective_seed * 0x85EBCA6B) & _MASK32)
+        self.small: dict[int, tuple] = {}  # level -> (grid, channels, min size) of a call too small to merge
 
     def __getstate__(self):  # run-time state is per thread and per call: never copied
         return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_traced")}
@@ -269,6 +270,11 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
             raise ValueError(
                 f"tokenmerge: block {site.path} (level {site.level}) got {x.shape[1]} tokens, but a latent grid of "
                 f"{_shape(state.grid)} gives {_shape(grid)} = {image} tokens at that level")
+        smallest = min_size_on(cfg.min_size, x.device)
+        if image * x.shape[-1] < smallest:  # too small to pay on this device (config.CUDA_MIN_SIZE): unmerged
+            if not torch.compiler.is_compiling():
+                self.small[site.level] = (grid, x.shape[-1], smallest)
+            return None
         batch = 1 if self.shared_plan else x.shape[0]  # shared: one pattern for the batch (a merged token has one
         plan = self._reused_plan(index, site, batch, image)  # position for all elements)
         if plan is None:

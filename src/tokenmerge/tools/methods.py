@@ -37,7 +37,8 @@ BENCH_METHODS = {
                   "token count (the token grid's rows times 1 - VALUE; text unchanged), no hooks at all; VALUE = ratio",
 }
 _FACTOR_METHODS = ("todo", "todo-limit")
-_WHERE = ("scope", "merge_attn", "merge_crossattn", "merge_mlp", "max_downsample")  # carried to ToMe's limit
+# carried to the limit: where tokens are merged, and which calls (min_size)
+_WHERE = ("scope", "merge_attn", "merge_crossattn", "merge_mlp", "max_downsample", "min_size")
 
 
 def _value(text: str):
@@ -118,13 +119,13 @@ class MethodSpec:
         """The zero-overhead reference of this method's gain: ToMe's ``limit`` at its ratio, ToDo's ``todo-limit``
         at its factor (options that change the token count, such as ToDo's ``ratio``, are not carried). ToMe's
         options that say where tokens are merged (``scope``, ``merge_*``, ``max_downsample``) are: the limit of a
-        whole-block merge runs the whole block on the merged tokens."""
+        whole-block merge runs the whole block on the merged tokens; so is ``min_size`` (which calls merge)."""
         if self.name == "tome":
             return MethodSpec("limit", self.value, tuple((k, v) for k, v in self.options if k in _WHERE))
         if self.name == "tomesd":
             return MethodSpec("limit", self.value)
         if self.name == "todo":
-            return MethodSpec("todo-limit", self.value)
+            return MethodSpec("todo-limit", self.value, tuple((k, v) for k, v in self.options if k == "min_size"))
         return None
 
     @property
