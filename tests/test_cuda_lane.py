@@ -211,6 +211,29 @@ def test_half_precision_runs_finite_and_removes_bit_identical(name, method, dtyp
     assert torch.equal(_run(model, inputs), plain), "removal must give the unpatched outputs bit for bit"
 
 
+@pytest.mark.parametrize("name", ["unet-sd", "flux"])
+def test_the_defaults_leave_calls_below_min_size_unmerged_on_cuda(name, lane_device):
+    """On CUDA, the default ``min_size`` (4096 x 1024 tokens x channels per sample) leaves the tiny models' calls
+    unmerged: bit for bit the unpatched outputs, and describe_patch says why; ``min_size=0`` merges them. Off CUDA
+    (the lane's CPU self-check) every call merges by default."""
+    entry, model, inputs = _setup(name)
+    model.to(lane_device)
+    inputs = _to(inputs, lane_device)
+    plain = _run(model, inputs)
+    tokenmerge.apply_patch(model, ratio=0.5)
+    default = _run(model, inputs)
+    notes = tokenmerge.describe_patch(model).notes
+    tokenmerge.apply_patch(model, ratio=0.5, min_size=0)
+    forced = _run(model, inputs)
+    tokenmerge.remove_patch(model)
+    assert not torch.equal(forced, plain)
+    if lane_device.type == "cuda":
+        assert torch.equal(default, plain)
+        assert any("smaller than min_size" in n for n in notes) and any("min_size=None: on CUDA" in n for n in notes)
+    else:
+        assert not torch.equal(default, plain)
+
+
 def _syncs(model, inputs, device) -> tuple[int, list[str]]:
     """Operators of one call that read device memory on the host, and on CUDA the sync debug mode's warnings."""
     from tokenmerge.bench.kernels import SYNCS
