@@ -3,7 +3,7 @@
 Counts the backend operators a step dispatches (``tokenmerge.bench.kernels.count_kernels``: on CUDA nearly each is
 one kernel launch; views and allocations left out), after a warm-up step (cached index tables built), on a bench
 preset with RANDOM weights. By default the code paths a CUDA call takes are run on whatever device is used
-(``tokenmerge.merge.local.code_paths("cuda")``), so a CPU run counts what an H100 run launches; ``--cpu-paths``
+(``apply_config(..., code_paths="cuda")``), so a CPU run counts what an H100 run launches; ``--cpu-paths``
 counts the CPU's own paths. ``--blocks`` keeps that many blocks of each stack (REDUCED; the count per merged block
 does not depend on it, the per-call part is then shared by fewer blocks). ``--narrow`` builds the preset with
 2 or 3 heads of 16 channels and narrow text and feed-forward widths (the UNet: a tenth of its channels) at the same
@@ -14,8 +14,8 @@ and narrowed are compared in ``benchmarks/results/kernels/README.md``).
         --methods tome:0.5 tome:0.5,match_radius=None tome:0.5,scope=block tome:0.5,share_plans=true todo:2
 
 Prints a Markdown table: kernels per step, the ratio to vanilla, the extra kernels per merged block, host syncs.
-An older tokenmerge (e.g. a ``git worktree`` of an earlier commit on ``PYTHONPATH``) runs the same script: the
-``code_paths`` switch is skipped where it does not exist (the old code had one path for every device).
+An older tokenmerge (e.g. a ``git worktree`` of an earlier commit on ``PYTHONPATH``) runs the same script: its
+process-wide ``code_paths`` switch where it has one (9c0ff4f..38762b8), none before (one path for every device).
 """
 
 from __future__ import annotations
@@ -39,13 +39,24 @@ def _resolution(text: str):
     return int(text) if text.isdigit() else text
 
 
-def _paths(cpu: bool):
-    """``(context, what it runs)``: the CUDA code paths, or the CPU's (an older tokenmerge has one for all)."""
+def _applied(spec, model, cpu: bool):
+    """``spec`` applied to ``model`` on the CUDA code paths (or the CPU's); an older tokenmerge's own way."""
     try:
-        from tokenmerge.merge.local import code_paths
-    except ImportError:
-        return contextlib.nullcontext(), "one code path for every device"
-    return (contextlib.nullcontext(), "CPU paths") if cpu else (code_paths("cuda"), "CUDA paths")
+        return spec.applied(model, code_paths="cpu" if cpu else "cuda")
+    except TypeError:  # an older tokenmerge: a process-wide switch, or one path for every device
+        try:
+            from tokenmerge.merge.local import code_paths
+        except ImportError:
+            return spec.applied(model)
+        stack = contextlib.ExitStack()
+        stack.enter_context(spec.applied(model))
+        if not cpu:
+            stack.enter_context(code_paths("cuda"))
+        return stack
+
+
+def _paths(cpu: bool) -> str:
+    return "CPU paths" if cpu else "CUDA paths"
 
 
 def main() -> None:
@@ -73,7 +84,7 @@ def main() -> None:
     inputs = preset.inputs(1, args.resolution, torch.float32, torch.device("cpu"), frames=args.frames)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=tokenmerge.__path__[0]).stdout.strip()
-    paths = _paths(args.cpu_paths)[1]
+    paths = _paths(args.cpu_paths)
     reduced = f", REDUCED to {args.blocks} blocks per stack" if args.blocks is not None else ""
     reduced += ", NARROWED widths (same token counts)" if args.narrow else ""
     print(f"`{' '.join(sys.argv)}`\n\ntokenmerge {commit}, torch {torch.__version__}, {preset.name} "
@@ -83,9 +94,10 @@ def main() -> None:
     base = None
     for text in ["vanilla"] + args.methods:
         spec = parse_spec(text, bench=True)
-        with spec.applied(model), _paths(args.cpu_paths)[0], torch.no_grad():
+        with _applied(spec, model, args.cpu_paths), torch.no_grad():
             step(model, inputs)  # warm-up: tables built, ids read
-            blocks = sum(len(patch.blocks) for patch in _patches(model))
+            info = tokenmerge.describe_patch(model)
+            blocks = sum(len(d.blocks) for d in info.denoisers) if info is not None else 0
             counted = count_kernels(step, "cpu", model, inputs)
         kernels = counted["kernels"]
         base = kernels if base is None else base
@@ -109,12 +121,6 @@ def _narrow(preset):
         raise SystemExit(f"--narrow: no narrow widths for the {preset.family!r} family (one of {sorted(_NARROW)})")
     config = dict(preset.unet, **_NARROW[preset.family])
     return dataclasses.replace(preset, unet=config, text_dim=None if preset.text_dim is None else 16)
-
-
-def _patches(model):
-    from tokenmerge.engine.patch import PATCH_ATTR
-
-    return [m.__dict__[PATCH_ATTR] for m in model.modules() if PATCH_ATTR in m.__dict__]
 
 
 if __name__ == "__main__":

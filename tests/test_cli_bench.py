@@ -442,17 +442,17 @@ def test_factor_per_axis_specs():
 
 
 def test_slice_plan_shares_one_pattern_and_keeps_positions():
-    """The limit on families with one merge pattern per batch (rotary positions): expand and representatives."""
+    """The limit on families with one merge pattern per batch (rotary positions): one pattern for any batch size,
+    and the positions of the tokens it keeps."""
     import torch
 
     from tokenmerge.tools.limits import SlicePlan, slice_match
 
     plan = slice_match(torch.zeros(1, 24, 4), (2, 3, 4), (1, 2, 2), 12)
-    assert isinstance(plan, SlicePlan) and plan.num_slots == 12
-    assert plan.expand(3) is plan
+    assert isinstance(plan, SlicePlan) and plan.num_slots == 12 and plan.batch == 1
     assert plan.representatives().tolist() == [list(range(12))]
     x = torch.randn(3, 24, 5)
-    assert torch.equal(plan.expand(3).merge(x), x[:, :12]) and plan.unmerge(plan.merge(x)).shape == x.shape
+    assert torch.equal(plan.merge(x), x[:, :12]) and plan.unmerge(plan.merge(x)).shape == x.shape
 
 
 def test_phase_timer_times_nested_phases_exclusively(monkeypatch):

@@ -181,10 +181,10 @@ def test_schedule_reuse_sharing_and_local_matching(name):
 def test_todo_or_its_refusal(name):
     entry, model, inputs = _setup(name)
     family = match_family(getattr(model, "_orig_mod", model))
-    if family.todo is not None:
+    if family.todo_refused is not None:
         with pytest.raises(ValueError) as err:
             tokenmerge.apply_todo(model, downsample=2)
-        assert family.todo[:40] in str(err.value)
+        assert family.todo_refused[:40] in str(err.value)
         assert tokenmerge.describe_patch(model) is None  # nothing left behind
         return
     plain = _run(model, inputs)
@@ -251,41 +251,38 @@ _BREAKS_WITHOUT_US = {
 
 @pytest.mark.compile
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if core else pytest.mark.slow) for n, core in _COMPILE])
-@pytest.mark.parametrize("scope", ["attention", "block"])
-def test_compile_fullgraph_matches_eager(name, scope):
-    """One graph (fullgraph: any graph break fails), the same outputs as eager. The dynamo front end is what our
-    hooks meet; the inductor back end is exercised on UNets by test_compile.py."""
+@pytest.mark.parametrize("method", ["tome", "block", "todo"])
+def test_compile_fullgraph_from_the_first_call_matches_eager(name, method):
+    """Patched first, then compiled as one graph (fullgraph: any graph break fails), with no eager call before the
+    compiled one (a pipeline's first step is then the compiled call): the same outputs as eager. ToMe, whole-block
+    ToMe and ToDo (pooled outside or inside the attention call). The dynamo front end is what our hooks meet; the
+    inductor back end is exercised on UNets by test_compile.py."""
     entry, model, inputs = _setup(name)
-    if scope == "block" and not all(s.whole is not None for s in match_family(model).find_blocks(model, "")):
+    family = match_family(model)
+    if method == "block" and not all(s.whole is not None for s in family.find_blocks(model, "")):
         pytest.skip("the family does not declare scope='block'")
+    if method == "todo" and family.todo_refused is not None:
+        pytest.skip(f"the family refuses ToDo: {family.todo_refused}")
     torch._dynamo.reset()
     if name in _BREAKS_WITHOUT_US:
         with pytest.raises((torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError)), torch.no_grad():
             torch.compile(model, fullgraph=True, backend="eager")(**inputs)
         torch._dynamo.reset()
         pytest.skip(f"the model itself is not one graph: {_BREAKS_WITHOUT_US[name]}")
-    tokenmerge.apply_patch(model, ratio=0.5, scope=scope)
+    if method == "todo":
+        tokenmerge.apply_todo(model, downsample=(1, 2, 2) if entry.kind == "video" else 2)
+    else:
+        tokenmerge.apply_patch(model, ratio=0.5, scope="block" if method == "block" else "attention")
     try:
         with torch.no_grad():
-            eager = output_tensor(model(**inputs))
             compiled = output_tensor(torch.compile(model, fullgraph=True, backend="eager")(**inputs))
+            eager = output_tensor(model(**inputs))
     finally:
         tokenmerge.remove_patch(model)
         torch._dynamo.reset()
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.compile
-def test_todo_inside_the_attention_call_refuses_to_compile():
-    entry, model, inputs = _setup("wan")
-    torch._dynamo.reset()
-    tokenmerge.apply_todo(model, downsample=2)
-    try:
-        with pytest.raises(Exception, match="does not work under torch.compile"), torch.no_grad():
-            torch.compile(model, fullgraph=True, backend="eager")(**inputs)
-    finally:
-        tokenmerge.remove_patch(model)
-        torch._dynamo.reset()
+    with torch.no_grad():
+        assert not torch.allclose(output_tensor(model(**inputs)), eager), "the patch acted"
 
 
 @pytest.mark.parametrize("name", _entries())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tokenmerge
-from tiny_models import dit_inputs, make_dit, make_flux, make_pixart, make_sd3
+from tiny_models import dit_inputs, make_dit, make_flux, make_pixart, make_sd3, record_plans
 
 diffusers = pytest.importorskip("diffusers")
 MAKERS = {"dit": make_dit, "pixart": make_pixart, "sd3": make_sd3, "flux": make_flux}
@@ -147,13 +147,11 @@ def test_flux_positions_follow_the_merged_tokens(block_list):
     model = _model("flux")
     inputs = dit_inputs("flux", batch=2, h=6, w=8)
     tokenmerge.apply_patch(model, ratio=0.5, use_rand=True)
-    patch = model._tokenmerge_patch
+    recorder = record_plans(model)
     attn = getattr(model, block_list)[0].attn
     seen = {}
 
     def capture(module, args, kwargs):
-        block_index = next(i for i, b in enumerate(patch.blocks) if b.module.attn is module)
-        seen["plan"] = patch.state.blocks[block_index].plan
         seen["rotary"] = kwargs["image_rotary_emb"]
         seen["x"] = kwargs["hidden_states"]
 
@@ -163,9 +161,9 @@ def test_flux_positions_follow_the_merged_tokens(block_list):
     finally:
         handle.remove()
         tokenmerge.remove_patch(model)
-    plan = seen["plan"]
-    reps = plan.representatives()
-    dest = plan.plan.dest[0]
+    plan = recorder.of(f"{block_list}.0")[0]
+    reps = plan.representatives()[0]
+    dest = plan.dest[0]
     assert plan.num_merged > 0 and torch.equal(dest[reps], torch.arange(plan.num_slots))  # each rep is in its slot
     ids = torch.cat([inputs["txt_ids"], inputs["img_ids"][reps]])
     expected = model.pos_embed(ids)
@@ -184,16 +182,13 @@ def test_flux_plan_is_shared_across_the_batch():
     model = _model("flux")
     inputs = dit_inputs("flux", batch=2)
     tokenmerge.apply_patch(model, ratio=0.5)
-    plans = []
-    handle = model.transformer_blocks[0].attn.register_forward_pre_hook(
-        lambda m, a, k: plans.append(model._tokenmerge_patch.state.blocks[0].plan), with_kwargs=True)
+    recorder = record_plans(model)
     try:
         _run(model, inputs)
     finally:
-        handle.remove()
         tokenmerge.remove_patch(model)
-    plan = plans[0]
-    assert plan.plan.batch == 1  # one pattern, made once for the batch
+    plan = recorder.of("transformer_blocks.0")[0]
+    assert plan.batch == 1  # one pattern, made once for the batch
     x = torch.randn(2, plan.num_tokens, 4)
     both = plan.merge(x)  # each element merged exactly as it would be alone with that pattern
     assert torch.equal(both[0], plan.merge(x[:1])[0]) and torch.equal(both[1], plan.merge(x[1:])[0])

@@ -11,7 +11,6 @@ import torch
 import tokenmerge
 from tiny_denoisers import CATALOGUE, available, output_tensor
 from tokenmerge.bench.kernels import count_kernels
-from tokenmerge.merge.local import code_paths
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 
@@ -20,17 +19,27 @@ pytestmark = pytest.mark.usefixtures("fast_cpu")
 # (text after the image), LTX (grid from integer arguments)
 ENTRIES = ["unet-sd", "pixart", "sd3", "flux", "qwen-image", "wan", "hunyuan-video", "ltx"]
 METHODS = {  # the defaults (one plan per level: share_plans=True), and a plan per block
-    "tome": lambda m: tokenmerge.apply_patch(m, ratio=0.5),
-    "tome-per-block": lambda m: tokenmerge.apply_patch(m, ratio=0.5, share_plans=False),
-    "tome-global": lambda m: tokenmerge.apply_patch(m, ratio=0.5, match_radius=None, share_plans=False),
-    "whole-block": lambda m: tokenmerge.apply_patch(m, ratio=0.5, scope="block"),
-    "whole-block-per-block": lambda m: tokenmerge.apply_patch(m, ratio=0.5, scope="block", share_plans=False),
-    "todo": lambda m: tokenmerge.apply_todo(m, downsample=(1, 2, 2) if _video(m) else 2),
+    "tome": dict(),
+    "tome-per-block": dict(share_plans=False),
+    "tome-global": dict(match_radius=None, share_plans=False),
+    "whole-block": dict(scope="block"),
+    "whole-block-per-block": dict(scope="block", share_plans=False),
+    "todo": None,  # ToDo 2 per side (each frame of a video)
 }
+# the refusals these tests expect (at apply time, with the family's reason); any other error fails
+REFUSED = {("sd3", "whole-block"): "scope='block' is not declared", ("sd3", "whole-block-per-block"):
+           "scope='block' is not declared"}
 
 
 def _video(model) -> bool:
     return any(e.kind == "video" for e in CATALOGUE.values() if e.cls == type(model).__name__)
+
+
+def _config(method: str, model):
+    kwargs = METHODS[method]
+    if kwargs is None:
+        return tokenmerge.ToDoConfig(downsample=(1, 2, 2) if _video(model) else 2)
+    return tokenmerge.ToMeConfig(ratio=0.5, **kwargs)
 
 
 def _setup(name):
@@ -43,11 +52,14 @@ def _setup(name):
     return entry, entry.build(), entry.inputs(batch=2, grid=grid)
 
 
-def _apply(method, model):
-    try:
-        METHODS[method](model)
-    except ValueError as err:  # a method this family refuses at apply time (with its reason)
-        pytest.skip(f"{method} refused: {err}")
+def _apply(method, model, name=None, code_paths=None):
+    """Patch ``model`` with ``method`` (with the code paths of ``code_paths``' device); a refusal listed in
+    ``REFUSED`` skips the test, with its reason checked."""
+    if (name, method) in REFUSED:
+        with pytest.raises(ValueError, match=REFUSED[(name, method)]):
+            tokenmerge.apply_config(model, _config(method, model))
+        pytest.skip(f"{name} refuses {method}: {REFUSED[(name, method)]}")
+    tokenmerge.apply_config(model, _config(method, model), code_paths=code_paths)
 
 
 @torch.no_grad()
@@ -65,12 +77,11 @@ def test_no_host_sync_after_the_first_call(name, method):
     with torch.no_grad():
         model(**inputs)
     vanilla = _syncs(model, inputs)
-    _apply(method, model)
+    _apply(method, model, name, code_paths="cuda")
     try:
-        with torch.no_grad(), code_paths("cuda"):
+        with torch.no_grad():
             model(**inputs)  # the first call: grids read, tables built
-        with code_paths("cuda"):
-            patched = _syncs(model, inputs)
+        patched = _syncs(model, inputs)
     finally:
         tokenmerge.remove_patch(model)
     assert patched == vanilla
@@ -82,12 +93,13 @@ def test_cuda_code_paths_give_the_cpu_paths_results(name, method):
     """The CUDA code paths (local matching as one masked product, no chunks) merge the same tokens into the
     same destinations as the CPU's tiles: the outputs agree to rounding."""
     entry, model, inputs = _setup(name)
-    _apply(method, model)
+    _apply(method, model, name)
     try:
         with torch.no_grad():
             cpu = output_tensor(model(**inputs), entry)
-            with code_paths("cuda"):
-                cuda = output_tensor(model(**inputs), entry)
+        _apply(method, model, name, code_paths="cuda")
+        with torch.no_grad():
+            cuda = output_tensor(model(**inputs), entry)
         tokenmerge.remove_patch(model)
         with torch.no_grad():
             plain = output_tensor(model(**inputs), entry)
@@ -115,8 +127,8 @@ def _per_block(method: str | None, layers: tuple[int, int] = (2, 6)) -> float:
         model = type(entry.build()).from_config(dict(entry.build().config, num_layers=n)).eval()
         inputs = entry.inputs(batch=2, grid=(16, 16))
         if method is not None:
-            METHODS[method](model)
-        with torch.no_grad(), code_paths("cuda"):
+            _apply(method, model, "pixart", code_paths="cuda")
+        with torch.no_grad():
             model(**inputs)  # warm-up: the cached tables built
             counts.append(count_kernels(lambda: model(**inputs), "cpu")["kernels"])
         tokenmerge.remove_patch(model)
@@ -139,7 +151,7 @@ def test_describe_patch_says_where_a_setting_cannot_pay_on_a_gpu():
     """Attention-only ToMe on an image transformer and plans built block by block are named plainly; whole-block
     merging with the default shared plans, and ToDo without query merging, get no such note; a UNet gets no
     attention note."""
-    from tokenmerge.patch import NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK
+    from tokenmerge.api import NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK
 
     _needs("pixart", "unet-sd")
     model = CATALOGUE["pixart"].build()

@@ -655,13 +655,12 @@ def test_the_call_time_check_is_cheap():
     sees merged tokens, once per call (about 25 us for the 220 such modules of this whole-UNet patch)."""
     import time
 
-    from tokenmerge.engine import guards
-
     model = make_unet("sdxl")
     tokenmerge.apply_patch(model, ratio=0.5, max_downsample=4, merge_crossattn=True, merge_mlp=True)
-    patch = getattr(model, "_tokenmerge_patch")
-    guards.on_call(patch, (16, 16))
+    watch = getattr(model, "_tokenmerge_patch").watch  # what each call checks (engine/call.py)
+    assert len(watch.region) > 200
+    watch.check()
     start = time.perf_counter()
     for _ in range(200):
-        guards.on_call(patch, (16, 16))
+        watch.check()
     assert (time.perf_counter() - start) / 200 < 1e-3

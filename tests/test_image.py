@@ -10,6 +10,7 @@ import torch
 
 import tokenmerge
 from tiny_denoisers import CATALOGUE, available
+from tiny_models import record_plans
 from tokenmerge.families.spec import Arg
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
@@ -59,13 +60,13 @@ def test_text_and_reference_tokens_reach_attention_unchanged(name, blocks, attr,
     block = getattr(model, blocks)[0]
     plain = _capture(model, block, attr, kwarg, inputs)
     # patch this block alone: its input is the unpatched model's, so everything but the image must be too
-    index = [m for m in model.modules() if m is block]
     tokenmerge.apply_patch(model, ratio=0.5)
-    sites = [s.module for s in model._tokenmerge_patch.blocks]
-    tokenmerge.apply_patch(model, ratio=0.5, blocks=[sites.index(block)])
-    assert index and tokenmerge.describe_patch(model).num_blocks == 1
+    paths = [path for path, _ in tokenmerge.describe_patch(model).denoisers[0].blocks]
+    tokenmerge.apply_patch(model, ratio=0.5, blocks=[paths.index(f"{blocks}.0")])
+    assert tokenmerge.describe_patch(model).num_blocks == 1
+    recorder = record_plans(model)
     merged = _capture(model, block, attr, kwarg, inputs)
-    grid = model._tokenmerge_patch._grid_reader.read((), inputs)[0]
+    grid = recorder.plans[0].call_grid
     tokenmerge.remove_patch(model)
     n = math.prod(grid)
     x, y = plain["hidden_states"], merged["hidden_states"]

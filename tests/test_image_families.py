@@ -74,7 +74,7 @@ def test_shapes_grid_reads_one_shape_per_sample_or_a_list_per_sample():
 
 
 def test_a_sequence_of_the_image_tokens_alone_has_nothing_beside_them():
-    from tokenmerge.engine.layout import sides
+    from tokenmerge.engine.call import sides
     from tokenmerge.families.spec import TEXT_BEFORE, TEXT_NONE
 
     assert sides(16, 16, TEXT_NONE, trailing=8) == (0, 0)  # Flux 3's image-only blocks of a call with references

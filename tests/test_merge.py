@@ -72,10 +72,10 @@ def test_random_offsets_are_a_pure_function_of_the_key_and_uniform():
 def test_parity_with_tomesd_merge_function(h, w, ratio, chunk, monkeypatch):
     from tomesd.merge import bipartite_soft_matching_random2d
 
-    from tokenmerge.merge import bipartite
+    from tokenmerge.merge import match
 
     if chunk is not None:
-        monkeypatch.setattr(bipartite, "SCORE_CHUNK", chunk)
+        monkeypatch.setattr(match, "SCORE_CHUNK", chunk)
 
     torch.manual_seed(1)
     x = torch.randn(2, h * w, 16)
@@ -121,7 +121,7 @@ def test_merge_plan_from_dest():
 
 @pytest.mark.parametrize("chunk", [1, 100, 1000, 10**9])
 def test_scores_in_chunks_give_the_same_matches(chunk):
-    from tokenmerge.merge.bipartite import best_matches
+    from tokenmerge.merge.match import best_matches
 
     torch.manual_seed(0)
     a = torch.nn.functional.normalize(torch.randn(2, 300, 16), dim=-1)
@@ -159,7 +159,7 @@ def _merged_windows(plan, kept):
 @pytest.mark.parametrize("use_rand", [True, False])
 def test_local_matching_is_the_global_matching_with_far_destinations_masked(h, w, sx, sy, radius, chunk, tile,
                                                                               use_rand):
-    from tokenmerge.merge.bipartite import local_soft_matching_2d
+    from tokenmerge.merge.match import local_soft_matching_2d
 
     torch.manual_seed(0)
     metric = torch.randn(2, h * w, 5)

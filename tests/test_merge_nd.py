@@ -10,8 +10,8 @@ from tokenmerge.merge import (
     IdentityPlan, bipartite_soft_matching, bipartite_soft_matching_2d, downsample, downsample_tokens, num_windows,
     pooled_shape, pooled_size, random_offsets, window_destinations,
 )
-from tokenmerge.merge.local import local_soft_matching, local_soft_matching_2d
-from tokenmerge.tools.limits import SlicePlan, slice_downsample, slice_downsampler, slice_match, slice_matcher
+from tokenmerge.merge.match import local_soft_matching, local_soft_matching_2d, matching
+from tokenmerge.tools.limits import SlicePlan, slice_downsample, slice_match
 
 CPU = torch.device("cpu")
 
@@ -104,7 +104,6 @@ def test_nd_api_is_the_2d_api_bit_for_bit(h, w, sx, sy, radius, use_rand):
             assert torch.equal(local_soft_matching_2d(metric, h, w, sx, sy, r, offsets, radius).dest, c.dest)
     dst, src = window_destinations(h, w, sx, sy, offsets, CPU)
     assert sorted(torch.cat([dst, src]).tolist()) == list(range(h * w))
-    assert isinstance(slice_match(metric, (h, w), (sy, sx), 5), type(slice_matcher(metric, h, w, sx, sy, 5)))
 
 
 @pytest.mark.parametrize("radius", [None, 0, 1, 3])
@@ -244,7 +243,7 @@ def test_2d_downsample_bit_for_bit(h, w, factor, mode):
     else:
         ref = F.interpolate(grid, size=pooled_size(h, w, factor), **kwargs).flatten(2).transpose(1, 2)
         assert torch.equal(out, ref)
-    assert torch.equal(slice_downsample(x, (h, w), (factor, factor)), slice_downsampler(x, h, w, factor))
+    assert slice_downsample(x, (h, w), (factor, factor)).shape[1] == math.prod(pooled_size(h, w, factor))
 
 
 @pytest.mark.parametrize("shape", [(4, 8, 6), (5, 7, 9)])
@@ -338,17 +337,16 @@ def test_dense_local_matching_is_the_reference(shape, windows, radius, use_rand)
 
 
 @pytest.mark.parametrize("radius", [(0, 1, 1), (0, 2, None)])
-def test_dense_local_matching_of_folded_frames(radius, monkeypatch):
-    """Through ``bipartite_soft_matching`` (frames folded into the batch, ranked together), as a CUDA call runs
-    it: the dense path gives the tiles' plan."""
-    from tokenmerge.merge import local
-
+def test_dense_local_matching_of_folded_frames(radius):
+    """As a CUDA call runs it (frames folded into the batch, ranked together; the CUDA code paths): the dense path
+    gives the tiles' plan."""
     shape, windows = (4, 9, 10), (1, 2, 2)
     torch.manual_seed(6)
     metric = torch.randn(2, math.prod(shape), 6)
     offsets = random_offsets(num_windows(shape, windows), 4, 5, CPU)
     tiles = bipartite_soft_matching(metric, shape, windows, 150, offsets, radius)
-    monkeypatch.setattr(local, "use_dense", lambda tokens, windows, device, dense=None: True)
-    dense = bipartite_soft_matching(metric, shape, windows, 150, offsets, radius)
+    cuda = matching(shape, windows, radius, CPU, paths="cuda")
+    assert cuda.dense and not matching(shape, windows, radius, CPU).dense
+    dense = cuda(metric, 150, offsets)
     want, num_src = _reference(metric, shape, windows, 150, offsets, radius)
     assert torch.equal(_content(dense, num_src), want) and torch.equal(_content(tiles, num_src), want)

@@ -16,7 +16,7 @@ import torch
 
 import tokenmerge
 from tiny_denoisers import CATALOGUE, available, output_tensor
-from tiny_models import make_unet, unet_inputs
+from tiny_models import make_unet, record_plans, unet_inputs
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 
@@ -69,17 +69,11 @@ def test_levels_where_no_window_fits_are_left_unmerged_and_the_others_merge():
     kw = unet_inputs(h=2, w=2)
     plain = _run(model, kw)
     tokenmerge.apply_patch(model, ratio=0.5, max_downsample=2)
-    patch = model._tokenmerge_patch
-    merged = {}
-    handles = [site.module.register_forward_pre_hook(
-        lambda m, a, k, i=i: merged.__setitem__(i, patch.state.blocks[i].plan.num_merged), with_kwargs=True)
-        for i, site in enumerate(patch.blocks)]
+    recorder = record_plans(model)
     with pytest.warns(RuntimeWarning, match=r"unmerged in some levels: .*\(1x1 at downsample 2\); the other levels"):
         out = _run(model, kw)
-    for h in handles:
-        h.remove()
-    levels = {site.level: merged[i] for i, site in enumerate(patch.blocks)}
-    assert levels == {0: 2, 1: 0}, levels
+    levels = {p.grid: p.plan.num_merged for p in recorder.plans}  # the 2x2 level and the 1x1 one
+    assert levels == {(2, 2): 2, (1, 1): 0}, levels
     assert not torch.allclose(out, plain)
 
 
@@ -115,27 +109,34 @@ def test_joyimage_edit_plus_at_diffusers_test_shapes_runs_unmerged():
 
 
 def test_ids_that_form_no_grid_are_read_once_per_tensor():
-    """The reader's verdict on a call's ids is kept like its grid: a generation's later steps read nothing."""
+    """The verdict on a call's ids is kept like its grid: a generation's later steps read nothing (the same ids
+    tensor), a new ids tensor is read again."""
     from tokenmerge.engine.grids import GridReader, NoGrid
     from tokenmerge.families.spec import IdsGrid
 
     entry, model = _need("flux")
-    reader = GridReader(IdsGrid(), model)
     ids = torch.zeros(6, 3)
     ids[:, 1] = torch.tensor([0, 0, 1, 1, 2, 5])
     ids[:, 2] = torch.tensor([0, 1, 0, 1, 0, 1])
-    for _ in range(2):
-        with pytest.raises(NoGrid, match="6 tokens do not form a 6x2 grid"):
-            reader.read((), {"img_ids": ids})
+    with pytest.raises(NoGrid, match="6 tokens do not form a 6x2 grid"):  # the reader itself reads every time
+        GridReader(IdsGrid(), model).read((), {"img_ids": ids})
+    kw = entry.inputs()
+    g = torch.Generator().manual_seed(0)
+    kw["img_ids"] = torch.randn(kw["img_ids"].shape, generator=g)
+    tokenmerge.apply_patch(model, ratio=0.5)
     reads = []
     original = GridReader._read_ids
     try:
         GridReader._read_ids = staticmethod(lambda *a: reads.append(1) or original(*a))
-        with pytest.raises(NoGrid):
-            reader.read((), {"img_ids": ids})
+        with pytest.warns(RuntimeWarning, match="ran unmerged"):
+            for _ in range(3):  # one generation: the same ids at every step
+                _run(model, kw)
+        assert reads == [1]
+        _run(model, {**kw, "img_ids": kw["img_ids"].clone()})  # another generation's ids
+        assert reads == [1, 1]
     finally:
         GridReader._read_ids = staticmethod(original)
-    assert reads == []
+        tokenmerge.remove_patch(model)
 
 
 # ---- pipelines at the sizes diffusers' pipeline tests use ------------------------------------------------------
@@ -221,8 +222,9 @@ def test_ltx_with_video_coords_merges_the_video_and_keeps_conditioning_tokens_wh
     call.update(hidden_states=x, video_coords=coords)
     plain_x, plain_rope = _attn1_inputs(model, call)
     tokenmerge.apply_patch(model, ratio=0.5)
-    assert model._tokenmerge_patch._grid_reader.read((), call)[0] == (3, 4, 4)
+    recorder = record_plans(model)
     merged_x, merged_rope = _attn1_inputs(model, call)
+    assert recorder.plans[0].call_grid == (3, 4, 4)
     assert merged_x.shape[1] == 16 + 48 // 2
     assert torch.equal(merged_x[:, :16], plain_x[:, :16])
     for merged, plain in zip(merged_rope, plain_rope):
@@ -301,7 +303,7 @@ def test_prx_with_zero_initialised_gates_is_merged():
 def test_refusals_are_type_or_value_errors_that_name_tokenmerge():
     """A layout, an argument or a backend the engine cannot follow is a ValueError (a setting that cannot work) or
     a TypeError (the wrong kind of object), never a RuntimeError (kept for internal errors)."""
-    from tokenmerge.engine.layout import sides, take_mask, take_rotary
+    from tokenmerge.engine.call import sides, take_mask, take_rotary
     from tokenmerge.families.spec import TEXT_NONE, Mask, Rotary
 
     with pytest.raises(ValueError, match="tokenmerge: a sequence of 1 tokens cannot hold the 16 image tokens"):
@@ -314,6 +316,6 @@ def test_refusals_are_type_or_value_errors_that_name_tokenmerge():
         take_mask(Mask("mask"), object(), 16, torch.arange(8))
     model = make_unet("sd")
     tokenmerge.apply_patch(model, ratio=0.5)
-    block = model._tokenmerge_patch.blocks[0].module
+    block = model.get_submodule(tokenmerge.describe_patch(model).denoisers[0].blocks[0][0])
     with pytest.raises(ValueError, match="tokenmerge: block .* was called outside its denoiser's forward"):
         block(torch.randn(1, 64, 32), encoder_hidden_states=torch.randn(1, 5, 32))

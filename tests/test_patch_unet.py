@@ -304,25 +304,25 @@ def test_import_as_tomesd():
     assert tomesd.remove_patch(unet) is unet
 
 
-def test_match_radius_reaches_the_matcher_and_changes_the_result(monkeypatch):
-    import tokenmerge.engine.patch as engine
+def test_match_radius_reaches_the_matcher_and_changes_the_result():
+    from tokenmerge.merge import bipartite_soft_matching
 
     unet = make_unet()
     inp = unet_inputs(h=32, w=32)  # level 0: 32 x 32 tokens, 16 x 16 windows: radius 1 is local
     radii = []
-    real = engine.bipartite_soft_matching
 
     def spy(metric, shape, windows, r, offsets, radius):
         radii.append(radius)
-        return real(metric, shape, windows, r, offsets, radius)
+        return bipartite_soft_matching(metric, shape, windows, r, offsets, radius)
 
     with torch.no_grad():
         plain = unet(**inp).sample
         tokenmerge.apply_patch(unet, match_radius=None)  # tomesd's global matching
         exact = unet(**inp).sample
-        monkeypatch.setattr(engine, "bipartite_soft_matching", spy)
-        tokenmerge.apply_patch(unet)  # the default: match_radius=1
+        tokenmerge.apply_config(unet, tokenmerge.ToMeConfig())  # the default: match_radius=1
         local = unet(**inp).sample
+        tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(), matcher=spy)  # the same radius reaches a matcher
+        assert torch.equal(unet(**inp).sample, local)
         tokenmerge.remove_patch(unet)
         again = unet(**inp).sample
     assert radii and set(radii) == {1}

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import tokenmerge
+from tiny_models import PlanRecorder
 from tiny_pipelines import CASES
 from tokenmerge.merge import bipartite_soft_matching
 
@@ -89,16 +90,16 @@ def test_video_spatio_temporal_windows(name):
 def _first_block_calls(pipe):
     """Per denoiser call, what the first patched block was given: ``None`` (no merge this call) or (the token
     grid read from the call, the reference tokens after the image's, the plan's tokens, how many it merges)."""
-    patch = pipe.transformer._tokenmerge_patch
+    first = tokenmerge.describe_patch(pipe.transformer).denoisers[0].blocks[0][0]
     record = []
 
-    def block_pre(_module, _args, _kwargs):
-        state = patch.state
-        call = state.blocks.get(0)  # set by the patch's own pre-hook, which runs first
-        merging = call is not None and call.plan.num_merged > 0
-        record.append((state.grid, state.trailing, call.plan.num_tokens, call.plan.num_merged) if merging else None)
+    class Observer(PlanRecorder):
+        def plan(self, p):
+            if p.path == first and p.plan.num_merged > 0:
+                record[-1] = (p.call_grid, p.trailing, p.plan.num_tokens, p.plan.num_merged)
 
-    return record, patch.blocks[0].module.register_forward_pre_hook(block_pre, with_kwargs=True)
+    tokenmerge.observe(pipe.transformer, Observer())
+    return record, pipe.transformer.register_forward_pre_hook(lambda *_: record.append(None))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -131,15 +132,18 @@ def test_reuse_steps_computes_plans_every_other_call(name):
     made = []
 
     def counting_matcher(*args, **kwargs):
-        made.append(pipe.transformer._tokenmerge_patch.state.calls)  # the denoiser call it is made in (from 1)
+        made.append(len(calls))  # the denoiser call it is made in (from 1)
         return bipartite_soft_matching(*args, **kwargs)
 
     tokenmerge.apply_config(pipe, tokenmerge.ToMeConfig(ratio=0.5, reuse_steps=2, share_plans=False),
                             matcher=counting_matcher)
+    calls = []  # the calls of the denoiser the counting reads (Ideogram 4: the conditional transformer's)
+    handle = pipe.transformer.register_forward_pre_hook(lambda *_: calls.append(1))
     # every patched denoiser makes its plans in the calls of its step (Ideogram 4's unconditional transformer
     # right after the conditional one, whose call count this reads)
-    blocks = sum(len(getattr(pipe, d)._tokenmerge_patch.blocks) for d in case.denoisers)
+    blocks = sum(len(info.blocks) for info in tokenmerge.describe_patch(pipe).denoisers)
     out = case.generate(pipe, kw)
+    handle.remove()
     assert torch.isfinite(out).all()
     assert Counter(made) == {1: blocks, 3: blocks}, Counter(made)
     tokenmerge.remove_patch(pipe)

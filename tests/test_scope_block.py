@@ -8,6 +8,7 @@ import torch
 
 import tokenmerge
 from tiny_denoisers import CATALOGUE, available
+from tiny_models import record_plans
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 
@@ -31,23 +32,20 @@ def test_the_block_update_is_unmerged_onto_the_residual_stream(name, blocks):
     # the block's own input and output in a run where only this block is patched (its input is the plain one)
     h_in = block.register_forward_pre_hook(grab_in, with_kwargs=True, prepend=True)
     tokenmerge.apply_patch(model, ratio=0.5, scope="block", blocks=[0])
-    patch = model._tokenmerge_patch
-    plans = []
-    h_plan = block.register_forward_pre_hook(lambda m, a, k: plans.append(patch.state.blocks[0].plan),
-                                             with_kwargs=True)
+    recorder = record_plans(model)
     h_out = block.register_forward_hook(grab_out, with_kwargs=True)
     with torch.no_grad():
         model(**inputs)
-    for h in (h_in, h_plan, h_out):
+    for h in (h_in, h_out):
         h.remove()
     tokenmerge.remove_patch(model)
-    plan, args, kwargs = plans[0], seen["args"], seen["kwargs"]
+    plan, args, kwargs = recorder.plans[0].plan, seen["args"], seen["kwargs"]
     x = kwargs.get("hidden_states", args[0] if args else None)
     merged = plan.merge(x)
     call_args = (merged,) + tuple(args[1:]) if args else args
     call_kwargs = dict(kwargs, hidden_states=merged) if "hidden_states" in kwargs else kwargs
     if name == "wan":  # the rotary table follows the merged tokens: take the rows of each slot's first token
-        rep = plan.representatives()
+        rep = plan.representatives()[0]
         cos, sin = call_args[3] if len(call_args) > 3 else call_kwargs["rotary_emb"]
         rot = (cos.index_select(1, rep), sin.index_select(1, rep))
         if len(call_args) > 3:

@@ -13,6 +13,7 @@ from torch.overrides import TorchFunctionMode
 
 import tokenmerge
 from tiny_denoisers import CATALOGUE, available
+from tiny_models import record_plans
 from tokenmerge.families import (JOINT, MLP, TEXT_BEFORE, Arg, Blocks, Family, LatentGrid, Rotary, Target, has,
                                  has_list)
 from tokenmerge.merge import downsample
@@ -70,7 +71,7 @@ class ToyJointDiT(nn.Module):
 
 
 FAMILY = Family("toy-joint", match=has_list("joint_blocks") & has("joint_patchify"), grid=LatentGrid(Arg("latent")),
-                timestep=Arg("t"), shared_plan=True,
+                timestep=Arg("t"), batch_pattern=True,
                 blocks=(Blocks("joint_blocks", (Target("attn", JOINT, rotary=Rotary("image_rotary_emb"),
                                                        keys=TEXT_BEFORE), Target("ff", MLP))),))
 
@@ -150,14 +151,15 @@ def test_every_image_key_block_is_pooled_and_nothing_else(name):
     entry = CATALOGUE[name]
     model, inputs = entry.build(), entry.inputs(batch=2)
     counts = []
-    for apply in (lambda: None, lambda: tokenmerge.apply_todo(model, downsample=2)):
-        apply()
+    for patch in (False, True):
+        if patch:
+            tokenmerge.apply_todo(model, downsample=2)
+            recorder = record_plans(model)
         with torch.no_grad(), KeyCounts() as mode:
             model(**inputs)
         counts.append(mode.seen)
-        grid = getattr(model, "_tokenmerge_patch", None)
-        grid = grid._grid_reader.read((), inputs)[0] if grid is not None else None
     tokenmerge.remove_patch(model)
+    grid = recorder.plans[0].call_grid
     plain, pooled = counts
     n = math.prod(grid)
     kept = math.prod(grid[:-2]) * math.ceil(grid[-2] / 2) * math.ceil(grid[-1] / 2)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import tokenmerge
-from tiny_models import ldm_unet, make_sd_pipeline, make_unet, unet_inputs
+from tiny_models import PlanRecorder, ldm_unet, make_sd_pipeline, make_unet, record_plans, unet_inputs
 from tokenmerge.merge.downsample import downsample_tokens, pooled_size
 
 
@@ -116,20 +116,21 @@ def test_schedule_switches_at_the_right_steps_of_a_real_scheduler_loop(tmp_path,
     """Merge only in the first half of the denoising process: count the UNet calls that merged."""
     pipe = make_sd_pipeline(tmp_path)
     pipe.set_progress_bar_config(disable=True)
-    block = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0]
-    merged_at = []
+    merged_at = []  # per UNet call: whether its first patched block merged (got a plan)
 
-    def watch(module, args, kwargs):
-        patch = pipe.unet._tokenmerge_patch
-        merged_at.append(0 in patch.state.blocks)
+    class Watch(PlanRecorder):
+        def plan(self, block_plan):
+            if block_plan.path.endswith("down_blocks.0.attentions.0.transformer_blocks.0"):
+                merged_at[-1] = True
 
-    block.attn1.register_forward_pre_hook(watch, with_kwargs=True)
+    pipe.unet.register_forward_pre_hook(lambda *_: merged_at.append(False))
     steps = 10
     timesteps = []
     pipe.unet.register_forward_pre_hook(lambda m, a, k: timesteps.append(float(k.get("timestep", a[1] if len(a) > 1
                                                                                        else 0))), with_kwargs=True)
     with tokenmerge.patched(pipe, method=method, start=0.0, stop=0.5, **({"downsample": 2} if method == "todo"
                                                                           else {})):
+        tokenmerge.observe(pipe, Watch())
         pipe("a red cube", num_inference_steps=steps, height=32, width=32, output_type="np",
              generator=torch.Generator().manual_seed(0))
     # guidance batches both halves into one call per step: one UNet call per step
@@ -144,14 +145,12 @@ def test_ratio_ramp_and_img2img_partial_schedule(tmp_path):
     base = make_sd_pipeline(tmp_path)
     pipe = StableDiffusionImg2ImgPipeline(**base.components)
     pipe.set_progress_bar_config(disable=True)
-    block = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0]
-    merged_counts = []
-    block.attn1.register_forward_pre_hook(
-        lambda m, a, k: merged_counts.append(pipe.unet._tokenmerge_patch.state.blocks[0].plan.num_merged), with_kwargs=True)
     tokenmerge.apply_patch(pipe, ratio=0.1, ratio_end=0.6, start=0.0, stop=1.0)
+    recorder = record_plans(pipe)
     pipe("a red cube", image=torch.rand(1, 3, 32, 32), strength=0.6, num_inference_steps=10, output_type="np",
          generator=torch.Generator().manual_seed(0))
     tokenmerge.remove_patch(pipe)
+    merged_counts = [p.num_merged for p in recorder.of("down_blocks.0.attentions.0.transformer_blocks.0")]
     # img2img runs the last 6 of 10 steps; the ratio grows with progress, so the merged count does too
     assert len(merged_counts) == 6
     assert merged_counts == sorted(merged_counts) and merged_counts[0] < merged_counts[-1]

@@ -92,7 +92,7 @@ def test_the_tools_use_the_core_through_its_public_api():
     """The package (``apply_patch``, ``observe``...), the configs, and the merge primitives that the zero-overhead
     limits (``tools/limits.py``) and the breakdown's timed pooling are built from."""
     public = {"tokenmerge", "tokenmerge.config", "tokenmerge.merge", "tokenmerge.merge.downsample",
-              "tokenmerge.merge.windows"}
+              "tokenmerge.merge.plan"}
     wrong = {m: sorted(t for t in GRAPH[m] if not _in(t, *WING, "tokenmerge.fashion") and t not in public)
              for m in MODULES if _in(m, *WING)}
     assert {m: t for m, t in wrong.items() if t} == {}
@@ -115,7 +115,7 @@ def test_layers(area, forbidden):
 def test_the_core_does_not_import_the_tools():
     # ``python -m tokenmerge`` (``__main__``) is the command line's entry point, not the core
     core = [m for m in MODULES if not _in(m, *WING, "tokenmerge.fashion", "tokenmerge.__main__")]
-    assert "tokenmerge.patch" in core
+    assert "tokenmerge.api" in core
     wrong = {m: sorted(t for t in GRAPH[m] if _in(t, *WING)) for m in core}
     assert {m: t for m, t in wrong.items() if t} == {}
 

@@ -13,7 +13,7 @@ import torch
 
 import tokenmerge
 from tiny_denoisers import CATALOGUE, available, output_tensor
-from tiny_models import permuting_matcher
+from tiny_models import permuting_matcher, record_plans
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 
@@ -391,13 +391,12 @@ def test_fibo2_edit_images_pass_whole_and_a_permutation_changes_nothing(scope, c
     plain = _run(model, kw)
     torch.testing.assert_close(_permuted(model, kw, scope), plain, rtol=0, atol=1e-5)
     tokenmerge.apply_patch(model, ratio=0.5, scope=scope)
-    state, read = model._tokenmerge_patch.state, []
-    handle = model.layers[0].register_forward_pre_hook(lambda *_: read.append((state.grid, state.trailing)))
+    recorder = record_plans(model)
     try:
         merged = _run(model, kw)
     finally:
         tokenmerge.remove_patch(model)
-        handle.remove()
+    read = [(p.call_grid, p.trailing) for p in recorder.plans if p.path == "layers.0"]
     assert read == [((4, 4), sum(h * w // 4 for h, w in context))]
     assert torch.isfinite(merged).all() and not torch.equal(merged, plain)
 

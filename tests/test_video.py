@@ -8,6 +8,7 @@ import torch
 
 import tokenmerge
 from tiny_denoisers import CATALOGUE, available
+from tiny_models import record_plans
 from tokenmerge.families.spec import Arg
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
@@ -54,7 +55,7 @@ def _capture(model, blocks, attr, kwarg, inputs):
 
 def _slots(plan, tokens):
     """For each merged slot, the tokens merged into it (from the plan's destination table, not its helpers)."""
-    dest = plan.plan.dest[0] if hasattr(plan, "plan") else plan.dest[0]
+    dest = plan.dest[0]
     return [torch.nonzero(dest == m).flatten() for m in range(int(dest.max()) + 1)]
 
 
@@ -65,18 +66,12 @@ def test_rotary_rows_are_those_of_each_merged_tokens_first_token(name, blocks, a
     inputs = entry.inputs(batch=2, grid=(4, 4, 6) if name != "cogvideox-5b" else None)
     plain = _capture(model, blocks, attr, kwarg, inputs)
     tokenmerge.apply_patch(model, ratio=0.5, st=st)
-    plans = []
-    block = getattr(model, blocks)[0]
-    patch = model._tokenmerge_patch
-    index = [site.module for site in patch.blocks].index(block)
-    grab = getattr(block, attr).register_forward_pre_hook(
-        lambda m, a, k: plans.append(patch.state.blocks[index].plan), with_kwargs=True)
+    recorder = record_plans(model)
     try:
         merged = _capture(model, blocks, attr, kwarg, inputs)
     finally:
-        grab.remove()
         tokenmerge.remove_patch(model)
-    plan = plans[0]
+    plan = recorder.of(f"{blocks}.0")[0]
     tokens = plan.num_tokens
     slots = _slots(plan, tokens)
     first = torch.stack([s.min() for s in slots])
@@ -100,13 +95,12 @@ def test_spatio_temporal_windows_merge_across_frames():
     model, entry = _build("wan")
     inputs = entry.inputs(batch=2, grid=(4, 4, 6))
     tokenmerge.apply_patch(model, ratio=0.8, st=2)
-    plans = []
-    model.blocks[0].attn1.register_forward_pre_hook(
-        lambda m, a, k: plans.append(model._tokenmerge_patch.state.blocks[0].plan), with_kwargs=True)
+    recorder = record_plans(model)
     with torch.no_grad():
         model(**inputs)
     tokenmerge.remove_patch(model)
-    slots = _slots(plans[0], plans[0].num_tokens)
+    plan = recorder.of("blocks.0")[0]
+    slots = _slots(plan, plan.num_tokens)
     assert any(len({int(i) // 24 for i in s}) > 1 for s in slots), "st=2 never merged across frames"
 
 

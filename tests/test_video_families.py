@@ -19,7 +19,7 @@ import tokenmerge
 from tiny_denoisers import CATALOGUE, available, output_tensor
 from tokenmerge.families import allegro, cosmos, easyanimate, kandinsky, match_family, refusal_for, sana_video, video
 from tokenmerge.families.spec import Arg
-from tiny_models import permuting_matcher
+from tiny_models import permuting_matcher, record_plans
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 
@@ -171,7 +171,7 @@ def test_ltx2_video_self_attention_mask_is_refused_clearly():
 
 
 def test_tables_positions_rotary_keeps_the_tables_and_takes_the_positions_of_the_merged_tokens():
-    from tokenmerge.engine.layout import take_rotary
+    from tokenmerge.engine.call import take_rotary
     from tokenmerge.families.spec import Rotary
 
     tables = ((torch.randn(3, 4), torch.randn(3, 4)), (torch.randn(5, 4), torch.randn(5, 4)))
@@ -187,18 +187,18 @@ def test_allegro_positions_are_those_of_each_merged_tokens_first_token():
     inputs = entry.inputs(batch=2, grid=(3, 4, 6))
     attn = model.transformer_blocks[0].attn1
     tokenmerge.apply_patch(model, ratio=0.5)
-    patch, seen = model._tokenmerge_patch, []
+    recorder, seen = record_plans(model), []
     grab = attn.register_forward_pre_hook(  # after tokenmerge's own pre-hook: what the attention receives
-        lambda m, a, k: seen.append((k["image_rotary_emb"], patch.state.blocks[0].plan)), with_kwargs=True)
+        lambda m, a, k: seen.append(k["image_rotary_emb"]), with_kwargs=True)
     try:
         with torch.no_grad():
             model(**inputs)
     finally:
         grab.remove()
         tokenmerge.remove_patch(model)
-    ((tables, positions), plan), plain = seen[0], inputs["image_rotary_emb"]
+    (tables, positions), plan, plain = seen[0], recorder.plans[0].plan, inputs["image_rotary_emb"]
     assert tables is plain[0]
-    first = plan.representatives()
+    first = plan.representatives()[0]
     assert 0 < first.numel() < 3 * 4 * 6
     for merged, whole in zip(positions, plain[1]):
         assert torch.equal(merged, whole[:, first])

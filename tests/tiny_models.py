@@ -486,3 +486,33 @@ def permuting_matcher(metric, shape, windows, r, offsets=None, radius=None):
     batch, tokens = metric.shape[:2]
     dest = torch.randperm(tokens, generator=torch.Generator().manual_seed(tokens)).to(metric.device)
     return Permutation(dest.expand(batch, -1), tokens)
+
+
+class PlanRecorder:
+    """An observer (``tokenmerge.observe``) that keeps what the patched blocks merge: a ``tokenmerge.BlockPlan``
+    per block call, in call order (``plans``)."""
+
+    def __init__(self):
+        self.plans = []
+
+    def begin(self, phase: str) -> None:
+        pass
+
+    def end(self, phase: str) -> None:
+        pass
+
+    def plan(self, block_plan) -> None:
+        self.plans.append(block_plan)
+
+    def of(self, path_end: str) -> list:
+        """The plans of the blocks whose path ends with ``path_end``."""
+        return [p.plan for p in self.plans if p.path.endswith(path_end)]
+
+
+def record_plans(model) -> PlanRecorder:
+    """A ``PlanRecorder`` observing every patch on ``model`` (applied already)."""
+    import tokenmerge
+
+    recorder = PlanRecorder()
+    tokenmerge.observe(model, recorder)
+    return recorder

@@ -6,11 +6,12 @@ A drop-in successor to ``tomesd``: ``import tokenmerge as tomesd`` works, with `
 
 from .config import ToDoConfig, ToMeConfig
 from .families import Family, register_family, registered_families, unregister_family
-from .patch import PatchInfo, apply_config, apply_patch, apply_todo, describe_patch, observe, patched, remove_patch
+from .api import BlockPlan, PatchInfo, apply_config, apply_patch, apply_todo, describe_patch, observe, patched, remove_patch
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockPlan",
     "Family",
     "PatchInfo",
     "ToDoConfig",

@@ -1,8 +1,9 @@
-"""The generic engine: finds denoisers and their family, installs the hooks a family spec describes, removes
-them exactly. It has no family-specific code: families are data (``tokenmerge.families``)."""
+"""The engine: finds the denoisers in what a user holds (``discover``), installs one ``Patch`` per denoiser
+(``install``): a hook on the denoiser that reads each call's grid (``call``), a technique's hooks on its blocks
+(``techniques``) that ask the ``planner`` for merge plans, and the guards (``refusals``, ``caches``, ``compiled``,
+``fused``). Nothing here knows a family by name: the family records (``tokenmerge.families``) say it all."""
 
-from ..families.spec import BlockSite
-from .discover import SUPPORTED, DenoiserSite, find_denoisers, held_modules
-from .patch import PATCH_ATTR, DenoiserPatch
+from .discover import HOLDER_PATHS, SUPPORTED, DenoiserSite, find_denoisers, held_modules
+from .install import PATCH_ATTR, Patch
 
-__all__ = ["BlockSite", "DenoiserPatch", "DenoiserSite", "PATCH_ATTR", "SUPPORTED", "find_denoisers", "held_modules"]
+__all__ = ["Patch", "PATCH_ATTR", "DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS"]

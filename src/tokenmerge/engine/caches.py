@@ -5,8 +5,9 @@ output at one step and returns it, or a prediction made from several such output
 torch hooks run outside diffusers' hook chain (``module.forward``), so on a merged target the cache would keep
 merged tokens of one step's plan for a later step's plan to unmerge: tokens would get other tokens' outputs.
 
-So a merged target that carries such a hook is merged from inside the chain instead: a diffusers hook of the
-patch's (``MergeInside``), registered below the cache's, merges the target's input and unmerges its output, and
+So a merged target that carries such a hook is merged from inside the chain instead: the technique's own hooks
+as a diffusers ``ModelHook`` (``techniques.around.ChainHook``), registered below the cache's, merge the target's
+input and unmerge its output, and
 the cache stores and returns full-resolution outputs, each token its own: what it gives on the unmerged tokens.
 Both orders: at apply time the cache's hooks are lifted above the patch's (removed and registered again: their
 state starts as fresh as at registration, before any step; a hook added after the cache that does not support
@@ -24,11 +25,11 @@ import sys
 
 from ..config import ToDoConfig
 
-__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "INSIDE", "MergeInside", "bad_hook", "what_hook",
-           "cache_message", "why_refused", "route", "watch_registries", "unwatch"]
+__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "INSIDE", "bad_hook", "what_hook", "cache_message",
+           "why_refused", "route", "watch_registries", "unwatch"]
 
 REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
-INSIDE = "tokenmerge_merge_inside"  # the name of the patch's own hook in a registry
+INSIDE = "tokenmerge_merge_inside"  # the name of the patch's own hook in a registry (its ChainHook)
 
 # diffusers hook names (the constants in diffusers/hooks/*.py) whose hook may return an output stored or predicted
 # at an earlier call instead of computing it from this call's input
@@ -85,39 +86,6 @@ def cache_message(path: str, what: str, config, later: bool, why: str) -> str:
             "them (e.g. model.disable_cache())")
 
 
-class MergeInside:
-    """A diffusers hook (the ``ModelHook`` interface) that merges a target's input and unmerges its output from
-    inside the module's hook chain, below a cache's hook: ``patch._merge_input`` / ``patch._unmerge_output`` of
-    target ``t`` of block ``index`` (``patch`` ``None``: it passes everything through). Computes from its call's
-    input every time (not stateful)."""
-
-    _is_stateful = False
-
-    def __init__(self, patch, index: int, t: int):
-        self.patch, self.index, self.t = patch, index, t
-        self.fn_ref = None
-
-    def initialize_hook(self, module):
-        return module
-
-    def deinitalize_hook(self, module):  # (diffusers' spelling)
-        return module
-
-    def detach_hook(self, module):
-        return module
-
-    def reset_state(self, module):
-        return module
-
-    def pre_forward(self, module, *args, **kwargs):
-        merged = None if self.patch is None else self.patch._merge_input(self.index, self.t, module, args, kwargs)
-        return (args, kwargs) if merged is None else merged
-
-    def post_forward(self, module, output):
-        unmerged = None if self.patch is None else self.patch._unmerge_output(self.index, self.t, module, (), output)
-        return output if unmerged is None else unmerged
-
-
 def _hooks_module():
     """``diffusers.hooks`` where diffusers is in use and has it, else ``None`` (never imports diffusers itself)."""
     if "diffusers" not in sys.modules:
@@ -141,8 +109,8 @@ def route(patch, index: int, t: int, registry, path: str) -> None:
         raise ValueError(f"tokenmerge: {path} carries {bad_hook(registry)}, and the diffusers hook {stuck!r} added "
                          "after it cannot be registered again (it does not support removal), so the patch cannot "
                          "merge below the cache there; add the cache after that hook, or apply the patch first")
-    _under(registry, first, lambda: _register(registry, MergeInside(patch, index, t), INSIDE))
-    for handle in patch._target_handles.pop((index, t), ()):  # the torch hooks of the target: merged inside now
+    _under(registry, first, lambda: _register(registry, patch.technique.chain_hook(index, t), INSIDE))
+    for handle in patch.technique.target_handles.pop((index, t), ()):  # its torch hooks: merged inside now
         handle.remove()
 
 
@@ -206,7 +174,7 @@ def watch_registries(patch, region, targets) -> None:
     hooks = _hooks_module()
     if hooks is None:
         return
-    kept = patch.__dict__.setdefault("_registries", [])
+    kept = patch.registries
     for path, module in region:
         created = REGISTRY_ATTR not in module.__dict__
         registry = hooks.HookRegistry.check_if_exists_or_initialize(module)
@@ -224,14 +192,15 @@ def watch_registries(patch, region, targets) -> None:
 def unwatch(patch) -> None:
     """Undo ``watch_registries`` and the routing: the patch's hooks out of the registries, the registries it made
     and left empty removed."""
-    for module, registry, created in patch.__dict__.pop("_registries", ()):
+    registries, patch.registries = patch.registries, []
+    for module, registry, created in registries:
         registry.__dict__.pop("register_hook", None)
         if INSIDE in registry.hooks:
             above = registry._hook_order.index(INSIDE) + 1
             if _stuck(registry, above) is None:
                 _under(registry, above, lambda registry=registry: registry.remove_hook(INSIDE, recurse=False))
             else:  # a hook added later that cannot be registered again: the patch's stays, and passes through
-                registry.hooks[INSIDE].patch = None
+                registry.hooks[INSIDE].technique = None
         if created and not registry.hooks and module.__dict__.get(REGISTRY_ATTR) is registry:
             del module.__dict__[REGISTRY_ATTR]
     _forget_children(patch.site.module)

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..families import Family, match_family, refusal_for
-from ..families.spec import BlockSite, BoundArg
+from ..families.spec import BlockSite
+from .call import BoundArg
 
 __all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS"]
 

@@ -1,4 +1,10 @@
-"""Reading a denoiser call's token grid from its arguments, one reader per kind of grid source."""
+"""Reading a denoiser call's token grid from its arguments, one reader per kind of grid source.
+
+``CallHook`` (call.py) reads a grid only when the arguments it comes from change (``GridReader.key_args``): position
+ids and coordinates are read on the host once per tensor (once per generation), never per step. Under torch.compile
+such a host read runs at trace time on the real tensor (a function dynamo keeps as a constant of the graph), so a
+model compiles from its first call; the compiled graph keeps the grid it traced for ids of that shape.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from torch import nn
 
 from ..families.predicates import params
 from ..families.spec import Arg, ArgsGrid, IdsGrid, LatentGrid, ShapesGrid
+from ..merge.plan import register, traced_constant
 
 __all__ = ["GridReader", "NoGrid"]
 
@@ -27,20 +34,6 @@ def _default(module: nn.Module, arg: Arg) -> int | None:
             return p.default
     raise TypeError(f"tokenmerge: {type(module).__name__}.forward has no {arg.name} argument with a default to read "
                     "its patch size from")
-
-
-def _verdict(read):
-    """What ``read()`` gives, or the ``NoGrid`` it raises (kept, so that a call's ids are read once)."""
-    try:
-        return read()
-    except NoGrid as reason:
-        return reason
-
-
-def _result(value):
-    if isinstance(value, NoGrid):
-        raise NoGrid(str(value))
-    return value
 
 
 def _raster_tail(coords: torch.Tensor) -> tuple[int, ...]:
@@ -73,9 +66,9 @@ def _describe(value) -> str:
 
 
 class GridReader:
-    """Reads the finest token grid of one denoiser's calls: ``read(args, kwargs) -> (grid, device)``.
+    """Reads the finest token grid of one denoiser's calls: ``read(args, kwargs) -> (grid, device, trailing)``.
 
-    Position ids are read on the host once per new ids tensor (once per generation), never per step.
+    ``key_args``: the bound arguments the grid depends on, each with whether by its shape alone.
     """
 
     def __init__(self, source, module: nn.Module):
@@ -86,14 +79,42 @@ class GridReader:
         self._patch_args = [(axis, p.bind(module), _default(module, p)) for axis, p in enumerate(self.patch or ())
                             if isinstance(p, Arg)]
         self._coords_at = len(self.bound) - 1 if isinstance(source, ArgsGrid) and source.coords is not None else None
-        self._cache: tuple = (None, None)
-        self._tag_cache: tuple = (None, None)
-        self._by_shape: dict = {}  # (ids shape, device) -> what the last eager read of such ids gave
+        # what a call's grid depends on: each argument, and whether by its shape alone (a latent, a count of tokens,
+        # the tensor that tells the device) or by its identity and values (ids, coordinates, tags, integers, lists)
+        shaped = {id(a) for a in self._args(source) if a is not None and (
+            isinstance(source, LatentGrid) or (isinstance(source, IdsGrid) and a in (source.leading, source.refs))
+            or (isinstance(source, ArgsGrid) and a is source.tokens))}
+        self.key_args = [(b, id(a) in shaped) for a, b in zip(self._args(source), self.bound) if b is not None] + \
+            [(bound, False) for _, bound, _ in self._patch_args if bound is not None]
+        self.key = register(self)  # for the host reads at trace time
         optional = getattr(source, "coords", None)  # read only where the model takes it
         missing = [a.name for a, b in zip(self._args(source), self.bound) if b is None and a != optional]
         if missing:
             raise TypeError(f"tokenmerge: {self.owner}.forward takes no {', '.join(missing)} argument to read its "
                             "token grid from")
+
+    def _host_read(self, method: str, tensor: torch.Tensor, *args):
+        """``self.<method>(tensor, *args)``: a read of a tensor's values on the host (once per tensor: ``call.py``
+        keeps what it gave). Under torch.compile, at trace time on the real tensor (``merge.plan.traced_constant``),
+        so a model compiles from its first call; a ``NoGrid`` it raises is raised again in the traced code."""
+        if not torch.compiler.is_compiling():
+            return getattr(self, method)(tensor, *args)
+        value = traced_constant(self.key, "_or_reason", method, tensor,
+                                *["source" if a is self.source else a for a in args])  # Python constants only
+        if isinstance(value, str):
+            raise NoGrid(value)
+        return value
+
+    def _or_reason(self, method: str, tensor: torch.Tensor, *args):
+        """What ``_host_read`` reads at trace time: the read's result, or the reason it found no grid."""
+        try:
+            return getattr(self, method)(tensor, *(self.source if a == "source" else a for a in args))
+        except NoGrid as reason:
+            return str(reason)
+
+    @staticmethod
+    def _coords_tail(coords: torch.Tensor) -> tuple[int, ...]:
+        return _raster_tail(coords[0].detach().cpu())
 
     @staticmethod
     def _args(source):
@@ -189,8 +210,7 @@ class GridReader:
         if not isinstance(tag, torch.Tensor) or tag.dim() != 2:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no per-token '{source.tag.name}' tensor (batch, "
                             f"tokens) to find the image's tokens by; got {_describe(tag)}")
-        return self._read_once("_tag_cache", ("tag", tag.data_ptr(), tuple(tag.shape), tag.device),
-                               ("tag", tuple(tag.shape), tag.device), lambda: self._find_tagged(tag, source))
+        return self._host_read("_find_tagged", tag, source)
 
     @staticmethod
     def _find_tagged(tag: torch.Tensor, source: IdsGrid) -> tuple[int, int]:
@@ -215,28 +235,11 @@ class GridReader:
         if not isinstance(ids, torch.Tensor) or ids.dim() not in (2, 3) or ids.shape[-1] < width:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.arg.name}' tensor (tokens, {width}) "
                             f"to read the image grid from; got {_describe(ids)}")
-        return self._read_once("_cache", (ids.data_ptr(), tuple(ids.shape), ids.device, lead, count),
-                               (tuple(ids.shape), ids.device), lambda: self._read_ids(ids, source, lead, count))
-
-    def _read_once(self, slot: str, key: tuple, shape_key: tuple, read):
-        """What ``read()`` (a host read of a per-call tensor) gives, or the ``NoGrid`` it raised, kept in the
-        ``(key, value)`` attribute ``slot``: read once per tensor (``key``: its data pointer, shape, device...).
-        Traced code cannot compare data pointers: under torch.compile, what the last eager read of a tensor of
-        ``shape_key`` gave."""
-        if torch.compiler.is_compiling():
-            cached = self._by_shape.get(shape_key)
-            if cached is not None:
-                return cached
-        cache = getattr(self, slot)
-        if cache[0] != key:
-            cache = (key, _verdict(read))
-            setattr(self, slot, cache)
-            if not isinstance(cache[1], NoGrid):
-                self._by_shape[shape_key] = cache[1]
-        return _result(cache[1])
+        return self._host_read("_read_ids", ids, source, lead, count)
 
     @staticmethod
     def _read_ids(ids: torch.Tensor, source: IdsGrid, lead: int, count: int | None) -> tuple[tuple[int, ...], int]:
+        """``(grid, trailing)`` from ``ids`` (read on the host)."""
         name = source.arg.name
         end = ids.shape[-2] if count is None else lead + count
         rows = ids.reshape(-1, ids.shape[-1])[lead: end]
@@ -261,9 +264,7 @@ class GridReader:
         if not isinstance(coords, torch.Tensor) or coords.dim() != 3 or coords.shape[1] != rank:
             raise TypeError(f"tokenmerge: {self.owner}.forward got no '{source.coords.name}' tensor (batch, {rank}, "
                             f"tokens) to read the token grid from; got {_describe(coords)}")
-        return self._read_once("_cache", ("coords", coords.data_ptr(), tuple(coords.shape), coords.device),
-                               ("coords", tuple(coords.shape), coords.device),
-                               lambda: _raster_tail(coords[0].detach().cpu()))
+        return self._host_read("_coords_tail", coords)
 
     def _shapes(self, shapes, source: ShapesGrid) -> tuple[tuple[int, ...], int]:
         """``(grid, trailing)``: the first image's grid, and the tokens of the images after it (references).

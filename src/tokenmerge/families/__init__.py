@@ -14,11 +14,12 @@ from torch import nn
 from . import (allegro, cogview, cosmos, dit, dual_stream, easyanimate, hunyuan_image, image, kandinsky, refused,
                sana_video, unet, unified_stream, video)
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, Blocks, BlockSite,
-                   Family, IdsGrid, LatentGrid, Mask, Predicate, Refused, Rotary, Target, block_has, config_has, config_is, has, has_list,
-                   takes)
+                   Family, IdsGrid, LatentGrid, Mask, PerToken, Predicate, Refused, Rotary, Target, Whole, block_has,
+                   config_has, config_is, has, has_list, takes)
 
 __all__ = [
-    "Arg", "Blocks", "BlockSite", "Family", "IdsGrid", "LatentGrid", "Mask", "Predicate", "Rotary", "Target",
+    "Arg", "Blocks", "BlockSite", "Family", "IdsGrid", "LatentGrid", "Mask", "PerToken", "Predicate", "Rotary",
+    "Target", "Whole",
     "SELF", "CROSS", "MLP", "JOINT", "TEXT_NONE", "TEXT_BEFORE", "TEXT_AFTER", "TEXT_STREAM",
     "has", "has_list", "takes", "config_has", "config_is", "block_has",
     "register_family", "unregister_family", "registered_families", "match_family", "refusal_for", "BUILTIN",
@@ -102,9 +103,8 @@ def refusal_for(module: nn.Module) -> Refused | None:
 
 def _declares_whole(family: Family) -> bool:
     """Whether every block of the family declares its layout for ``scope="block"``."""
-    blocks = family.blocks or getattr(family.levels, "lists", ())
-    if blocks:
-        return all(b.whole is not None for b in blocks)
+    if family.blocks:
+        return all(b.whole is not None for b in family.blocks)
     return family.levels in (unet.DIFFUSERS_UNET.levels, unet.LDM_UNET.levels)  # basic blocks: unet.WHOLE
 
 
@@ -114,8 +114,8 @@ def support_table() -> str:
     for family in BUILTIN:
         whole = "yes" if _declares_whole(family) else "no"
         inside = any(t.keys is not None for b in family.blocks for t in b.targets)
-        todo = ("yes" + (", in the attention call (PyTorch SDPA)" if inside else "")) if family.todo is None \
-            else "no: " + family.todo.split(",")[0].removeprefix("ToDo ")
+        todo = ("yes" + (", in the attention call (PyTorch SDPA)" if inside else "")) if family.todo_refused is None \
+            else "no: " + family.todo_refused.split(",")[0].removeprefix("ToDo ")
         rows.append(f"| `{family.name}` | {family.description} | yes | {todo} | {whole} | {len(family.examples)} |")
     for record in REFUSED:
         rows.append(f"| `{record.name}` | recognised and refused: {record.reason} | no | no | no | |")

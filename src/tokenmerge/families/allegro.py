@@ -22,7 +22,7 @@ ALLEGRO = Family(  # frames flattened into the sequence; 3-D rotary as per-axis 
         Target("attn1", SELF, rotary=Rotary("image_rotary_emb", layout="tables_positions", token_axis=-1,
                                             text=TEXT_NONE), keys=TEXT_NONE),
         Target("attn2", CROSS), Target("ff", MLP)), requires=("attn1", "ff")),),
-    shared_plan=True,
+    batch_pattern=True,
     description="Allegro (3-D rotary from per-axis tables and per-token positions)",
     examples=("allegro",),
 )

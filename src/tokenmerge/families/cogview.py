@@ -41,7 +41,7 @@ COGVIEW4 = Family(
     grid=LatentGrid(patch=_PATCH),
     blocks=(Blocks("transformer_blocks", (_COGVIEW4_ATTN, Target("ff", MLP, refuse="CogView4 " + _FF_TWICE)),
                    requires=("attn1", "ff")),),
-    shared_plan=True,
+    batch_pattern=True,
     description="CogView4 (joint [text | image] attention; the feed-forward is not merged)",
     examples=("cogview4",),
 )
@@ -53,7 +53,7 @@ GLM_IMAGE = Family(
     grid=LatentGrid(patch=_PATCH),
     blocks=(Blocks("transformer_blocks", (_COGVIEW4_ATTN, Target("ff", MLP, refuse="GLM-Image " + _FF_TWICE)),
                    requires=("attn1", "ff")),),
-    shared_plan=True,
+    batch_pattern=True,
     description="GLM-Image (CogView4's layout; condition images' cached keys pass whole; the feed-forward is not "
                 "merged)",
     examples=("glm-image",),

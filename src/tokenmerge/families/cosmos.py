@@ -27,7 +27,7 @@ COSMOS = Family(  # Cosmos 1.0: EDM's preconditioned noise c_noise = log(sigma) 
     grid=_COSMOS_GRID,
     blocks=_COSMOS_BLOCKS,
     timestep=Arg("timestep", log_sigma=0.25),
-    shared_plan=True,
+    batch_pattern=True,
     description="Cosmos 1.0 (text- and video-to-world; EDM log-sigma timesteps)",
     examples=("cosmos", "cosmos-v2w"),
 )
@@ -38,7 +38,7 @@ COSMOS_PREDICT2 = Family(  # no learnable extra position embedding; timesteps si
     grid=_COSMOS_GRID,
     blocks=_COSMOS_BLOCKS,
     timestep=Arg("timestep", scale=1000.0),
-    shared_plan=True,
+    batch_pattern=True,
     description="Cosmos-Predict 2 / 2.5 and Cosmos-Transfer 2.5 (0..1 timesteps)",
     examples=("cosmos-predict2",),
 )

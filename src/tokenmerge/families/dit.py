@@ -28,7 +28,8 @@ DIT = Family(
     match=config_has("patch_size", int) & has("pos_embed") & block_has("transformer_blocks", "attn1", "ff", "norm1")
     & ~config_has("patch_size_t"),  # Allegro (allegro.py): frames in the sequence, its own rotary layout
     grid=LatentGrid(patch=_PATCH),
-    blocks=(Blocks("transformer_blocks", BASIC_TARGETS, requires=("attn1", "ff", "norm1"), whole=WHOLE),),
+    blocks=(Blocks("transformer_blocks", BASIC_TARGETS, requires=("attn1", "ff", "norm1"), whole=WHOLE,
+                   chunk_attr="_chunk_size"),),
     description="DiT, PixArt-alpha/Sigma (and Latte's spatial blocks)",
     examples=("dit", "pixart", "latte"),
 )
@@ -40,7 +41,7 @@ MMDIT = Family(
     grid=LatentGrid(patch=_PATCH),
     blocks=(Blocks("transformer_blocks", (Target("attn", JOINT, keys=TEXT_AFTER),
                                           Target("attn2", SELF, keys=TEXT_NONE), Target("ff", MLP)),
-                   requires=("attn", "ff")),),
+                   requires=("attn", "ff"), chunk_attr="_chunk_size"),),
     description="Stable Diffusion 3 / 3.5 (MMDiT)",
     examples=("sd3", "sd3.5", "sd3-controlnet"),
 )
@@ -62,7 +63,7 @@ FLUX = Family(
                text=TEXT_BEFORE, requires=("attn", "proj_mlp"), whole=_FLUX_WHOLE),
     ),
     timestep=Arg("timestep", scale=1000.0),
-    shared_plan=True,
+    batch_pattern=True,
     description="Flux.1 (dev, schnell, Fill, Kontext: reference tokens pass whole) and kin: Chroma, Bria, Bria-Fibo, "
                 "LongCat-Image, Ovis-Image",
     examples=("flux", "flux-schnell", "flux-fill", "flux-kontext", "bria", "longcat-image", "ovis-image", "chroma",

@@ -30,34 +30,6 @@ __all__ = ["AURAFLOW", "HIDREAM", "PRX", "NUCLEUS_MOE", "JOYIMAGE_EDIT", "JOYIMA
 _PATCH = ("patch_size", "patch_size")
 
 
-@dataclass(frozen=True)
-class _Lists:
-    """Block lists reached by a dotted path (``mode_blocks.image``: a ``ModuleDict`` entry), whose entries may wrap
-    their block in an attribute (``inner``: HiDream's ``HiDreamBlock.block``). Used as a family's ``levels``: every
-    block at level 0. ``None`` when a listed block lacks its ``requires`` (not this family)."""
-
-    lists: tuple[Blocks, ...]
-    inner: str = ""
-
-    def __call__(self, module: nn.Module, path: str) -> list[BlockSite] | None:
-        sites = []
-        for spec in self.lists:
-            seq = module
-            for part in spec.attr.split("."):
-                seq = getattr(seq, part, None)
-            if not isinstance(seq, nn.ModuleList):
-                continue
-            for i, entry in enumerate(seq):
-                block = getattr(entry, self.inner, None) if self.inner else entry
-                if not isinstance(block, nn.Module) or not has(*spec.requires)(block):
-                    return None
-                where = f"{spec.attr}.{i}" + (f".{self.inner}" if self.inner else "")
-                targets = tuple(t for t in spec.targets if isinstance(getattr(block, t.attr, None), nn.Module))
-                sites.append(BlockSite(f"{path}.{where}" if path else where, block, 0, targets, spec.text,
-                                       spec.whole))
-        return sites
-
-
 # ---- AuraFlow -------------------------------------------------------------------------------------------------
 AURAFLOW = Family(
     "auraflow",
@@ -88,12 +60,12 @@ HIDREAM = Family(
     match=has("x_embedder", "t_embedder", "p_embedder", "pe_embedder")
     & has_list("double_stream_blocks", "single_stream_blocks") & takes("encoder_hidden_states_llama3"),
     grid=LatentGrid(Arg("hidden_states", fallback_index=0), patch=_PATCH, axes=(2, 3)),  # (B, C, H, W) only
-    levels=_Lists((Blocks("double_stream_blocks", (_HIDREAM_ATTN, _HIDREAM_FF), text=TEXT_AFTER,
-                          requires=("attn1", "ff_i")),
-                   Blocks("single_stream_blocks", (_HIDREAM_ATTN, _HIDREAM_FF), text=TEXT_AFTER,
-                          requires=("attn1", "ff_i"))), inner="block"),
+    blocks=(Blocks("double_stream_blocks", (_HIDREAM_ATTN, _HIDREAM_FF), text=TEXT_AFTER, requires=("attn1", "ff_i"),
+                   inner="block"),
+            Blocks("single_stream_blocks", (_HIDREAM_ATTN, _HIDREAM_FF), text=TEXT_AFTER, requires=("attn1", "ff_i"),
+                   inner="block")),
     timestep=Arg("timesteps", also=("timestep",)),
-    shared_plan=True,
+    batch_pattern=True,
     description="HiDream-I1 (double and single stream blocks, MoE feed-forwards; a non-square latent's padding "
                 "passes whole)",
     examples=("hidream",),
@@ -109,7 +81,7 @@ PRX = Family(
                                      mask=Mask("attention_mask", image=False), keys=TEXT_BEFORE),),
                    requires=("attention",)),),
     timestep=Arg("timestep", scale=1000.0),
-    shared_plan=True,
+    batch_pattern=True,
     description="PRX (image queries over [text | image] keys; 0..1 timesteps; the gated MLP is not a sub-module)",
     examples=("prx",),
 )
@@ -126,7 +98,7 @@ NUCLEUS_MOE = Family(
                                       "sequence and reads the unmodulated tokens too; use merge_mlp=False")),
         requires=("attn", "img_mlp")),),
     timestep=Arg("timestep", scale=1000.0),
-    shared_plan=True,
+    batch_pattern=True,
     description="NucleusMoE-Image (image queries over [image | text] keys; the MoE feed-forward is not merged)",
     examples=("nucleus-moe-image",),
 )
@@ -144,7 +116,7 @@ JOYIMAGE_EDIT = Family(
         Target("attn", JOINT, text=TEXT_AFTER, rotary=Rotary("image_rotary_emb", layout="image_text_pair",
                                                              text=TEXT_AFTER), keys=TEXT_AFTER),
         _JOY_MLP), text=TEXT_AFTER, requires=("attn", "img_mlp")),),
-    shared_plan=True,
+    batch_pattern=True,
     description="JoyImage-Edit (target first, reference images pass whole)",
     examples=("joyimage-edit",),
 )
@@ -157,7 +129,7 @@ JOYIMAGE_EDIT_PLUS = Family(
         Target("attn", JOINT, text=TEXT_AFTER, rotary=Rotary("image_rotary_emb", text=TEXT_AFTER),
                mask=Mask("attention_mask", text=TEXT_AFTER), keys=TEXT_AFTER),
         _JOY_MLP), text=TEXT_AFTER, requires=("attn", "img_mlp")),),
-    shared_plan=True,
+    batch_pattern=True,
     description="JoyImage-Edit-Plus (pre-patchified items: target first, references and padding pass whole)",
     examples=("joyimage-edit-plus",),
 )
@@ -169,19 +141,18 @@ FLUX3 = Family(
     match=has("x_embedders", "mode_blocks", "pos_embed") & has_list("single_transformer_blocks", "txt_mode_blocks")
     & takes("img_ids", "image_cond_ids"),
     grid=IdsGrid(Arg("img_ids"), axes=(1, 2), refs=Arg("image_cond_ids")),
-    levels=_Lists((
+    blocks=(
         Blocks("mode_blocks.image", (Target("attn", SELF, rotary=Rotary("image_rotary_emb", text=TEXT_NONE),
                                             keys=TEXT_NONE), Target("ff", MLP)), requires=("attn", "ff")),
         Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX3_JOINT,
                                                     keys=TEXT_BEFORE),
                                              Target("ff", MLP, text=TEXT_BEFORE)), requires=("attn", "ff")),
-    )),
+    ),
     timestep=Arg("timestep", scale=1000.0),
-    shared_plan=True,
+    batch_pattern=True,
     description="Flux 3 (image mode blocks, then single blocks on [text | image | references]; 0..1 timesteps)",
     examples=("flux3", "flux3-ref"),
 )
-
 
 
 FAMILIES: tuple = (AURAFLOW, HIDREAM, PRX, NUCLEUS_MOE, JOYIMAGE_EDIT, JOYIMAGE_EDIT_PLUS, FLUX3)

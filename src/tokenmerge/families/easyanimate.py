@@ -24,7 +24,7 @@ EASYANIMATE = Family(
     blocks=(Blocks("transformer_blocks", (Target("attn1", JOINT, rotary=_VIDEO_ROTARY, keys=TEXT_BEFORE),
                                           Target("ff", MLP)),
                    requires=("attn1", "ff", "txt_ff")),),
-    shared_plan=True,
+    batch_pattern=True,
     description="EasyAnimate V5.1 (joint [text | video] attention, rotary on the video rows)",
     examples=("easyanimate",),
 )

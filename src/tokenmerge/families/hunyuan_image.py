@@ -23,8 +23,8 @@ HUNYUAN_DIT = Family(
     grid=LatentGrid(patch=_PATCH),
     blocks=(Blocks("blocks", (Target("attn1", SELF, rotary=_HYDIT_ROTARY, keys=TEXT_NONE),
                               Target("attn2", CROSS, rotary=_HYDIT_ROTARY), Target("ff", MLP)),
-                   requires=("attn1", "ff")),),
-    shared_plan=True,
+                   requires=("attn1", "ff"), chunk_attr="_chunk_size"),),
+    batch_pattern=True,
     description="HunyuanDiT 1.x (+ ControlNet)",
     examples=("hunyuan-dit", "hunyuan-dit-controlnet"),
 )
@@ -39,7 +39,7 @@ HUNYUAN_IMAGE = Family(
     grid=LatentGrid(patch=_PATCH),
     blocks=(Blocks("transformer_blocks", (_HYIMAGE_ATTN, Target("ff", MLP)), requires=("attn", "ff")),
             Blocks("single_transformer_blocks", (_HYIMAGE_ATTN,), requires=("attn", "proj_mlp"))),
-    shared_plan=True,
+    batch_pattern=True,
     description="HunyuanImage 2.1 (+ refiner): HunyuanVideo's double and single blocks on an image",
     examples=("hunyuan-image-2.1",),
 )

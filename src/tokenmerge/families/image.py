@@ -35,7 +35,7 @@ FLUX2 = Family(
                text=TEXT_BEFORE, requires=("attn",), whole=Whole(rotary=_FLUX2_ROTARY)),
     ),
     timestep=Arg("timestep", scale=1000.0),
-    shared_plan=True,
+    batch_pattern=True,
     description="Flux.2 (dev, Klein): double-stream and fused parallel single-stream blocks",
     examples=("flux2", "flux2-klein", "flux2-klein-ref"),
 )
@@ -52,7 +52,7 @@ QWEN_IMAGE = Family(
         whole=Whole(output=1, rotary=Rotary("image_rotary_emb", layout="image_text_pair", text=TEXT_AFTER),
                     per_token=("modulate_index",))),),
     timestep=Arg("timestep", scale=1000.0),
-    shared_plan=True,
+    batch_pattern=True,
     description="Qwen-Image (+ Edit, Edit-2511, Layered: reference tokens pass whole)",
     examples=("qwen-image", "qwen-image-edit", "qwen-image-edit-2511", "qwen-image-layered", "qwen-image-controlnet"),
 )

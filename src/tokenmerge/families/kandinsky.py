@@ -24,7 +24,7 @@ KANDINSKY5 = Family(
     blocks=(Blocks("visual_transformer_blocks", (
         Target("self_attention", SELF, rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE), keys=TEXT_NONE),
         Target("cross_attention", CROSS), Target("feed_forward", MLP)), requires=("self_attention", "feed_forward")),),
-    shared_plan=True,
+    batch_pattern=True,
     description="Kandinsky 5 (T2V, I2V, T2I; regular attention)",
     examples=("kandinsky5",),
 )

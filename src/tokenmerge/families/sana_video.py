@@ -27,8 +27,8 @@ SANA_VIDEO = Family(
         Target("attn1", SELF, rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE)), Target("attn2", CROSS),
         Target("ff", MLP, refuse="SANA-Video's GLUMBTempConv feed-forward convolves over the (frames, height, width) "
                                  "grid of the tokens; use merge_mlp=False")), requires=("attn1", "ff")),),
-    shared_plan=True,
-    todo=LINEAR_ROTARY_TODO,
+    batch_pattern=True,
+    todo_refused=LINEAR_ROTARY_TODO,
     description="SANA-Video (linear attention with 3-D rotary; the feed-forward is not merged)",
     examples=("sana-video",),
 )

@@ -11,13 +11,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
 from torch import nn
 
 from .predicates import Predicate, block_has, config, config_has, config_is, has, has_list, takes  # noqa: F401
 from .predicates import params as _params
 
 __all__ = [
-    "Arg", "Whole", "ArgsGrid", "ShapesGrid", "GridSource", "grid_rank", "Family", "Refused", "Blocks", "Target", "Rotary", "Mask", "LatentGrid", "IdsGrid", "BlockSite",
+    "Arg", "Whole", "PerToken", "ArgsGrid", "ShapesGrid", "GridSource", "grid_rank", "Family", "Refused", "Blocks",
+    "Target", "Rotary", "Mask", "LatentGrid", "IdsGrid", "BlockSite",
     "SELF", "CROSS", "MLP", "JOINT", "has", "has_list", "takes", "config_has", "block_has", "Predicate",
     "TEXT_NONE", "TEXT_BEFORE", "TEXT_AFTER", "TEXT_STREAM",
 ]
@@ -67,39 +69,9 @@ class Arg:
         return None
 
     def _bound(self, name: str, index: int | None) -> "BoundArg":
+        from ..engine.call import BoundArg  # the engine's: the hot path reads arguments through it
+
         return BoundArg(name, index, self.scale, self.reverse, self.log_sigma)
-
-
-@dataclass(frozen=True)
-class BoundArg:
-    """An ``Arg`` resolved against one module's signature: read and replace it in a call's arguments."""
-
-    name: str
-    index: int | None
-    scale: float = 1.0
-    reverse: bool = False
-    log_sigma: float = 0.0
-
-    def progress(self, t: float, num_train_timesteps: int) -> float:
-        """The denoising progress of timestep ``t``: 0 at the first (noisiest) step, 1 at the end."""
-        if self.log_sigma:  # sigma / (1 + sigma) with sigma = exp(t / log_sigma): a logistic, computed stably
-            z = t / self.log_sigma
-            fraction = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-        else:
-            fraction = t * self.scale / num_train_timesteps
-        return fraction if self.reverse else 1.0 - fraction
-
-    def read(self, args: tuple, kwargs: dict):
-        if self.name in kwargs:
-            return kwargs[self.name]
-        if self.index is not None and self.index < len(args):
-            return args[self.index]
-        return None
-
-    def replace(self, args: tuple, kwargs: dict, value) -> tuple[tuple, dict]:
-        if self.name not in kwargs and self.index is not None and self.index < len(args):
-            return args[: self.index] + (value,) + tuple(args[self.index + 1:]), kwargs
-        return args, {**kwargs, self.name: value}
 
 
 # ---- token layout -------------------------------------------------------------------------------------------
@@ -162,6 +134,8 @@ class Target:
             ``encoder_hidden_states=hidden_states``): they are given the merged input too.
         refuse: a reason this sub-module cannot take merged tokens (e.g. a feed-forward that reshapes tokens
             to the grid); asking to merge it is an error that gives the reason.
+        per_head: its output is per attention head, ``(B, N, heads, head_dim)`` (Lumina-Next's attention): unmerged
+            as ``(B, N, heads * head_dim)``.
     """
 
     attr: str
@@ -173,6 +147,7 @@ class Target:
     output_image: int = 0
     same: tuple[str, ...] = ()
     refuse: str | None = None
+    per_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,7 +155,8 @@ class Blocks:
     """A list of transformer blocks (``attr``: a ``ModuleList`` on the denoiser) and their targets.
 
     Args:
-        attr: the block list's attribute name.
+        attr: the block list's attribute name, or a dotted path to it (``mode_blocks.image``: a ``ModuleDict``
+            entry).
         targets: the sub-modules to merge around; one that a block lacks is skipped for that block.
         text: where text sits in the block's input ``hidden_states`` when it is longer than the image grid
             (older diffusers gave Flux's single-stream blocks [text, image]).
@@ -192,6 +168,10 @@ class Blocks:
             captions differ in length, and then each sample's image sits at its own offset).
         seq_first: the block's ``hidden_states`` are sequence-first ``(S, B, D)`` (ERNIE-Image), its targets'
             batch-first; only targets that take batch-first tokens may be declared, and ``whole`` must be None.
+        inner: each entry of the list wraps its block in this attribute (HiDream's ``HiDreamBlock.block``).
+        chunk_attr: the block attribute that chunks its feed-forward over the tokens (diffusers'
+            ``BasicTransformerBlock._chunk_size``): while ``ff`` is merged, the block runs it whole (chunks of merged
+            tokens cannot be merged on their own).
     """
 
     attr: str
@@ -201,10 +181,27 @@ class Blocks:
     whole: "Whole | None" = None
     refuse_if: tuple[tuple[str, str], ...] = ()
     seq_first: bool = False
+    inner: str = ""
+    chunk_attr: str | None = None
 
     def __post_init__(self):
         if self.seq_first and self.whole is not None:
             raise ValueError(f"Blocks({self.attr!r}): whole-block merging of sequence-first blocks is not supported")
+
+
+@dataclass(frozen=True)
+class PerToken:
+    """A block argument that may carry one entry per token (Wan 2.2 TI2V's ``temb``): a tensor of at least
+    ``min_dim`` dimensions whose ``axis`` spans the tokens (the image's, or the whole sequence's)."""
+
+    name: str
+    axis: int = 1
+    min_dim: int = 2
+
+    def holds(self, value, image: int, total: int) -> bool:
+        """Whether ``value`` carries one entry per token."""
+        return isinstance(value, torch.Tensor) and value.dim() >= max(self.min_dim, self.axis + 1) and \
+            value.shape[self.axis] in (image, total)
 
 
 @dataclass(frozen=True)
@@ -217,8 +214,8 @@ class Whole:
             returns the sequence itself).
         rotary: the block's rotary argument, whose image rows follow the merged tokens.
         mask: the block's attention mask argument, likewise.
-        per_token: other arguments that may carry one entry per token (Wan 2.2 TI2V's ``temb``): a call where
-            they do is refused (their merge is not declared).
+        per_token: other arguments that may carry one entry per token (``PerToken``, or a name: token axis 1),
+            such as Wan 2.2 TI2V's ``temb``: a call where they do is refused (their merge is not declared).
         refuse_if: arguments that, when given, make the call refuse it (HunyuanVideo's token-replace
             ``first_frame_num_tokens``: a count of tokens the merge would change).
     """
@@ -226,8 +223,12 @@ class Whole:
     output: int | None = None
     rotary: "Rotary | None" = None
     mask: "Mask | None" = None
-    per_token: tuple[str, ...] = ()
+    per_token: tuple = ()
     refuse_if: tuple[str, ...] = ()  # arguments whose presence (not None) refuses it (counts of tokens, ...)
+
+    def __post_init__(self):
+        object.__setattr__(self, "per_token", tuple(p if isinstance(p, PerToken) else PerToken(p)
+                                                    for p in self.per_token))
 
 
 @dataclass
@@ -242,6 +243,7 @@ class BlockSite:
     whole: Whole | None = None
     refuse_if: tuple[tuple[str, str], ...] = ()
     seq_first: bool = False
+    chunk_attr: str | None = None
 
     @property
     def downsample(self) -> int:
@@ -364,8 +366,10 @@ class Family:
         levels: for models with resolution levels (UNets): ``levels(module, path) -> list[BlockSite]``;
             replaces ``blocks``.
         timestep: the timestep argument (with its scale to 0..1000).
-        shared_plan: one merge pattern for the whole batch (needed when tokens carry rotary positions).
-        todo: ``None`` if ToDo applies to its ``SELF`` targets, else the reason it does not.
+        batch_pattern: one merge pattern for every sample of a call's batch (needed when tokens carry rotary
+            positions or masks: a merged token has one position for all samples).
+        todo_refused: ``None`` if ToDo applies to its ``SELF`` targets, else the reason it does not.
+        kind: ``"unet"`` (resolution levels, attention a large share of the step) or ``"transformer"``.
         description: one line for the README's support table.
     """
 
@@ -375,8 +379,9 @@ class Family:
     blocks: tuple[Blocks, ...] = ()
     levels: Callable[[nn.Module, str], list[BlockSite]] | None = None
     timestep: Arg = Arg("timestep")
-    shared_plan: bool = False
-    todo: str | None = None
+    batch_pattern: bool = False
+    todo_refused: str | None = None
+    kind: str = "transformer"
     description: str = ""
     examples: tuple[str, ...] = field(default=())
 
@@ -386,15 +391,19 @@ class Family:
             return self.levels(module, path)
         sites = []
         for spec in self.blocks:
-            seq = getattr(module, spec.attr, None)
+            seq = module
+            for part in spec.attr.split("."):
+                seq = getattr(seq, part, None)
             if not isinstance(seq, nn.ModuleList):
                 continue
-            for i, block in enumerate(seq):
-                if not has(*spec.requires)(block):
+            for i, entry in enumerate(seq):
+                block = getattr(entry, spec.inner, None) if spec.inner else entry
+                if not isinstance(block, nn.Module) or not has(*spec.requires)(block):
                     return None
+                where = f"{spec.attr}.{i}" + (f".{spec.inner}" if spec.inner else "")
                 targets = tuple(t for t in spec.targets if isinstance(getattr(block, t.attr, None), nn.Module))
-                sites.append(BlockSite(f"{path}.{spec.attr}.{i}" if path else f"{spec.attr}.{i}", block, 0,
-                                       targets, spec.text, spec.whole, spec.refuse_if, spec.seq_first))
+                sites.append(BlockSite(f"{path}.{where}" if path else where, block, 0, targets, spec.text, spec.whole,
+                                       spec.refuse_if, spec.seq_first, spec.chunk_attr))
         return sites
 
 

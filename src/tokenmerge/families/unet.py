@@ -36,7 +36,8 @@ def transformer_blocks_in(container: nn.Module, prefix: str, level: int) -> list
             if any(p in _TEMPORAL for p in parts):
                 continue
             targets = tuple(t for t in BASIC_TARGETS if isinstance(getattr(module, t.attr, None), nn.Module))
-            found.append(BlockSite(f"{prefix}.{name}" if prefix else name, module, level, targets, whole=WHOLE))
+            found.append(BlockSite(f"{prefix}.{name}" if prefix else name, module, level, targets, whole=WHOLE,
+                                   chunk_attr="_chunk_size"))
     return found
 
 
@@ -84,6 +85,7 @@ DIFFUSERS_UNET = Family(
     grid=LatentGrid(Arg("sample", fallback_index=0)),
     levels=_diffusers_levels,
     timestep=Arg("timestep", also=("timesteps",)),
+    kind="unet",
     description="diffusers UNets and ControlNets: SD 1.x/2.x, SDXL, ControlNet, the video UNets' spatial blocks",
     examples=("unet-sd", "unet-sdxl", "controlnet", "unet-3d", "unet-svd", "unet-motion", "i2vgen-xl",
               "controlnet-union", "sparsectrl", "dreamlite-unet"),
@@ -95,6 +97,7 @@ LDM_UNET = Family(
     grid=LatentGrid(Arg("x", fallback_index=0)),
     levels=_ldm_levels,
     timestep=Arg("timesteps", also=("timestep", "t")),
+    kind="unet",
     description="LDM-style UNetModel (CompVis ldm, Stability sgm, the webuis built on them)",
     examples=("ldm",),
 )
@@ -126,6 +129,7 @@ CONTROLNET_XS = Family(
     & takes("sample", "controlnet_cond"),
     grid=LatentGrid(Arg("sample", fallback_index=0)),
     levels=_xs_levels,
+    kind="unet",
     description="ControlNet-XS (UNetControlNetXSModel: the base and control UNets' transformer blocks)",
     examples=("controlnet-xs",),
 )

@@ -47,7 +47,7 @@ Z_IMAGE = Family(
                    whole=_Z_WHOLE),
             Blocks("layers", _Z_TARGETS, text=TEXT_AFTER, requires=("attention", "feed_forward"), whole=_Z_WHOLE)),
     timestep=Arg("t", scale=1000.0, reverse=True),  # the pipeline passes (1000 - t) / 1000: 0 = noise
-    shared_plan=True,
+    batch_pattern=True,
     description="Z-Image (Turbo, Base): noise refiner and unified [image | caption] layers",
     examples=("z-image",),
 )
@@ -70,7 +70,7 @@ LUMINA2 = Family(
             Blocks("layers", _L_TARGETS, text=TEXT_BEFORE, requires=("attn", "feed_forward"), whole=_L_WHOLE,
                    refuse_if=_L_OFFSETS)),
     timestep=Arg("timestep", scale=1000.0, reverse=True),  # the pipeline passes 1 - t / 1000: 0 = noise
-    shared_plan=True,
+    batch_pattern=True,
     description="Lumina-Image 2.0: noise refiner and joint [caption | image] layers",
     examples=("lumina2",),
 )
@@ -84,12 +84,12 @@ LUMINA_NEXT = Family(
     & takes("encoder_mask", "image_rotary_emb"),
     grid=LatentGrid(patch=("patch_size", "patch_size")),
     blocks=(Blocks("layers", (Target("attn1", JOINT, text=TEXT_NONE, rotary=_LN_ROTARY, mask=_LN_MASK,
-                                     keys=TEXT_NONE, same=("encoder_hidden_states",)),
+                                     keys=TEXT_NONE, same=("encoder_hidden_states",), per_head=True),
                               Target("feed_forward", MLP, text=TEXT_NONE)),
                    requires=("attn1", "attn2", "feed_forward"),
                    whole=Whole(rotary=Rotary("image_rotary_emb", token_axis=1, text=TEXT_NONE), mask=_LN_MASK)),),
     timestep=Arg("timestep", scale=1000.0, reverse=True),  # the pipeline passes 1 - t / 1000: 0 = noise
-    shared_plan=True,
+    batch_pattern=True,
     description="Lumina-Next (LuminaNextDiT2DModel): image blocks with self- and cross-attention",
     examples=("lumina-next",),
 )
@@ -105,7 +105,7 @@ ERNIE_IMAGE = Family(
                                      mask=Mask("attention_mask", text=TEXT_AFTER), keys=TEXT_AFTER),),
                    text=TEXT_AFTER, requires=("self_attention", "mlp"), seq_first=True),),
     timestep=Arg("timestep"),
-    shared_plan=True,
+    batch_pattern=True,
     description="ERNIE-Image: sequence-first [image | caption] layers (attention only)",
     examples=("ernie-image",),
 )
@@ -124,7 +124,7 @@ OMNIGEN = Family(
                               Target("mlp", MLP, text=TEXT_BEFORE)),
                    text=TEXT_BEFORE, requires=("self_attn", "mlp"), whole=Whole(rotary=_O_ROTARY, mask=_O_MASK)),),
     timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise (its scheduler's num_train_timesteps is 1)
-    shared_plan=True,
+    batch_pattern=True,
     description="OmniGen: one Phi-3 sequence [condition | time token | image]; the image merged, its (S, S) mask "
                 "rows and columns and its rotary rows with it",
     examples=("omnigen",),
@@ -155,7 +155,7 @@ BRIA_FIBO2 = Family(
                    whole=Whole(rotary=_F_ROTARY, mask=Mask("noise_mask", text=TEXT_BEFORE)),
                    refuse_if=_F_GIST_LAST)),
     timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise
-    shared_plan=True,
+    batch_pattern=True,
     description="Bria FIBO 2: noise refiner on [image | edit images], layers on [gist | image | edit images]",
     examples=("bria-fibo2",),
 )
@@ -171,7 +171,7 @@ KREA2 = Family(
                mask=Mask("attention_mask", text=TEXT_BEFORE), keys=TEXT_BEFORE),
         Target("ff", MLP, text=TEXT_BEFORE)), text=TEXT_BEFORE, requires=("attn", "ff")),),
     timestep=Arg("timestep", scale=1000.0),
-    shared_plan=True,
+    batch_pattern=True,
     description="Krea 2 (one [text | image] sequence; 0..1 timesteps)",
     examples=("krea2",),
 )
@@ -194,7 +194,7 @@ IDEOGRAM4 = Family(
         Target("feed_forward", MLP, text=TEXT_BEFORE)), text=TEXT_BEFORE, requires=("attention", "feed_forward"),
         whole=Whole(rotary=_I4_ROTARY, mask=_I4_MASK, per_token=("adaln_input",))),),
     timestep=Arg("timestep", scale=1000.0, reverse=True),  # model time 0..1, 0 = noise
-    shared_plan=True,
+    batch_pattern=True,
     description="Ideogram 4 (one packed [text | image] sequence tagged per token; conditional and unconditional "
                 "transformers)",
     examples=("ideogram4",),
@@ -215,8 +215,8 @@ QWEN_IMAGE_21 = Family(
         Target("attn", JOINT, text=TEXT_BEFORE, rotary=Rotary("rotary_emb", text=TEXT_BEFORE), mask=_Q21_MASK),
         Target("img_mlp", MLP, text=TEXT_BEFORE)), text=TEXT_BEFORE, requires=("attn", "img_mlp")),),
     timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise
-    shared_plan=True,
-    todo="its attention processor splits the block-causal prefill into one attention call per prefix segment, "
+    batch_pattern=True,
+    todo_refused="its attention processor splits the block-causal prefill into one attention call per prefix segment, "
          "most of which hold no image keys to pool; use ToMe (apply_patch)",
     description="Qwen-Image 2.1 (one block-causal [text and condition images | target image] sequence; the "
                 "target merged, its key mask and rotary rows with it; prefix KV cache)",

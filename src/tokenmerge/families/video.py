@@ -28,7 +28,7 @@ Recognised and refused: HunyuanVideo Framepack, Helios, AnyFlow (-FAR) and Wan-A
 from __future__ import annotations
 
 from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, ArgsGrid, Blocks, Family, LatentGrid,
-                   Mask, Refused, Rotary, Target, Whole, block_has, config_has, has, has_list, takes)
+                   Mask, PerToken, Refused, Rotary, Target, Whole, block_has, config_has, has, has_list, takes)
 
 __all__ = ["WAN", "HUNYUAN_VIDEO", "HUNYUAN_VIDEO_15", "COGVIDEOX", "LTX_VIDEO", "LTX2", "MOCHI", "REFUSED", "FAMILIES"]
 
@@ -42,8 +42,10 @@ WAN = Family(
     blocks=(Blocks("blocks", (Target("attn1", SELF, rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE),
                                      mask=Mask("attention_mask"), keys=TEXT_NONE),
                               Target("attn2", CROSS), Target("ffn", MLP)), requires=("attn1", "ffn"),
-                    whole=Whole(rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE), per_token=("temb",))),),
-    shared_plan=True,
+                    whole=Whole(rotary=Rotary("rotary_emb", token_axis=1, text=TEXT_NONE),
+                                # (B, N, 6, D): Wan 2.2 TI2V; (B, 6, N, D): SkyReels-V2 diffusion forcing
+                                per_token=(PerToken("temb"), PerToken("temb", axis=2, min_dim=4)))),),
+    batch_pattern=True,
     description="Wan 2.1/2.2 (T2V, I2V, TI2V), VACE, Animate, SkyReels-V2, ChronoEdit",
     examples=("wan", "wan-i2v", "wan-ti2v", "wan-vace", "wan-animate", "skyreels-v2", "skyreels-v2-df", "chronoedit"),
 )
@@ -69,7 +71,7 @@ HUNYUAN_VIDEO = Family(
                    whole=_hunyuan_whole("freqs_cis")),
             Blocks("single_transformer_blocks", (_HUNYUAN_ATTN,), requires=("attn", "proj_mlp"),
                    whole=_hunyuan_whole("image_rotary_emb"))),
-    shared_plan=True,
+    batch_pattern=True,
     description="HunyuanVideo 1.0 (T2V, I2V, token-replace I2V), Motif-Video",
     examples=("hunyuan-video", "hunyuan-video-i2v", "hunyuan-video-i2v-token-replace", "motif-video"),
 )
@@ -83,7 +85,7 @@ COGVIDEOX = Family(
         Target("attn1", JOINT, rotary=Rotary("image_rotary_emb", text=TEXT_NONE), keys=TEXT_BEFORE),
         Target("ff", MLP, text=TEXT_BEFORE)), requires=("attn1", "ff"),
         whole=Whole(output=0, rotary=Rotary("image_rotary_emb", text=TEXT_NONE))),),
-    shared_plan=True,
+    batch_pattern=True,
     description="CogVideoX 1.0 / 1.5 (T2V, I2V), ConsisID-like layouts",
     examples=("cogvideox", "cogvideox-5b", "cogvideox-i2v", "cogvideox-1.5", "consisid"),
 )
@@ -100,7 +102,7 @@ LTX_VIDEO = Family(
         Target("attn1", SELF, text=TEXT_BEFORE, rotary=_LTX_ROTARY, keys=TEXT_BEFORE),
         Target("attn2", CROSS, text=TEXT_BEFORE), Target("ff", MLP, text=TEXT_BEFORE)),
         text=TEXT_BEFORE, requires=("attn1", "ff"), whole=Whole(rotary=_LTX_ROTARY, per_token=("temb",))),),
-    shared_plan=True,
+    batch_pattern=True,
     description="LTX-Video (T2V, I2V, condition: the conditioning frames' tokens pass whole)",
     examples=("ltx", "ltx-i2v"),
 )
@@ -116,7 +118,7 @@ MOCHI = Family(
         Target("ff", MLP)), requires=("attn1", "ff"),
         whole=Whole(output=0, rotary=Rotary("image_rotary_emb", token_axis=0, text=TEXT_NONE))),),
     timestep=Arg("timestep", reverse=True),
-    shared_plan=True,
+    batch_pattern=True,
     description="Mochi 1",
     examples=("mochi",),
 )
@@ -132,7 +134,7 @@ HUNYUAN_VIDEO_15 = Family(
     blocks=(Blocks("transformer_blocks", (
         Target("attn", JOINT, rotary=_VIDEO_ROTARY, mask=Mask("attention_mask", image=False), keys=TEXT_AFTER),
         Target("ff", MLP)), requires=("attn", "ff")),),
-    shared_plan=True,
+    batch_pattern=True,
     description="HunyuanVideo 1.5 (T2V, I2V): double-stream blocks, the context's mask passes whole",
     examples=("hunyuan-video-1.5", "hunyuan-video-1.5-i2v"),
 )
@@ -154,7 +156,7 @@ LTX2 = Family(
         Target("attn2", CROSS, text=TEXT_AFTER),
         Target("audio_to_video_attn", CROSS, text=TEXT_AFTER, rotary=_LTX2_VIDEO_ROTARY),
         Target("ff", MLP, text=TEXT_AFTER)), text=TEXT_AFTER, requires=("attn1", "ff", "audio_to_video_attn")),),
-    shared_plan=True,
+    batch_pattern=True,
     description="LTX-2 (audio + video): the video merged, the audio stream whole; appended keyframe tokens pass whole",
     examples=("ltx2",),
 )

@@ -1,21 +1,117 @@
-"""MergePlan: where every token goes when merged, and how to bring it back."""
+"""Merge plans (where every token goes when merged, and how to bring it back), and the store of the index tables
+plans are made with.
+
+Index tables are tensors computed from shapes alone (window origins, reach masks, slot numbers...): a ``Tables``
+store builds each once per key and keeps it on its device. Each installed patch owns one (``remove_patch`` releases
+it, with its device memory); ``TABLES``, bounded, serves direct calls of the ``tokenmerge.merge`` functions.
+
+Under ``torch.compile`` a table is not traced (a traced ``arange * 0x9E3779B1`` becomes int32 index arithmetic inside
+a kernel, and tables would be rebuilt at every call): ``traced_constant`` runs the store's build for real while
+dynamo traces, and dynamo keeps the result as a constant of the graph (loaded from memory, a static address for
+CUDA graphs). The engine reads a call's position ids on the host the same way (``engine/grids.py``). This module is
+the only place with that machinery: one function marked ``assume_constant_result`` (by hand, so that importing
+tokenmerge does not import dynamo), which calls into registered objects by key (dynamo passes it Python constants
+and real tensors only).
+"""
 
 from __future__ import annotations
 
+import itertools
+import weakref
+from collections import OrderedDict
+
 import torch
 
-from .windows import arange, table
+__all__ = ["MergePlan", "IdentityPlan", "Tables", "TABLES", "traced_constant", "register"]
 
-__all__ = ["MergePlan", "IdentityPlan"]
+# objects whose methods a traced constant runs (table stores, grid readers), by key
+_REGISTERED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_keys = itertools.count(1)
+_calls = 0
 
 
-@table
+def register(obj) -> int:
+    """A key by which ``traced_constant`` reaches ``obj`` (kept while ``obj`` lives)."""
+    key = next(_keys)
+    _REGISTERED[key] = obj
+    return key
+
+
+def traced_constant(key: int, method: str, *args):
+    """``getattr(obj, method)(*args)`` of the object registered as ``key``, run for real while dynamo traces (its
+    ``args``: Python constants, or tensors, which dynamo hands over with their real values); dynamo keeps the result
+    (tensors, tuples of ints) as a constant of the graph.
+
+    Dynamo names each such constant after the function, and inductor refuses two constants of one graph with one
+    name: each call renames this function's code for the next one (a Python counter that runs at trace time, where
+    no guard reads it)."""
+    global _calls
+    _calls += 1
+    traced_constant.__code__ = traced_constant.__code__.replace(co_name=f"_tokenmerge_constant_{_calls}")
+    return getattr(_REGISTERED[key], method)(*args)
+
+
+traced_constant._dynamo_marked_constant = True
+
+
+def _symbolic(key) -> bool:
+    """Whether ``key`` holds a symbolic size (torch.compile with dynamic shapes): then the table is traced."""
+    return any(_symbolic(k) if isinstance(k, (tuple, list)) else isinstance(k, torch.SymInt) for k in key)
+
+
+class Tables:
+    """Tables built by ``build(*key)`` (pure shape logic: ints, tuples and devices in, tensors out), kept per
+    ``(build, key)``, the ``maxsize`` most recent.
+
+    Example:
+        >>> tables = Tables()
+        >>> tables.get(torch.arange, 4).tolist()
+        [0, 1, 2, 3]
+    """
+
+    def __init__(self, maxsize: int = 256):
+        self.maxsize = maxsize
+        self._built: OrderedDict = OrderedDict()
+        self.key = register(self)
+
+    def get(self, build, *key):
+        """``build(*key)``, from the store (built on first use)."""
+        if torch.compiler.is_compiling():  # a constant of the graph; traced where the key is symbolic
+            return build(*key) if _symbolic(key) else traced_constant(self.key, "_make", build, key)
+        value = self._built.get((build, key))
+        return self._make(build, key) if value is None else value
+
+    def _make(self, build, key):
+        """Build (or find) a table outside tracing: a miss of ``get``, or what a traced constant runs."""
+        value = self._built.get((build, key))
+        if value is None:
+            value = self._built[(build, key)] = build(*key)
+            if len(self._built) > self.maxsize:
+                self._built.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        """Drop every table (and the device memory it holds)."""
+        self._built.clear()
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+
+# direct calls of tokenmerge.merge's functions (a patch uses its own store)
+TABLES = Tables()
+
+
+def arange(n: int, device: torch.device) -> torch.Tensor:
+    """``torch.arange(n)`` (int64) on ``device`` (a table: never written to)."""
+    return torch.arange(n, dtype=torch.int64).to(device)
+
+
 def _ones(n: int, device: torch.device) -> torch.Tensor:
-    """``(n,)`` float32 ones kept on ``device`` (a slot's token count is a sum of them)."""
+    """``(n,)`` float32 ones on ``device`` (a slot's token count is a sum of them; a table)."""
     return torch.ones(n, dtype=torch.float32).to(device)
 
 
-@table
 def _starts(batch: int, num_slots: int, device: torch.device) -> torch.Tensor:
     """``(B, 1)``: where each element's slots start in the flattened ``(B * M)`` merged tokens."""
     return (torch.arange(batch) * num_slots).unsqueeze(1).to(device)
@@ -28,6 +124,7 @@ class IdentityPlan:
     """
 
     num_merged = 0
+    batch = 1
 
     def __init__(self, num_tokens: int | None = None):
         self.num_tokens = self.num_slots = num_tokens
@@ -51,66 +148,64 @@ class MergePlan:
     Args:
         dest: ``(B, N)`` int64, values in ``[0, M)``; every slot receives at least one token.
         num_slots: ``M``.
+        tables: where its small index tables are kept.
+
+    Example:
+        >>> plan = MergePlan(torch.tensor([[0, 0, 1, 1]]), 2)
+        >>> plan.merge(torch.tensor([[[1.0], [3.0], [5.0], [7.0]]])).flatten().tolist()
+        [2.0, 6.0]
     """
 
-    def __init__(self, dest: torch.Tensor, num_slots: int):
+    def __init__(self, dest: torch.Tensor, num_slots: int, tables: Tables = TABLES):
         batch, tokens = dest.shape
         self.batch, self.num_tokens, self.num_slots = batch, tokens, num_slots
         self.num_merged = tokens - num_slots
-        self.dest = dest
+        self.dest, self.tables = dest, tables
         device = dest.device
         # (B * N,): each token's slot in the flattened (B * M) merged tokens
-        self.flat_dest = dest.reshape(-1) if batch == 1 else (dest + _starts(batch, num_slots, device)).reshape(-1)
+        self.flat_dest = dest.reshape(-1) if batch == 1 else \
+            (dest + tables.get(_starts, batch, num_slots, device)).reshape(-1)
         counts = torch.zeros(batch * num_slots, device=device, dtype=torch.float32)
-        counts.index_add_(0, self.flat_dest, _ones(batch * tokens, device))
+        counts.index_add_(0, self.flat_dest, tables.get(_ones, batch * tokens, device))
         self._inv_counts = counts.reciprocal_().unsqueeze(1)  # (B*M, 1)
         self._inv_counts_by_dtype: dict[torch.dtype, torch.Tensor] = {}
-
-    def expand(self, batch: int) -> "MergePlan":
-        """This batch-1 plan applied to every element of a batch of ``batch`` (one pattern for all): itself, which
-        merges a batch of any size that way."""
-        if self.batch != 1:
-            raise ValueError(f"expand needs a plan made for batch 1, this one has batch {self.batch}")
-        return self
+        self._reps: torch.Tensor | None = None
 
     def representatives(self) -> torch.Tensor:
         """``(B, M)``: for each slot, the lowest index of the tokens merged into it (its position's owner).
 
         ``amin`` is order-independent, so the answer is the same on every device and run.
         """
+        if self._reps is not None:
+            return self._reps
         dest = self.dest
-        tokens = arange(self.num_tokens, dest.device).expand_as(dest)
+        tokens = self.tables.get(arange, self.num_tokens, dest.device).expand_as(dest)
         out = torch.full((self.batch, self.num_slots), self.num_tokens, device=dest.device, dtype=dest.dtype)
-        return out.scatter_reduce(1, dest, tokens, "amin")
-
-    def _check(self, x: torch.Tensor, tokens: int, what: str) -> None:
-        if x.dim() != 3 or (x.shape[0] != self.batch and self.batch != 1) or x.shape[1] != tokens:
-            raise RuntimeError(
-                f"token merging: {what} expects a (batch={self.batch}, tokens={tokens}, channels) tensor, "
-                f"got shape {tuple(x.shape)}"
-            )
-
-    def _inv(self, dtype: torch.dtype) -> torch.Tensor:
-        inv = self._inv_counts_by_dtype.get(dtype)
-        if inv is None:
-            inv = self._inv_counts_by_dtype[dtype] = self._inv_counts.to(dtype)
-        return inv
+        reps = out.scatter_reduce(1, dest, tokens, "amin")
+        if not torch.compiler.is_compiling():
+            self._reps = reps
+        return reps
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, N, C) -> (B, M, C)``: each slot is the mean of the tokens that land in it."""
-        self._check(x, self.num_tokens, "merge")
+        if x.dim() != 3 or (x.shape[0] != self.batch and self.batch != 1) or x.shape[1] != self.num_tokens:
+            raise RuntimeError(f"token merging: merge expects a (batch={self.batch}, tokens={self.num_tokens}, "
+                               f"channels) tensor, got shape {tuple(x.shape)}")
+        inv = self._inv_counts_by_dtype.get(x.dtype)
+        if inv is None:
+            inv = self._inv_counts_by_dtype[x.dtype] = self._inv_counts.to(x.dtype)
         batch, _, channels = x.shape
         if self.batch == 1:  # one pattern for the batch: along the token axis
-            out = x.new_zeros(batch, self.num_slots, channels).index_add_(1, self.flat_dest, x)
-            return out * self._inv(x.dtype)
+            return x.new_zeros(batch, self.num_slots, channels).index_add_(1, self.flat_dest, x) * inv
         out = x.new_zeros(self.batch * self.num_slots, channels).index_add_(0, self.flat_dest, x.reshape(-1, channels))
-        return (out * self._inv(x.dtype)).view(self.batch, self.num_slots, channels)
+        return (out * inv).view(self.batch, self.num_slots, channels)
 
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, M, C) -> (B, N, C)``: each token takes the value of its slot."""
-        self._check(x, self.num_slots, "unmerge")
+        if x.dim() != 3 or (x.shape[0] != self.batch and self.batch != 1) or x.shape[1] != self.num_slots:
+            raise RuntimeError(f"token merging: unmerge expects a (batch={self.batch}, tokens={self.num_slots}, "
+                               f"channels) tensor, got shape {tuple(x.shape)}")
         if self.batch == 1:
             return x.index_select(1, self.flat_dest)
         channels = x.shape[2]
-        out = x.reshape(-1, channels).index_select(0, self.flat_dest)
-        return out.view(self.batch, self.num_tokens, channels)
+        return x.reshape(-1, channels).index_select(0, self.flat_dest).view(self.batch, self.num_tokens, channels)

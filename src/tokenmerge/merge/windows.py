@@ -1,106 +1,31 @@
-"""Index tables of a token grid of any rank cut into windows, one destination token per window.
+"""Index tables of a token grid of any rank cut into windows, one destination token per window: pure shape logic,
+built once per key (``tables.Tables``) and read by the matching (``match.py``).
 
-A grid ``shape = (n_0, ..., n_{d-1})`` holds its tokens in raster order (row-major: for a video grid
-``(F, H, W)`` token ``(f, y, x)`` is ``(f * H + y) * W + x``). ``windows = (s_0, ..., s_{d-1})`` cuts it into
-``n_i // s_i`` windows per axis, numbered in raster order over the window grid; a window's ``S = prod(s_i)``
-tokens (its *choices*) are numbered row-major over the window's axes (2-D ``(sy, sx)``: ``k = dy * sx + dx``).
-The tokens past the last whole window on some axis (a coordinate ``>= (n_i // s_i) * s_i``) belong to no
-window: they are always sources.
+A grid ``shape = (n_0, ..., n_{d-1})`` holds its tokens in raster order (row-major: for a video grid ``(F, H, W)``
+token ``(f, y, x)`` is ``(f * H + y) * W + x``). ``windows = (s_0, ..., s_{d-1})`` cuts it into ``n_i // s_i``
+windows per axis, numbered in raster order over the window grid; a window's ``S = prod(s_i)`` tokens (its
+*choices*) are numbered row-major over the window's axes (2-D ``(sy, sx)``: ``k = dy * sx + dx``). The tokens past
+the last whole window on some axis (a coordinate ``>= (n_i // s_i) * s_i``) belong to no window: they are always
+sources.
 
-Everything here is pure shape logic, built once per (shape, windows, ..., device) and kept on the device
-(``table``): under torch.compile the tables are constants of the compiled graph, computed when it is traced and
-loaded from memory when it runs, so no index arithmetic of theirs is left for the compiler to fuse into a kernel's
-int32 index (a hash multiplying an ``arange`` by 0x9E3779B1 does not fit there).
+The local matching's tables (``tiling``, ``rest_candidates``, ``far``) are here too: for each token, the windows in
+reach (``match.py`` explains the matching). Each is built once per key and kept in a ``plan.Tables`` store.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import torch
 
-__all__ = ["num_windows", "window_grid", "window_split", "window_destinations", "random_offsets", "table",
-           "arange"]
+__all__ = ["num_windows", "window_grid", "check_grid", "tile_sizes", "LOCAL_TILE", "grid_tables", "top_left",
+           "choice_tables", "tiling", "rest_candidates", "far", "slices", "rank_slots"]
 
-_MASK32 = 0xFFFFFFFF
-_GOLDEN = 0x9E3779B1  # the window index's multiplier in the random choice
-_TABLES: dict = {}  # name -> the cached builder of a table (``table``)
-
-
-def _symbolic(args) -> bool:
-    """Whether ``args`` hold a symbolic size (torch.compile with dynamic shapes): then a table is traced."""
-    return any(_symbolic(a) if isinstance(a, (tuple, list)) else isinstance(a, torch.SymInt) for a in args)
-
-
-def _constant(name: str, *args):
-    """The table ``name`` of ``args``, from its cache, when torch.compile traces a call: the function is marked
-    as ``torch.compiler.assume_constant_result`` (by hand, so that importing tokenmerge does not import dynamo),
-    so dynamo runs it while tracing and keeps its result as a constant of the graph (a get_attr: loaded from
-    memory, a static address for CUDA graphs).
-
-    Dynamo names each such constant after the function, and two constants of one graph may not share a name:
-    each call renames the function's code for the next one (a Python counter, run at trace time, that no guard
-    reads).
-    """
-    global _fetches
-    _fetches += 1
-    _constant.__code__ = _constant.__code__.replace(co_name=f"_tokenmerge_table_{_fetches}")
-    return _TABLES[name](*args)
-
-
-_fetches = 0
-_constant._dynamo_marked_constant = True
-
-
-def table(fn=None, *, maxsize: int = 256):
-    """``fn`` (pure shape logic returning tensors on a device) cached per arguments (the ``maxsize`` latest), and a
-    constant of the graph under torch.compile (see ``_constant``). ``fn.__wrapped__`` builds without the cache."""
-    if fn is None:
-        return functools.partial(table, maxsize=maxsize)
-    name = f"{fn.__module__}.{fn.__qualname__}"
-    cached = _TABLES[name] = functools.lru_cache(maxsize=maxsize)(fn)
-
-    @functools.wraps(fn)
-    def get(*args):
-        if not torch.compiler.is_compiling():
-            return cached(*args)
-        return fn(*args) if _symbolic(args) else _constant(name, *args)
-
-    get.cache_clear, get.cache_info = cached.cache_clear, cached.cache_info
-    return get
-
-
-def _mix32(x):
-    """A 32-bit integer hash (lowbias32) on int64 tensors or Python ints: uniform, device-independent."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _MASK32
-    return x ^ (x >> 16)
-
-
-@table
-def arange(n: int, device: torch.device) -> torch.Tensor:
-    """``torch.arange(n)`` (int64) kept on ``device``: a constant of the hot path, never written to."""
-    return torch.arange(n, dtype=torch.int64).to(device)
-
-
-@table
-def _window_hashes(num_windows: int, device: torch.device) -> torch.Tensor:
-    """``(W,)`` int64: ``window * 0x9E3779B1 mod 2**32``, the window's part of the random choice."""
-    return ((torch.arange(num_windows, dtype=torch.int64) * _GOLDEN) & _MASK32).to(device)
-
-
-def random_offsets(num_windows: int, choices: int, key, device: torch.device) -> torch.Tensor:
-    """One offset in ``[0, choices)`` per window, a pure function of ``key``:
-    ``lowbias32((window * 0x9E3779B1 + key) mod 2**32) % choices``.
-
-    Args:
-        key: a Python int or an int64 tensor (on ``device``) identifying the draw (seed, block and timestep mixed
-            together): one element, or ``(..., 1)`` for several draws at once (the result is then ``(..., W)``).
-    """
-    return _mix32((_window_hashes(num_windows, torch.device(device)) + key) & _MASK32) % choices
+# Local matching cuts the windows into tiles of LOCAL_TILE windows per axis (2-D; at least 2 * radius) and scores
+# each tile's tokens against its neighbourhood's destinations in one small product.
+LOCAL_TILE = 4
 
 
 def check_grid(shape, windows, what: str = "windows") -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -152,66 +77,185 @@ def _rest(shape, covered) -> torch.Tensor:
     return rest
 
 
-@table
-def _grid(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device):
+def _others(choices: int) -> torch.Tensor:
+    """``(S, S - 1)``: the choices but ``k``, in order, for each choice ``k``."""
+    j = torch.arange(choices - 1).unsqueeze(0)
+    return j + (j >= torch.arange(choices).unsqueeze(1)).long()
+
+
+def grid_tables(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device):
     """``(origin, offset, other_offsets, rest)``: each window's first token ``(W,)``, the token offset of each
     choice ``(S,)``, of the other choices of each choice ``(S, S - 1)``, the tokens outside every window."""
     grid, step = window_grid(shape, windows), strides(shape)
-    choices = math.prod(windows)
     origin = _raster(grid, [s * t for s, t in zip(windows, step)])
     offset = _raster(windows, step)
-    j = torch.arange(choices - 1).unsqueeze(0)
-    others = j + (j >= torch.arange(choices).unsqueeze(1)).long()  # (S, S-1): the choices but k, in order
     rest = _rest(shape, [g * s for g, s in zip(grid, windows)])
     to = functools.partial(torch.Tensor.to, device=device)
-    return to(origin), to(offset), to(offset[others]), to(rest)
+    return to(origin), to(offset), to(offset[_others(offset.shape[0])]), to(rest)
 
 
-@table
-def _top_left(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device):
-    origin, offset, other_offsets, rest = _grid.__wrapped__(shape, windows, device)
+def top_left(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device):
+    """``(dst, src)`` when every window's destination is its choice 0."""
+    origin, _, other_offsets, rest = grid_tables(shape, windows, device)
     src = (origin.unsqueeze(1) + other_offsets[0]).reshape(-1)
-    return origin + offset[0], torch.cat([src, rest])
+    return origin, torch.cat([src, rest])
 
 
-def window_split(shape, windows, offsets: torch.Tensor | None, device):
-    """Token indices ``(dst, src)`` of the grid for the given per-window choice (``None``: choice 0).
-
-    ``dst`` ``(W,)``: each window's destination, in window order. ``src`` ``(N - W,)``: the other tokens of
-    each window (window by window, in choice order), then the tokens outside every window in raster order.
-    ``offsets`` may have leading dimensions ``(..., W)`` (one draw per folded grid): then so do both.
-    """
-    device = torch.device(device)
-    shape, windows = tuple(shape), tuple(windows)
-    if offsets is None:
-        return _top_left(shape, windows, device)
-    tokens, others, rest = _choices(shape, windows, device)
-    tokens = tokens.expand(*offsets.shape, tokens.shape[1])
-    dst = tokens.gather(-1, offsets.unsqueeze(-1)).squeeze(-1)
-    src = tokens.gather(-1, others[offsets]).flatten(-2)
-    return dst, (torch.cat([src, rest.expand(*src.shape[:-1], -1)], -1) if rest.shape[0] else src)
-
-
-@table
-def _choices(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device):
+def choice_tables(shape: tuple[int, ...], windows: tuple[int, ...], device: torch.device):
     """``(tokens, others, rest)``: the token of each window's each choice ``(W, S)``, the other choices of each
     choice ``(S, S - 1)``, the tokens outside every window."""
-    origin, offset, _, rest = _grid.__wrapped__(shape, windows, torch.device("cpu"))
-    j = torch.arange(offset.shape[0] - 1).unsqueeze(0)
-    others = j + (j >= torch.arange(offset.shape[0]).unsqueeze(1)).long()  # (S, S-1): the choices but k, in order
+    origin, offset, _, rest = grid_tables(shape, windows, torch.device("cpu"))
+    others = _others(offset.shape[0])
     return (origin.unsqueeze(1) + offset).to(device), others.to(device), rest.to(device)
 
 
-def window_dst(shape, windows, offsets: torch.Tensor | None, device) -> torch.Tensor:
-    """``window_split(...)[0]`` alone: each window's destination token (``(..., W)``)."""
-    device = torch.device(device)
-    shape, windows = tuple(shape), tuple(windows)
-    if offsets is None:
-        return _top_left(shape, windows, device)[0]
-    tokens = _choices(shape, windows, device)[0]
-    return tokens.expand(*offsets.shape, tokens.shape[1]).gather(-1, offsets.unsqueeze(-1)).squeeze(-1)
+# ---- the local matching's tables ----------------------------------------------------------------------------
+def tile_sizes(grid, radii, tile=None) -> tuple[int, ...]:
+    """Windows per tile along each axis: the whole axis where the radius is ``None``; elsewhere ``max(tile_i,
+    2 * R_i, 1)`` for a ``tile`` given (an int for every axis or one per axis), and by default: 1 when the
+    whole axes hold 16 windows or more (the tile is large already: a thin one scores the fewest far
+    candidates); else ``R_i + 1`` on grids of rank 3 and more (a tile of 4^3 windows would score (4 + 2R)^3
+    candidates: 2^3 is about 2x faster at R = 1 on a video grid, 1 at R = 0); else ``max(LOCAL_TILE, 2 R_i)``.
+    """
+    if tile is None:
+        whole = math.prod([g for g, rad in zip(grid, radii) if rad is None])  # lists: torch.compile traces this
+        if whole >= 16 or len(grid) > 2:
+            return tuple(g if rad is None else 1 if whole >= 16 else rad + 1 for g, rad in zip(grid, radii))
+        tile = LOCAL_TILE
+    tile = (tile,) * len(grid) if isinstance(tile, int) else tuple(tile)
+    return tuple(g if rad is None else max(t, 2 * rad, 1) for g, rad, t in zip(grid, radii, tile))
 
 
-def window_destinations(h: int, w: int, sx: int, sy: int, offsets: torch.Tensor | None, device):
-    """``window_split`` of an ``h`` x ``w`` grid with ``sy`` x ``sx`` windows (the 2-D API)."""
-    return window_split((h, w), (sy, sx), offsets, device)
+def _slabs(shape, windows, radii) -> list[tuple[bool, ...]]:
+    """The groups of blocks the local matching tiles: the windows (no axis flagged), then, unless the grid is
+    2-D or less with an int radius on every axis (there the few tokens outside every window are matched by a
+    gather, as before), for each set of axes flagged, the tokens past the last window on those axes only."""
+    rank, extra = len(shape), [n - n // s * s for n, s in zip(shape, windows)]
+    if rank <= 2 and all(rad is not None for rad in radii):
+        return [(False,) * rank]
+    flags = itertools.product((False, True), repeat=rank)
+    return [(False,) * rank] + [f for f in flags if any(f) and all(e > 0 for e, a in zip(extra, f) if a)]
+
+
+def tiling(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, tiles: tuple[int, ...],
+           device: torch.device):
+    """Index tables of the local matching.
+
+    The window grid is padded to whole tiles; a tile has ``P = prod(T_i) * S`` positions (its windows in
+    raster order, each window's ``S`` tokens in choice order) and a neighbourhood of ``K = prod(T_i + 2 R_i)``
+    windows (``R_i = 0`` on whole axes). The tokens outside every window form *slabs* (see ``_slabs``): on a
+    flagged axis, a slab's block is the ``n_i - g_i s_i`` tokens past the last window, matched as if in it
+    (tile 1, neighbourhood ``1 + 2 R_i``); its blocks are tiled on the other axes as the windows are. Returns:
+
+    - ``groups``: for the windows, then each slab, ``(tokens, candidates, blocked)``:
+      ``tokens`` ``(T, P)``: the grid token at each position (some token past the grid's windows);
+      ``candidates`` ``(T, K)``: the window of each neighbourhood place (0 outside the grid, masked);
+      ``blocked`` ``(T, P, K)``: whether that position's token may NOT match that window (it may when its own
+      window and the candidate are inside the grid and at most ``R_i`` windows apart along each int axis);
+    - ``outside`` ``(sum T * P,)``: whether a position holds no token of the grid (a window's, or a slab's);
+    - ``first`` ``(W,)``: the flat position of each window's choice 0;
+    - ``position`` ``(N,)``: the flat position of every token (the groups one after the other; the tokens
+      ``rest`` come last, numbered in their order);
+    - ``rest``: the tokens outside every window not in a slab (matched by a gather), as in ``window_split``.
+    """
+    cpu, rank = torch.device("cpu"), len(shape)
+    grid, step = window_grid(shape, windows), strides(shape)
+    num = math.prod(grid)
+    pads = [0 if rad is None else rad for rad in radii]
+    counts = [-(-g // t) for g, t in zip(grid, tiles)]  # tiles per axis
+    padded = torch.full([c * t + 2 * p for c, t, p in zip(counts, tiles, pads)], num, dtype=torch.int64)
+    padded[tuple(slice(p, p + g) for p, g in zip(pads, grid))] = torch.arange(num).view(grid)
+    origin, offset, _, rest = grid_tables(shape, windows, cpu)
+    origin = torch.cat([origin, origin.new_zeros(1)])
+    groups, insides, first = [], [], None
+    for slab in _slabs(shape, windows, radii):
+        last = [g - 1 if rad is not None else 0 for g, rad in zip(grid, radii)]  # where a slab's window is
+        spans = [(g if rad is None else 1 + 2 * rad) if a else t + 2 * p
+                 for a, g, rad, t, p in zip(slab, grid, radii, tiles, pads)]
+        sizes = [1 if a else t for a, t in zip(slab, tiles)]  # windows (or slab blocks) per tile
+        number = [1 if a else c for a, c in zip(slab, counts)]  # tiles per axis
+        candidates = padded[tuple(slice(f, f + span) if a else slice(None) for a, f, span in zip(slab, last, spans))]
+        for axis, (span, t) in enumerate(zip(spans, sizes)):
+            candidates = candidates.unfold(axis, span, t)
+        num_tiles, span_all, size = math.prod(number), math.prod(spans), math.prod(sizes)
+        candidates = candidates.reshape(num_tiles, span_all)
+        own = padded[tuple(slice(g - 1 + p, g + p) if a else slice(p, p + c * t)
+                           for a, g, p, c, t in zip(slab, grid, pads, counts, tiles))]  # window of each place, or W
+        own = own.reshape([n for ct in zip(number, sizes) for n in ct])
+        own = own.permute(*range(0, 2 * rank, 2), *range(1, 2 * rank, 2)).reshape(num_tiles, size)
+        block = offset if not any(slab) else _raster(
+            [n - g * s if a else s for a, n, g, s in zip(slab, shape, grid, windows)], step)  # tokens of a block
+        shift = sum([s * t for a, s, t in zip(slab, windows, step) if a])  # a slab's block: past its window
+        tokens = (origin[own].unsqueeze(2) + shift + block).reshape(num_tiles, size * block.shape[0])
+        near = torch.ones([1] * (2 * rank), dtype=torch.bool)
+        for axis, (t, span, p, rad) in enumerate(zip(sizes, spans, pads, radii)):
+            if rad is not None:
+                along = (torch.arange(t).unsqueeze(1) + p - torch.arange(span).unsqueeze(0)).abs() <= rad
+                view = [1] * (2 * rank)
+                view[axis], view[rank + axis] = t, span
+                near = near & along.view(view)
+        near = near.expand(*sizes, *spans).reshape(1, size, span_all)
+        allowed = near & (candidates < num).unsqueeze(1) & (own < num).unsqueeze(2)  # (T, size, K)
+        allowed = allowed.unsqueeze(2).expand(-1, -1, block.shape[0], -1).reshape(num_tiles, -1, span_all)
+        places = own.reshape(-1) < num
+        if first is None:
+            first = torch.empty(num, dtype=torch.int64)
+            first[own.reshape(-1)[places]] = torch.arange(places.shape[0])[places] * block.shape[0]
+        insides.append(places.repeat_interleave(block.shape[0]))
+        groups.append((tokens, candidates.masked_fill(candidates == num, 0), ~allowed))  # masked: any will do
+    position, base = torch.empty(math.prod(shape), dtype=torch.int64), 0
+    for (tokens, _, _), inside in zip(groups, insides):
+        flat = tokens.reshape(-1)
+        position[flat[inside]] = base + torch.arange(flat.shape[0])[inside]
+        base += flat.shape[0]
+    if len(groups) > 1:
+        rest = rest[:0]  # in the slabs
+    position[rest] = base + torch.arange(rest.shape[0])
+    to = functools.partial(torch.Tensor.to, device=device)
+    groups = tuple(tuple(to(t) for t in group) for group in groups)
+    return groups, to(~torch.cat(insides)), to(first), to(position), to(rest)
+
+
+def rest_candidates(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, device: torch.device):
+    """``(Nr, K)`` candidate destinations of the tokens outside every window.
+
+    Such a token belongs to the nearest window; its candidates are the destinations of the windows at most
+    ``R_i`` windows away along each axis (every window along a ``None`` axis), clamped at the borders (a
+    repeated candidate changes no maximum). Destination ``i`` is window ``i``'s whatever the per-window choice.
+    """
+    rest = grid_tables(shape, windows, torch.device("cpu"))[3]
+    grid = window_grid(shape, windows)
+    table = torch.zeros(rest.shape[0], 1, dtype=torch.int64)
+    for coord, s, g, rad in zip(coords(rest, shape), windows, grid, radii):
+        if rad is None:
+            near = torch.arange(g).expand(rest.shape[0], g)
+        else:
+            near = ((coord // s).clamp(max=g - 1).unsqueeze(1) + torch.arange(-rad, rad + 1)).clamp(0, g - 1)
+        table = (table.unsqueeze(2) * g + near.unsqueeze(1)).reshape(rest.shape[0], -1)
+    return table.to(device)
+
+
+def far(shape: tuple[int, ...], windows: tuple[int, ...], radii: tuple, device: torch.device) -> torch.Tensor:
+    """``(N, W)`` bool: whether token ``t`` may NOT match window ``w``'s destination: along some int axis ``i``
+    the window is more than ``R_i`` windows from the token's own (a token outside every window belongs to the
+    nearest window, as in ``rest_candidates``). The same reach as the tiles'."""
+    grid = window_grid(shape, windows)
+    token = torch.arange(math.prod(shape))
+    window = torch.arange(math.prod(grid))
+    blocked = torch.zeros(token.shape[0], window.shape[0], dtype=torch.bool)
+    for coord, wcoord, s, g, rad in zip(coords(token, shape), coords(window, grid), windows, grid, radii):
+        if rad is not None:
+            blocked |= ((coord // s).clamp(max=g - 1).unsqueeze(1) - wcoord.unsqueeze(0)).abs() > rad
+    return blocked.to(device)
+
+
+def slices(fold: int, step: int, device: torch.device) -> torch.Tensor:
+    """``(fold, 1)``: the shift of each slice of a folded grid, ``step`` apart."""
+    return (torch.arange(fold) * step).unsqueeze(1).to(device)
+
+
+def rank_slots(num_src: int, r: int, device: torch.device):
+    """``(merged, slot)`` ``(Ns,)`` by rank: whether the source ranked ``i`` is merged (``i < r``), and the slot
+    of a kept one (``i - r``: the kept sources in rank order come first)."""
+    rank = torch.arange(num_src)
+    return (rank < r).to(device), (rank - r).to(device)

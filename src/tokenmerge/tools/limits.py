@@ -19,10 +19,9 @@ import math
 
 import torch
 
-from ..merge import IdentityPlan, pooled_shape
-from ..merge.windows import arange  # a table kept on the device: a constant under torch.compile
+from ..merge import TABLES, IdentityPlan, pooled_shape
 
-__all__ = ["SlicePlan", "slice_match", "slice_matcher", "slice_downsample", "slice_downsampler"]
+__all__ = ["SlicePlan", "slice_match", "slice_downsample"]
 
 
 class SlicePlan:
@@ -37,6 +36,9 @@ class SlicePlan:
         device: where ``representatives`` is made.
     """
 
+    batch = 1  # one pattern for every sample
+    tables = TABLES  # where the rotary rows' index tables are kept (the shared store: no patch owns a limit's)
+
     def __init__(self, num_tokens: int, num_slots: int, device=None):
         self.num_tokens, self.num_slots = num_tokens, num_slots
         self.num_merged = num_tokens - num_slots
@@ -44,15 +46,11 @@ class SlicePlan:
         self.device = device
         self._reps: torch.Tensor | None = None
 
-    def expand(self, batch: int) -> "SlicePlan":
-        """The same slice for every element of a batch of any size (one pattern for all, as ``MergePlan.expand``)."""
-        return self
-
     def representatives(self) -> torch.Tensor:
         """``(1, M)``: the merged token ``i`` is token ``i`` (the first ``M`` tokens keep their own positions), so
         rotary positions and mask entries follow a limit as they follow a real merge (``MergePlan``)."""
         if self._reps is None:
-            self._reps = arange(self.num_slots, torch.device(self.device or "cpu")).unsqueeze(0)
+            self._reps = torch.arange(self.num_slots, device=torch.device(self.device or "cpu")).unsqueeze(0)
         return self._reps
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,11 +72,6 @@ def slice_match(metric, shape, windows, r, offsets=None, radius=None):
     return IdentityPlan(tokens) if r <= 0 or num == 0 else SlicePlan(tokens, tokens - r, metric.device)
 
 
-def slice_matcher(metric, h, w, sx, sy, r, offsets=None):
-    """``slice_match`` of an ``h`` x ``w`` grid with ``sy`` x ``sx`` windows (2-D API)."""
-    return slice_match(metric, (h, w), (sy, sx), r, offsets)
-
-
 def slice_downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int, ...],
                      mode: str = "nearest-exact") -> torch.Tensor:
     """ToDo's zero-overhead reference (the bench's "todo-limit"): the first ``prod(pooled)`` tokens, a free view.
@@ -87,8 +80,3 @@ def slice_downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int
     is left, the best speed any pooling to that count could reach.
     """
     return x if all(f == 1 for f in factors) else x[:, : math.prod(pooled_shape(shape, factors))]
-
-
-def slice_downsampler(x: torch.Tensor, h: int, w: int, factor: int, mode: str = "nearest-exact") -> torch.Tensor:
-    """``slice_downsample`` of an ``h`` x ``w`` grid (2-D API)."""
-    return slice_downsample(x, (h, w), (factor, factor), mode)

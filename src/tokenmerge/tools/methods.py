@@ -162,7 +162,9 @@ class MethodSpec:
 
             cache_config(self.name, self.value, self.kwargs())
 
-    def apply(self, model) -> None:
+    def apply(self, model, code_paths: str | None = None) -> None:
+        """Apply the method to ``model`` (``code_paths``: run this library's matching the way that device does,
+        as ``apply_config`` takes it)."""
         import tokenmerge
 
         if self.name == "grid-limit":  # the unpatched model, called on smaller inputs (the bench's)
@@ -172,9 +174,9 @@ class MethodSpec:
 
             enable(model, self.name, self.value, self.kwargs())
         elif self.name == "tome":
-            tokenmerge.apply_patch(model, ratio=self.value, **self.kwargs())
+            tokenmerge.apply_config(model, ToMeConfig(ratio=self.value, **self.kwargs()), code_paths=code_paths)
         elif self.name == "todo":
-            tokenmerge.apply_todo(model, downsample=self.value, **self.kwargs())
+            tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()), code_paths=code_paths)
         elif self.name == "limit":
             from .limits import slice_match  # the engine's N-D matcher signature
 
@@ -192,9 +194,9 @@ class MethodSpec:
             tomesd.apply_patch(model, ratio=self.value, **kwargs)
 
     @contextlib.contextmanager
-    def applied(self, model):
+    def applied(self, model, code_paths: str | None = None):
         """``with spec.applied(model):`` the method is on inside the block and removed after, whatever happens."""
-        self.apply(model)
+        self.apply(model, code_paths)
         try:
             yield model
         finally:

@@ -10,11 +10,13 @@ from dataclasses import dataclass
 
 
 from .config import ToDoConfig, ToMeConfig
-from .families.spec import grid_rank
-from .engine import PATCH_ATTR, SUPPORTED, BlockSite, DenoiserPatch, DenoiserSite, find_denoisers, held_modules
-from .engine import guards
+from .engine import PATCH_ATTR, SUPPORTED, DenoiserSite, Patch, find_denoisers, held_modules
+from .engine.planner import BlockPlan
+from .engine.refusals import check_apply, merges
+from .families.spec import BlockSite, grid_rank
 
-__all__ = ["apply_patch", "apply_todo", "remove_patch", "patched", "describe_patch", "observe", "PatchInfo", "DenoiserInfo"]
+__all__ = ["apply_patch", "apply_todo", "apply_config", "remove_patch", "patched", "describe_patch", "observe",
+           "PatchInfo", "DenoiserInfo", "BlockPlan"]
 
 
 def apply_patch(
@@ -150,16 +152,19 @@ def apply_todo(
     return apply_config(model, config)
 
 
-def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsampler=None, observer=None):
+def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsampler=None, observer=None,
+                 code_paths: str | None = None):
     """``apply_patch`` with a ready config.
 
     Args:
         model: what ``apply_patch`` accepts.
         config: a ``ToMeConfig`` or ``ToDoConfig``.
         matcher, downsampler: replace ToMe's matching and ToDo's pooling (the bench's zero-overhead limits;
-            see ``tokenmerge.engine.DenoiserPatch``).
-        observer: ``begin(phase)`` / ``end(phase)`` called around each phase inside the patched blocks (the
-            bench's breakdown); ``None`` in normal use.
+            see ``tokenmerge.engine.Patch``).
+        observer: what ``observe`` takes; ``None`` in normal use.
+        code_paths: ``"cpu"`` or ``"cuda"``: run the matching the way that device does, whatever the model's device
+            (the kernels a CUDA call launches, counted on a CPU: ``benchmarks/kernels_per_call.py``); ``None``: the
+            device's.
 
     Example:
         >>> tokenmerge.apply_config(pipe, tokenmerge.ToMeConfig(ratio=0.5))  # doctest: +SKIP
@@ -175,23 +180,20 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
                 + _nothing_matched([site], config.max_downsample),
                 stacklevel=3,
             )
-    guards.check_apply(model, config, plans)  # compiled code, caches, ToDo on cross-attention: refused
+    if code_paths is not None and code_paths not in ("cpu", "cuda"):
+        raise ValueError(f"code_paths must be 'cpu', 'cuda' or None (the device's); got {code_paths!r}")
+    check_apply(model, config, plans)  # compiled code, caches, ToDo on cross-attention: refused
     previous = _snapshot(model)
     remove_patch(model)
     installed = []
     try:
         for site, blocks in plans:
             if blocks:
-                if isinstance(config, ToDoConfig) and config.pools and site.family.todo is not None:
-                    raise ValueError(f"tokenmerge: {site.path or type(site.module).__name__} "
-                                     f"({site.family.name}): {site.family.todo}")
-                patch = DenoiserPatch(site, config, blocks, matcher, downsampler, observer)
+                patch = Patch(site, config, blocks, matcher, downsampler, observer, code_paths)
                 patch.install()
                 installed.append(patch)
-                guards.attach(patch)
     except BaseException:
         for patch in installed:
-            guards.detach(patch)
             patch.remove()
         _restore(previous)
         raise
@@ -199,14 +201,12 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
 
 
 def _snapshot(model) -> list:
-    return [(p.site, p.config, p.blocks, p.matcher, p.downsampler, p.observer) for p in _patches(model)]
+    return [(p.site, p.config, p.blocks, p.matcher, p.downsampler, p.observer, p.code_paths) for p in _patches(model)]
 
 
 def _restore(snapshot: list) -> None:
     for args in snapshot:
-        patch = DenoiserPatch(*args)
-        patch.install()
-        guards.attach(patch)
+        Patch(*args).install()
 
 
 def select_blocks(site: DenoiserSite, max_downsample: int | None,
@@ -243,7 +243,7 @@ def _nothing_matched(sites: list[DenoiserSite], max_downsample: int | None) -> s
     return "no transformer block to merge in: " + "; ".join(parts) + hint
 
 
-def _patches(model) -> list[DenoiserPatch]:
+def _patches(model) -> list[Patch]:
     held = held_modules(model)
     if not held:
         raise TypeError(f"tokenmerge: a {type(model).__name__} holds no model; expected {SUPPORTED}")
@@ -251,7 +251,7 @@ def _patches(model) -> list[DenoiserPatch]:
     seen, found = set(), []
     for module in modules:
         patch = getattr(module, PATCH_ATTR, None)
-        if isinstance(patch, DenoiserPatch) and id(patch) not in seen:
+        if isinstance(patch, Patch) and id(patch) not in seen:
             seen.add(id(patch))
             found.append(patch)
     return found
@@ -263,7 +263,6 @@ def remove_patch(model):
     Afterwards the model computes exactly what it computed before it was patched.
     """
     for patch in _patches(model):
-        guards.detach(patch)
         patch.remove()
     return model
 
@@ -271,7 +270,9 @@ def remove_patch(model):
 def observe(model, observer) -> None:
     """Give every tokenmerge patch on ``model`` an observer: ``observer.begin(phase)`` / ``observer.end(phase)``
     are called around each phase inside the patched blocks ("block", "similarity", "merge", the target kinds
-    "self"/"cross"/"mlp"/"joint", "unmerge"). ``None`` detaches. For profiling (``tokenmerge bench --breakdown``):
+    "self"/"cross"/"mlp"/"joint", "unmerge"), and, if it has one, ``observer.plan(block_plan)`` when a block gets
+    its merge plan at a call (a ``BlockPlan``: the block's path, the plan, its grid, the call's grid, the reference
+    tokens after the image's). ``None`` detaches. For profiling (``tokenmerge bench --breakdown``) and inspection:
     an observer that synchronises the device slows every step.
 
     Example:
@@ -380,11 +381,12 @@ NOTE_SMALL_ON_CUDA = (
 
 def _small_note(p) -> str | None:
     """Which levels of ``p``'s calls ran unmerged for their size (``min_size``), or ``None``."""
-    if not p.small:
+    if not p.planner.small:
         return None
     name = p.site.path or type(p.site.module).__name__
     parts = [f"downsample {2 ** level}: {'x'.join(map(str, grid))} tokens x {channels} channels = "
-             f"{math.prod(grid) * channels:,} < {smallest:,}" for level, (grid, channels, smallest) in sorted(p.small.items())]
+             f"{math.prod(grid) * channels:,} < {smallest:,}"
+             for level, (grid, channels, smallest) in sorted(p.planner.small.items())]
     return f"{name}: calls ran unmerged where their hidden states were smaller than min_size ({'; '.join(parts)})"
 
 
@@ -402,11 +404,11 @@ def _notes(patches) -> tuple[str, ...]:
         if p.config.min_size is None and _on_cuda(p.site.module) and NOTE_SMALL_ON_CUDA not in notes:
             notes.append(NOTE_SMALL_ON_CUDA)
         cfg, family = p.config, p.site.family
-        unet = "unet" in family.name or "controlnet" in family.name
-        merges = cfg.ratio > 0 or (cfg.ratio_end or 0) > 0
-        if merges and not unet and grid_rank(family.grid) == 2 and getattr(cfg, "scope", "attention") == "attention" \
-                and not cfg.merge_mlp and not isinstance(cfg, ToDoConfig) and NOTE_ATTENTION_ONLY not in notes:
+        merging = merges(cfg)
+        if merging and family.kind == "transformer" and grid_rank(family.grid) == 2 \
+                and getattr(cfg, "scope", "attention") == "attention" and not cfg.merge_mlp \
+                and not isinstance(cfg, ToDoConfig) and NOTE_ATTENTION_ONLY not in notes:
             notes.append(NOTE_ATTENTION_ONLY)
-        if merges and not cfg.share_plans and NOTE_PLAN_PER_BLOCK not in notes:
+        if merging and not cfg.share_plans and NOTE_PLAN_PER_BLOCK not in notes:
             notes.append(NOTE_PLAN_PER_BLOCK)
     return tuple(notes)

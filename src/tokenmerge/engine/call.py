@@ -1,0 +1,385 @@
+"""What one denoiser call tells its blocks: its token grid (read once per call, by the denoiser's hook), its
+timestep, where the image tokens sit in a sequence beside text and reference tokens, and the state a call keeps.
+
+- ``CallHook``: the denoiser's forward pre-hook and hook. The pre-hook reads the call's grid (from the arguments its
+  family names: a latent's shape, position ids, integers, shape lists; ``grids.GridReader``, only when they change)
+  and its timestep, runs the per-call checks, and resets the ``CallState`` the blocks read; the hook forgets the
+  call. State is per thread (one patched model may serve several threads), and one for code that torch.compile
+  traces (dynamo follows a plain object, not a ``threading.local``).
+- ``BoundArg``: a ``forward`` argument resolved against a module's signature, read and replaced in a call's
+  arguments.
+- Layout: a sequence is ``[before | image | after]``: text declared before the image (``TEXT_BEFORE``), the image's
+  tokens, then text declared after it (``TEXT_AFTER``) or the reference-image tokens a call carries after the image's
+  (``trailing``: Flux Kontext, Flux.2 edits). Everything but the image passes whole; rotary rows and mask entries
+  follow the merged image tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
+from ..merge.match import step_key
+from ..merge.plan import TABLES, Tables, arange
+from .caches import INSIDE, REGISTRY_ATTR, bad_hook, cache_message
+from .compiled import regional_message
+from .grids import GridReader, NoGrid
+
+__all__ = ["BoundArg", "CallHook", "CallState", "BlockCall", "Watch", "sides", "image_part", "join", "take_rotary",
+           "take_mask", "follow", "host_timestep", "NoGrid"]
+
+
+@dataclass(frozen=True)
+class BoundArg:
+    """An ``Arg`` resolved against one module's signature: read and replace it in a call's arguments."""
+
+    name: str
+    index: int | None
+    scale: float = 1.0
+    reverse: bool = False
+    log_sigma: float = 0.0
+
+    def progress(self, t: float, num_train_timesteps: int) -> float:
+        """The denoising progress of timestep ``t``: 0 at the first (noisiest) step, 1 at the end."""
+        if self.log_sigma:  # sigma / (1 + sigma) with sigma = exp(t / log_sigma): a logistic, computed stably
+            z = t / self.log_sigma
+            fraction = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+        else:
+            fraction = t * self.scale / num_train_timesteps
+        return fraction if self.reverse else 1.0 - fraction
+
+    def read(self, args: tuple, kwargs: dict):
+        if self.name in kwargs:
+            return kwargs[self.name]
+        if self.index is not None and self.index < len(args):
+            return args[self.index]
+        return None
+
+    def replace(self, args: tuple, kwargs: dict, value) -> tuple[tuple, dict]:
+        if self.name not in kwargs and self.index is not None and self.index < len(args):
+            return args[: self.index] + (value,) + tuple(args[self.index + 1:]), kwargs
+        return args, {**kwargs, self.name: value}
+
+
+# ---- layout ----------------------------------------------------------------------------------------------------
+def sides(total: int, image: int, text: str, trailing: int = 0) -> tuple[int, int]:
+    """``(before, after)``: the tokens before and after the ``image`` ones in a sequence of ``total``."""
+    extra = total - image
+    if extra < 0:
+        raise ValueError(f"tokenmerge: a sequence of {total} tokens cannot hold the {image} image tokens of the "
+                         "call's grid; the model was called with a token layout its family does not declare")
+    if extra == 0:  # the image's tokens alone (an image-only stream of a call that has references elsewhere)
+        return 0, 0
+    if text == TEXT_BEFORE:
+        after = min(trailing, extra)
+        return extra - after, after
+    if text == TEXT_AFTER or extra == trailing:
+        return 0, extra
+    raise ValueError(f"tokenmerge: {total} tokens where the image grid has {image}"
+                     + (f" and {trailing} reference tokens follow it" if trailing else "")
+                     + ", and this sequence is not declared to hold text beside the image; the model was called "
+                       "with a token layout its family does not declare")
+
+
+def image_part(x: torch.Tensor, image: int, before: int) -> torch.Tensor:
+    """The ``image`` tokens of ``x`` ``(B, S, C)`` that start at ``before``, as a view."""
+    return x if x.shape[1] == image else x[:, before: before + image]
+
+
+def join(whole: torch.Tensor, image: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """``whole`` with its image part replaced by ``image`` (of any length): the rest passes untouched."""
+    if not (before or after):
+        return image
+    parts = ([whole[:, :before]] if before else []) + [image] + ([whole[:, whole.shape[1] - after:]] if after else [])
+    return torch.cat(parts, 1)
+
+
+def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: int = 0, tables: Tables = TABLES):
+    """The rotary embedding ``value`` (``spec.layout``) at the rows of the merged tokens' positions: the text and
+    reference rows, and for each merged image token the row of the image token whose position it keeps (``reps``
+    ``(M,)``)."""
+    if spec.layout == "tables_positions":  # (per-axis tables, per-token positions): only the positions follow
+        axes, positions = value
+        return type(value)((axes, take_rotary(Rotary(spec.kwarg, "tensor", spec.token_axis, spec.text), positions,
+                                              image, reps, trailing, tables)))
+    if spec.layout == "image_text_pair":  # (image table, text table): only the first has image rows
+        img, txt = value
+        return type(value)((take_rotary(Rotary(spec.kwarg, "tensor", spec.token_axis, spec.text), img, image, reps,
+                                        trailing, tables), txt))
+    if isinstance(value, (tuple, list)):  # (cos, sin), ...: each the same way
+        taken = []
+        for v in value:
+            taken.append(take_rotary(spec, v, image, reps, trailing, tables))
+        return type(value)(taken)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"tokenmerge: rotary embedding {spec.kwarg!r} is a {type(value).__name__}, expected a "
+                        "tensor or a tuple of tensors whose rows can follow the merged tokens")
+    rows = value.shape[spec.token_axis]
+    if rows == 1:  # one row broadcast over every token: the merged tokens' too
+        return value
+    before, after = sides(rows, image, spec.text, trailing)
+    reps = reps.to(value.device) + before
+    index = torch.cat([tables.get(arange, rows, value.device)[:before], reps,
+                       tables.get(arange, rows, value.device)[before + image:]]) if before or after else reps
+    return value.index_select(spec.token_axis, index)
+
+
+def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor, trailing: int = 0,
+              tables: Tables = TABLES) -> torch.Tensor:
+    """An attention mask at the rows/columns of the merged tokens: each of its last two axes that spans the
+    tokens keeps the text (and reference) entries and the merged tokens' first tokens'."""
+    if not spec.image:
+        return mask
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"tokenmerge: attention mask {spec.kwarg!r} is a {type(mask).__name__}, not a tensor "
+                        "whose rows and columns can follow the merged tokens (a flex attention BlockMask: use an "
+                        "attention processor or backend that takes a tensor mask)")
+    for axis in (-2, -1):  # a (B, S) key mask's axis -2 is the batch, never tokens
+        if axis == -2 and mask.dim() == 2 and mask.shape[0] != mask.shape[1]:
+            continue
+        rows = mask.shape[axis] if mask.dim() >= -axis else 0
+        if rows >= image and rows > 1:
+            before, after = sides(rows, image, spec.text, trailing)
+            index = reps.to(mask.device) + before
+            if before or after:
+                every = tables.get(arange, rows, mask.device)
+                index = torch.cat([every[:before], index, every[before + image:]])
+            mask = mask.index_select(axis, index)
+    return mask
+
+
+def follow(state, plan, spec, value):
+    """A per-token table ``value`` at the merged tokens of ``plan``: rotary rows (``spec`` a ``Rotary``:
+    ``take_rotary``) or a mask (a ``Mask``: ``take_mask``). Once per call for the blocks that share the plan and the
+    table (Flux passes one rotary tuple to all of its blocks); under torch.compile the graph's common subexpressions
+    are merged anyway: no lookup there."""
+    if plan.batch != 1:
+        raise ValueError("tokenmerge: per-token positions or masks need one merge pattern for the batch: the "
+                         "family must set batch_pattern=True")
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        for p, v, s, taken in state.taken:
+            if p is plan and v is value and s is spec:
+                return taken
+    take = take_rotary if isinstance(spec, Rotary) else take_mask
+    taken = take(spec, value, plan.num_tokens, plan.representatives()[0], state.trailing, plan.tables)
+    if not compiling:
+        state.taken.append((plan, value, spec, taken))
+    return taken
+
+
+# ---- a call's state ------------------------------------------------------------------------------------------
+@dataclass
+class BlockCall:
+    """One block's call in flight: its plan, its token grid, and what its targets set aside."""
+
+    plan: object
+    grid: tuple[int, ...]
+    text: dict[int, tuple[int, int]] = field(default_factory=dict)  # target -> tokens before/after the image
+    modes: dict[int, object] = field(default_factory=dict)  # target -> its active ToDo mode (techniques/todo.py)
+    entry: tuple | None = None  # scope="block": (image input, merged input, tokens before, tokens after)
+
+    def close(self) -> None:
+        """Leave any ToDo mode still active (its target's call raised before its forward hook ran)."""
+        while self.modes:
+            self.modes.popitem()[1].__exit__(None, None, None)
+
+
+class CallState:
+    """What one denoiser call tells its blocks; ``reset()`` forgets the call (its end, or an error). ``calls``,
+    ``last_progress`` and ``kept`` (plans kept across calls: ``reuse_steps``) survive it."""
+
+    def __init__(self) -> None:
+        self.reset()
+        self.calls = 0  # denoiser calls, counted when plans are kept across them (reuse_steps)
+        self.last_progress: float | None = None
+        self.kept: dict[int, tuple] = {}
+
+    def reset(self, blocks=None) -> None:
+        """Forget the call; give back any feed-forward chunking a block set aside (``blocks``: the patch's)."""
+        for index, chunk_size in getattr(self, "unchunked", {}).items():
+            if blocks is not None:
+                setattr(blocks[index].module, blocks[index].chunk_attr, chunk_size)
+        for call in getattr(self, "blocks", {}).values():
+            call.close()
+        self.grid: tuple[int, ...] | None = None
+        self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
+        self.step_key = None
+        self.active = True  # the schedule's verdict for this call
+        self.ratio = 0.0
+        self.blocks: dict[int, BlockCall] = {}  # block index -> its call in flight
+        self.level_plans: dict[int, object] = {}  # share_plans: level -> the plan of this call
+        self.unchunked: dict[int, int] = {}  # feed-forward chunk sizes set aside during a block call
+        self.draws: dict[tuple[int, ...], torch.Tensor] = {}  # grid -> (blocks, windows) random choices of this call
+        self.taken: list = []  # rotary tables and masks taken at a plan's merged tokens this call (plan, value, taken)
+
+
+class Watch:
+    """What each eager call checks, one dictionary lookup per module: a diffusers cache hook that reached a merged
+    module without ``register_hook`` (which the patch watches: ``caches.py``), and a block or a merged module
+    compiled in place since the patch (``compiled.py``).
+
+    Args:
+        config: the patch's config (for the messages).
+        blocks: the patched blocks; region: ``(path, module)`` of every module that sees merged tokens.
+    """
+
+    def __init__(self, config, blocks, region):
+        self.config, self.region = config, region
+        self.hooked = [(b.path, b.module) for b in blocks] + region  # what compiled in place breaks
+        self.seen: dict[int, int] = {}  # id of a harmless HookRegistry -> its number of hooks when checked
+
+    def check(self) -> None:
+        for path, module in self.hooked:
+            if module.__dict__.get("_compiled_call_impl") is not None:
+                raise ValueError(regional_message(path, later=True))
+        for path, module in self.region:
+            registry = module.__dict__.get(REGISTRY_ATTR)
+            if registry is None:
+                continue
+            hooks = getattr(registry, "hooks", None)
+            size = len(hooks) if isinstance(hooks, dict) else 0
+            if self.seen.get(id(registry)) == size:
+                continue
+            what = bad_hook(registry)
+            if what is not None and INSIDE not in hooks:
+                raise ValueError(cache_message(path, what, self.config, later=True,
+                                               why="its registry was changed without register_hook"))
+            self.seen[id(registry)] = size
+
+
+# A timestep tensor may hold one value per token (Wan 2.2 TI2V, LTX I2V: 0 on the clean conditioning frame's
+# tokens): the step's noise level is its largest value, which is also the value of a plain (B,) timestep.
+def host_timestep(timestep) -> float | None:
+    if timestep is None:
+        return None
+    return float(timestep.max()) if isinstance(timestep, torch.Tensor) else float(timestep)
+
+
+def _identity(value, shaped: bool):
+    """What decides a grid source argument's grid: a tensor's shape (``shaped``) or its address and shape, a plain
+    value, each element of a list."""
+    if isinstance(value, torch.Tensor):
+        return value.shape if shaped else (value.data_ptr(), value.shape, value.device)
+    if isinstance(value, (list, tuple)):
+        return tuple(_identity(v, shaped) for v in value)
+    return value
+
+
+class CallHook:
+    """The denoiser's forward pre-hook (``pre``) and hook (``post``): read a call's grid and timestep, keep the
+    call's state.
+
+    Args:
+        patch: the installed patch (its site, config, blocks, planner and guards' watch).
+    """
+
+    def __init__(self, patch):
+        self.patch = patch
+        site, cfg = patch.site, patch.config
+        self.reader = GridReader(site.family.grid, site.module)
+        self._cached: tuple = (None, None)  # (key, (grid, device, trailing) or the NoGrid it raised)
+        self.timestep = site.timestep
+        self.scheduled, self.reused = cfg.scheduled, cfg.reuse_steps > 1
+        self._local, self._traced = threading.local(), CallState()
+        self.warned = False
+
+    def __getstate__(self):  # run-time state is per thread and per call: never copied
+        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_traced", "_cached")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._local, self._traced, self._cached = threading.local(), CallState(), (None, None)
+
+    @property
+    def state(self) -> CallState:
+        """This thread's call state (or, while torch.compile traces, the traced code's)."""
+        if torch.compiler.is_compiling():
+            return self._traced
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = CallState()
+        return state
+
+    def pre(self, module, args, kwargs):
+        patch, state = self.patch, self.state
+        state.reset(patch.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
+        compiling = torch.compiler.is_compiling()
+        if compiling:
+            try:
+                read = self.reader.read(args, kwargs)
+            except NoGrid as reason:
+                read = reason
+        else:  # read when its grid arguments change (once per generation for position ids, on a new latent shape)
+            key = []
+            for bound, shaped in self.reader.key_args:
+                value = bound.read(args, kwargs)
+                if isinstance(value, torch.Tensor):  # a latent: its shape; ids, coordinates: which tensor
+                    key.append(value.shape if shaped else (value.data_ptr(), value.shape, value.device))
+                else:  # a list of latents (Z-Image), integers, shapes
+                    key.append(_identity(value, shaped))
+            if self._cached[0] != key:
+                try:
+                    self._cached = (key, self.reader.read(args, kwargs))
+                except NoGrid as reason:
+                    self._cached = (key, reason)
+            read = self._cached[1]
+        if isinstance(read, NoGrid):  # e.g. position ids that describe no grid: this call runs unmerged
+            return self._unmerged(f"a call ran unmerged: {read}")
+        state.grid, device, state.trailing = read
+        planner = patch.planner
+        if not compiling:
+            patch.watch.check()  # caches added around the patch's modules, blocks compiled in place (guards)
+        unfit = planner.last_unfit[1] if planner.last_unfit[0] == state.grid else planner.unfit(state.grid)
+        if unfit is not None and not patch.technique.pools:  # a grid smaller than the merge window
+            return self._unmerged(unfit)
+        if unfit is not None:  # ToDo still pools the keys of a small grid; its query merging finds no window
+            self.unmerged(f"{unfit} (only ToDo's pooling applied)")
+        timestep = self.timestep.read(args, kwargs) if self.timestep is not None else None
+        state.step_key = step_key(timestep, device)
+        cfg = patch.config
+        state.ratio = cfg.ratio
+        if not (self.scheduled or self.reused):
+            return None
+        state.calls += 1  # counted for reuse_steps only, with the host-side timestep reads
+        # one host read per denoiser call (not per block): schedules and reuse are host-side control flow
+        t = host_timestep(timestep)
+        progress = None if t is None else self.timestep.progress(t, cfg.num_train_timesteps)
+        if self.reused:
+            if progress is not None and state.last_progress is not None and progress < state.last_progress:
+                state.kept.clear()  # the progress went back: a new generation, nothing to reuse
+            state.last_progress = progress
+        if self.scheduled:
+            if progress is None:
+                raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
+                                f"{type(module).__name__}.forward got none")
+            state.active = cfg.start <= progress <= cfg.stop
+            state.ratio = cfg.ratio_at(progress)
+        return None
+
+    def _unmerged(self, reason: str) -> None:
+        """This call runs unmerged (its grid cannot be merged): no block merges, one warning per patch."""
+        state = self.state
+        state.grid = state.grid or ()  # known to the blocks (they are inside the denoiser's call), empty
+        state.active = False
+        self.unmerged(reason)
+        return None
+
+    def unmerged(self, reason: str) -> None:
+        """Warn, once per patch, that a call (or a level of it) runs unmerged, and why."""
+        if self.warned or torch.compiler.is_compiling():
+            return
+        self.warned = True
+        site = self.patch.site
+        name = site.path or type(site.module).__name__
+        warnings.warn(f"tokenmerge: {name}: {reason}. The generation goes on; later calls that cannot be merged run "
+                      "unmerged too, without another warning", RuntimeWarning, stacklevel=3)
+
+    def post(self, module, args, output):
+        self.state.reset(self.patch.blocks)
+        return None

@@ -1,0 +1,67 @@
+"""torch.compile and the patch: compiled code follows the patch; blocks compiled in place are refused.
+
+Dynamo does not guard on empty hook dicts, so code compiled before a patch would keep running unpatched, and code
+compiled after a removal would ignore a later patch. Installing and removing a patch drop the code compiled for the
+denoiser's modules' ``forward`` (``forget_compiled``): the next compiled call is traced again, with the hooks as
+they are. Blocks (or their sub-modules) compiled in place (``Module.compile()``, regional compilation) run the
+patch's hooks apart from the denoiser's call, which they need: refused, at apply time or at the first call after
+such a compile (``call.Watch``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+__all__ = ["forget_compiled", "compiled_in_place", "regional_message"]
+
+
+def forget_compiled(module: nn.Module, *codes) -> None:
+    """Drop what torch.compile compiled for the ``forward`` of ``module`` and of every module it holds (and for
+    ``codes``, the patch's own hook code), with their continuations after graph breaks: the next compiled call is
+    traced again, with the hooks as they are now.
+
+    Other models of these classes recompile at their next compiled call too; no other code is touched. Nothing to
+    do where dynamo was never imported.
+    """
+    if "torch._dynamo" not in sys.modules:
+        return
+    from torch._dynamo import eval_frame
+
+    reset = getattr(eval_frame, "reset_code", None)
+    if reset is None:  # a torch without it: every compiled graph of the process, so that none runs stale
+        torch.compiler.reset()
+        return
+    try:
+        from torch._dynamo.resume_execution import ContinueExecutionCache
+
+        resumed = ContinueExecutionCache.cache
+    except (ImportError, AttributeError):  # pragma: no cover - the continuations of another torch
+        resumed = {}
+    todo = [c for c in {getattr(type(m).forward, "__code__", None) for m in module.modules()} | set(codes) if c]
+    seen = set()
+    while todo:
+        code = todo.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        reset(code)
+        todo.extend((resumed.get(code) or {}).values())
+
+
+def compiled_in_place(modules) -> str | None:
+    """The path of the first of ``(path, module)`` compiled in place (``Module.compile()``), or ``None``."""
+    for path, module in modules:
+        if module.__dict__.get("_compiled_call_impl") is not None:
+            return path
+    return None
+
+
+def regional_message(path: str, later: bool) -> str:
+    return (f"tokenmerge: {path} {'was compiled in place after the patch' if later else 'is compiled in place'} "
+            "(Module.compile(), as diffusers' compile_repeated_blocks does): its compiled code runs the patch's hooks "
+            "apart from the denoiser's call, whose token grid they need, so the patch cannot work there. Compile "
+            "the whole denoiser instead (pipe.transformer.compile() or torch.compile(pipe.transformer)), before or "
+            "after the patch")

@@ -1,0 +1,93 @@
+"""One denoiser's patch: installed, removed, and nothing else.
+
+``install`` registers, on the denoiser, its ``CallHook`` (the call's grid and timestep, ``call.py``), then the
+technique's hooks on the blocks and their sub-modules (``techniques/``), then what the guards need: ``to_kv`` on the
+self-attentions ToDo pools (``fused.py``), the watch on diffusers' hook registries of the modules it merges
+(``caches.py``), the per-call checks (``call.Watch``); and it drops what torch.compile compiled for the denoiser
+(``compiled.py``). An install that fails removes what it did. ``remove`` undoes all of it and releases the planner's
+tables: the model computes exactly what it did before. No ``forward`` is copied.
+"""
+
+from __future__ import annotations
+
+from ..config import ToDoConfig, ToMeConfig
+from ..families.spec import BlockSite
+from ..merge import downsample
+from .caches import unwatch, watch_registries
+from .call import CallHook, Watch
+from .compiled import forget_compiled
+from .discover import DenoiserSite
+from .fused import give_to_kv, take_to_kv
+from .planner import Planner
+from .refusals import merged_region, pooled_attentions
+from .techniques import technique_for
+
+__all__ = ["Patch", "PATCH_ATTR"]
+
+# The attribute a patched denoiser carries; its presence is what "patched" means.
+PATCH_ATTR = "_tokenmerge_patch"
+
+
+class Patch:
+    """The patch of one denoiser: its config, the selected blocks, the technique and the hook handles.
+
+    Args:
+        site: the denoiser and its family.
+        config: a ``ToMeConfig`` or ``ToDoConfig``.
+        blocks: the blocks to patch.
+        matcher: ``matcher(metric, shape, windows, r, offsets, radius) -> plan`` replaces ToMe's matching.
+        downsampler: ``downsampler(x, shape, factors, mode)`` replaces ToDo's pooling.
+        observer: ``begin(phase)`` / ``end(phase)`` around each phase ("block", "similarity", "merge", the target
+            kinds, "unmerge"), and ``plan(block_path, plan)`` when a block gets its plan, if it has one; ``None`` in
+            normal use (``tokenmerge.observe``).
+        code_paths: "cpu" or "cuda": run the matching the way that device does (``merge.match.Matching``).
+    """
+
+    def __init__(self, site: DenoiserSite, config: ToMeConfig | ToDoConfig, blocks: list[BlockSite], matcher=None,
+                 downsampler=None, observer=None, code_paths: str | None = None):
+        self.site, self.config, self.blocks = site, config, blocks
+        self.matcher, self.downsampler = matcher, downsampler or downsample
+        self.observer, self.code_paths = observer, code_paths
+        self.calls = CallHook(self)
+        self.planner = Planner(self, matcher, code_paths)
+        self.technique = technique_for(config)(self)
+        self.watch: Watch | None = None
+        self.registries: list = []  # diffusers hook registries watched (caches.py)
+        self._handles: list = []
+
+    def install(self) -> None:
+        denoiser = self.site.module
+        try:
+            self._handles.append(denoiser.register_forward_pre_hook(self.calls.pre, with_kwargs=True))
+            self._handles.append(denoiser.register_forward_hook(self.calls.post, always_call=True))
+            self._handles += self.technique.install()
+            setattr(denoiser, PATCH_ATTR, self)
+            give_to_kv(pooled_attentions(self.config, self.blocks))
+            region = merged_region(self.config, self.blocks)
+            targets = {id(getattr(self.blocks[i].module, bound.spec.attr)): (i, t)
+                       for i, bounds in enumerate(getattr(self.technique, "targets", ()))
+                       for t, bound in enumerate(bounds)}
+            watch_registries(self, region, targets)
+            self.watch = Watch(self.config, self.blocks, region)
+        except BaseException:
+            self.remove()
+            raise
+        forget_compiled(denoiser, *self.hook_codes())  # compiled code does not see hooks added after it
+
+    def hook_codes(self) -> list:
+        """The code of every hook the patch registers (dynamo may keep compiled continuations of them)."""
+        names = ("pre", "post", "block_pre", "block_post", "target_pre", "target_post")
+        return [getattr(obj, name).__code__ for obj in (type(self.calls), type(self.technique)) for name in names
+                if hasattr(obj, name)]
+
+    def remove(self) -> None:
+        unwatch(self)
+        take_to_kv(pooled_attentions(self.config, self.blocks))
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.calls.state.reset(self.blocks)
+        if getattr(self.site.module, PATCH_ATTR, None) is self:
+            delattr(self.site.module, PATCH_ATTR)
+        self.planner.release()
+        forget_compiled(self.site.module, *self.hook_codes())

@@ -1,0 +1,110 @@
+"""Refusals at apply time of combinations that would give wrong results, or silently change nothing; and which
+modules a patch's merged tokens reach (what the guards watch).
+
+- a block (or a sub-module) compiled in place (``compiled.py``);
+- ToDo on an ``attn1`` that is a cross-attention (``only_cross_attention``, LDM's ``disable_self_attn``): it would
+  change nothing;
+- a diffusers cache hook that cannot see whole tokens, on a module the patch merges (``caches.py``): inside a merged
+  target, or with ``scope="block"`` on a block (one on a target is merged around from inside its hook chain).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..config import ToDoConfig
+from ..families.spec import CROSS, JOINT, MLP, SELF
+from .caches import REGISTRY_ATTR, bad_hook, cache_message, why_refused
+from .compiled import compiled_in_place, regional_message
+
+__all__ = ["check_apply", "merged_region", "pooled_attentions", "merges"]
+
+
+def merges(config) -> bool:
+    """Whether the config can merge tokens at all (ToMe, or ToDo's query merging)."""
+    return config.ratio > 0 or (config.ratio_end or 0) > 0
+
+
+def _wanted(config, kind: str) -> bool:
+    return {SELF: config.merge_attn, JOINT: config.merge_attn, CROSS: config.merge_crossattn,
+            MLP: config.merge_mlp}[kind]
+
+
+def _targets(config, blocks, kinds=None):
+    """``(path, module, kind)`` of the sub-modules the patch hooks in ``blocks`` (``kinds``: only these)."""
+    for site in blocks:
+        for spec in site.targets:
+            sub = getattr(site.module, spec.attr, None)
+            if isinstance(sub, nn.Module) and _wanted(config, spec.kind) and (kinds is None or spec.kind in kinds):
+                yield f"{site.path}.{spec.attr}", sub, spec.kind
+
+
+def merged_targets(config, blocks) -> list[tuple[str, nn.Module]]:
+    """The targets whose tokens are merged (ToDo merges only the queries of self-attention)."""
+    kinds = (SELF,) if isinstance(config, ToDoConfig) else None
+    return [(path, sub) for path, sub, _ in _targets(config, blocks, kinds)]
+
+
+def merged_region(config, blocks) -> list[tuple[str, nn.Module]]:
+    """Every module that sees merged tokens: the merged targets and everything inside them (with
+    ``scope="block"``: the blocks themselves, whose input is merged before any hook of theirs runs)."""
+    if not merges(config):
+        return []
+    if getattr(config, "scope", "attention") == "block":
+        return [(f"{site.path}.{name}" if name else site.path, module)
+                for site in blocks for name, module in site.module.named_modules()]
+    return [(f"{path}.{name}" if name else path, module)
+            for path, sub in merged_targets(config, blocks) for name, module in sub.named_modules()]
+
+
+def pooled_attentions(config, blocks) -> list[nn.Module]:
+    """The self-attention targets whose keys and values ToDo pools."""
+    if not (isinstance(config, ToDoConfig) and config.pools):
+        return []
+    return [sub for _, sub, _ in _targets(config, blocks, (SELF,))]
+
+
+def check_apply(model, config, plans) -> None:
+    """Refuse what would be wrong or change nothing, before anything is installed.
+
+    ``plans``: ``(site, blocks)`` per denoiser, as ``apply_config`` selected them.
+    """
+    for site, blocks in plans:
+        if not blocks:
+            continue
+        regional = compiled_in_place((f"{b.path}.{n}" if n else b.path, m) for b in blocks
+                                     for n, m in b.module.named_modules())
+        if regional is not None:
+            raise ValueError(regional_message(regional, later=False))
+        if isinstance(config, ToDoConfig) and config.pools:
+            if site.family.todo_refused is not None:
+                raise ValueError(f"tokenmerge: {site.path or type(site.module).__name__} ({site.family.name}): "
+                                 f"{site.family.todo_refused}")
+            _check_self_attention(blocks)
+        targets = {id(sub) for _, sub in merged_targets(config, blocks)}
+        for path, module in merged_region(config, blocks):
+            registry = module.__dict__.get(REGISTRY_ATTR)
+            what = bad_hook(registry) if registry is not None else None
+            why = why_refused(config, id(module) in targets)
+            if what is not None and why is not None:  # (on a target, it is merged around from inside: caches.py)
+                raise ValueError(cache_message(path, what, config, later=False, why=why))
+
+
+def _check_self_attention(blocks) -> None:
+    """ToDo pools the keys and values of self-attention: an ``attn1`` that attends to the text changes nothing."""
+    cross = []
+    for site in blocks:
+        for spec in site.targets:
+            sub = getattr(site.module, spec.attr, None)
+            if spec.kind != SELF or not isinstance(sub, nn.Module):
+                continue
+            if getattr(site.module, "only_cross_attention", False) or getattr(site.module, "disable_self_attn", False) \
+                    or getattr(sub, "is_cross_attention", False):
+                cross.append(f"{site.path}.{spec.attr}")
+    if cross:
+        shown = ", ".join(cross[:4]) + (f" and {len(cross) - 4} more" if len(cross) > 4 else "")
+        raise ValueError(
+            f"tokenmerge: ToDo pools the keys and values of self-attention, but {shown} attend"
+            f"{'s' if len(cross) == 1 else ''} to the text (a UNet built with only_cross_attention, such as the x4 "
+            "upscaler's, or LDM's disable_self_attn): ToDo would change nothing there. Use ToMe (apply_patch), "
+            "or leave these blocks out (max_downsample=..., blocks=...)")

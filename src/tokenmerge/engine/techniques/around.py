@@ -1,0 +1,259 @@
+"""ToMe around a block's sub-modules (tomesd's way): the plan is made from the block's input, each selected
+sub-module (a *target*) gets merged tokens and gives back unmerged ones.
+
+    block pre-hook   plan = planner.block_call(block input)            (B, N, C) -> plan of N -> M tokens
+    target pre-hook  x -> plan.merge(x)                                 (B, N, C) -> (B, M, C), rotary rows and masks
+                                                                        at the merged tokens, text passing whole
+    target           runs on M tokens
+    target hook      out -> plan.unmerge(out)                           (B, M, C) -> (B, N, C)
+    block hook       forget the plan
+
+A target's kind (family records, ``families/spec.py``) says how: ``SELF`` and ``MLP`` take the image tokens alone,
+``JOINT`` a sequence of image and text tokens (the image merged, the text whole), ``CROSS`` the queries of a
+cross-attention. The same hook methods serve torch's module hooks (``install``) and diffusers' ``ModelHook`` chain
+(``chain_hook``: below a cache's hook, ``engine/caches.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from ...families.spec import CROSS, JOINT, MLP, SELF, Arg
+from ..call import follow, join, sides
+
+__all__ = ["MergeAround", "BoundTarget"]
+
+_HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
+_CONTEXT = Arg("encoder_hidden_states", also=("context",))
+
+
+class BoundTarget:
+    """A target of one block, bound to its sub-module's signature."""
+
+    __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside", "same", "twins", "masks")
+
+    def __init__(self, spec, sub: nn.Module, inside: bool = False, context: bool = False):
+        bind = _bound(sub)
+        self.spec, self.arg, self.inside = spec, _HIDDEN.bind(sub), inside
+        self.context = _CONTEXT.bind(sub) if context else None  # ToDo's pooled keys and values go there
+        self.rotary = Arg(spec.rotary.kwarg, also=spec.rotary.also).bind(sub) if spec.rotary is not None else None
+        self.mask = Arg(spec.mask.kwarg if spec.mask is not None else "attention_mask").bind(sub)
+        self.same = bind(spec.same)  # arguments that carry the input's very tokens (``Target.same``)
+        self.twins = bind(spec.rotary.same if spec.rotary else ())  # the very rotary table again (``Rotary.same``)
+        self.masks = bind(spec.mask.same if spec.mask else ())  # other masks over the same tokens (``Mask.same``)
+
+
+def _bound(module):
+    return lambda names: tuple(b for b in (Arg(n).bind(module) for n in names) if b is not None)
+
+
+class MergeAround:
+    """ToMe around the targets of each patched block.
+
+    Args:
+        patch: the installed patch (config, blocks, family, its ``CallHook`` and ``Planner``, observer).
+    """
+
+    pools = False  # ToDo's: a call whose grid cannot be merged still pools its keys
+
+    def __init__(self, patch):
+        self.patch = patch
+        self.calls, self.planner = patch.calls, patch.planner
+        self.targets: list[list[BoundTarget]] = []  # per block, its bound targets
+        self.target_handles: dict = {}  # (block, target) -> its torch hooks' handles (caches.route removes them)
+
+    # ---- installation -------------------------------------------------------------------------------------
+    def wanted(self, kind: str) -> bool:
+        cfg = self.patch.config
+        return {SELF: cfg.merge_attn, JOINT: cfg.merge_attn, CROSS: cfg.merge_crossattn, MLP: cfg.merge_mlp}[kind]
+
+    def bind(self, site, spec, sub: nn.Module) -> BoundTarget:
+        """The target ``spec`` of block ``site`` bound to its sub-module (refused here if it cannot be merged)."""
+        if spec.refuse is not None:
+            raise ValueError(f"tokenmerge: {site.path}.{spec.attr} cannot take merged tokens: {spec.refuse}")
+        return BoundTarget(spec, sub, context=spec.kind == SELF)
+
+    def install(self) -> list:
+        """Register the hooks on every patched block and its targets; returns their handles."""
+        handles = []
+        for index, site in enumerate(self.patch.blocks):
+            block = site.module
+            bound = []
+            for spec in site.targets:
+                sub = getattr(block, spec.attr, None)
+                if self.wanted(spec.kind) and isinstance(sub, nn.Module):
+                    bound.append(self.bind(site, spec, sub))
+            self.targets.append(bound)
+            handles.append(block.register_forward_pre_hook(functools.partial(self.block_pre, index),
+                                                           with_kwargs=True))
+            handles.append(block.register_forward_hook(functools.partial(self.block_post, index), always_call=True))
+            for t, target in enumerate(bound):
+                sub = getattr(block, target.spec.attr)
+                self.target_handles[(index, t)] = (
+                    sub.register_forward_pre_hook(functools.partial(self.target_pre, index, t), with_kwargs=True),
+                    sub.register_forward_hook(functools.partial(self.target_post, index, t)))
+                handles.extend(self.target_handles[(index, t)])
+        return handles
+
+    def chain_hook(self, index: int, t: int) -> "ChainHook":
+        """This target's hooks as a diffusers ``ModelHook`` (merged from inside the module's hook chain)."""
+        return ChainHook(self, index, t)
+
+    # ---- the hooks ----------------------------------------------------------------------------------------
+    def block_pre(self, index: int, block, args, kwargs):
+        observer = self.patch.observer
+        if observer is not None:
+            observer.begin("block")
+        call = self.planner.block_call(index, args, kwargs)
+        if call is None:
+            return None
+        state = self.calls.state
+        state.blocks[index] = call
+        site = self.patch.blocks[index]
+        if self.patch.config.merge_mlp and call.plan.num_merged and site.chunk_attr is not None \
+                and getattr(block, site.chunk_attr, None) is not None:
+            # a chunked feed-forward (diffusers' BasicTransformerBlock) hands ``ff`` slices of the tokens, which
+            # cannot be merged on their own: ``ff`` runs whole on the (fewer) merged tokens for this call instead
+            state.unchunked[index] = getattr(block, site.chunk_attr)
+            setattr(block, site.chunk_attr, None)
+        return None
+
+    def block_post(self, index: int, block, args, output):
+        observer = self.patch.observer
+        if observer is not None:
+            observer.end("block")
+        state = self.calls.state
+        call = state.blocks.pop(index, None)
+        if call is not None and call.modes:
+            call.close()  # a target's call that raised leaves its ToDo mode active
+        if index in state.unchunked:
+            setattr(block, self.patch.blocks[index].chunk_attr, state.unchunked.pop(index))
+        return None
+
+    def target_pre(self, index: int, t: int, module, args, kwargs):
+        """The target's input at the merged tokens: its image tokens merged (text and references pass whole), the
+        rotary rows and masks following them."""
+        observer = self.patch.observer
+        if observer is not None:
+            observer.begin("merge")
+        state = self.calls.state
+        call, target = state.blocks.get(index), self.targets[index][t]
+        if call is not None and call.plan.num_merged:
+            plan, spec = call.plan, target.spec
+            if target.mask is not None and spec.kind in (SELF, JOINT) and target.mask.read(args, kwargs) is not None \
+                    and (spec.mask is None or (target.context is not None and target.context.read(args, kwargs)
+                                               is not None)):
+                raise ValueError(f"tokenmerge: {spec.attr} got an attention mask ({target.mask.name}) over image "
+                                 f"tokens, which the {self.patch.site.family.name} family does not declare to follow; "
+                                 "apply the patch with merge_attn=False for this model")
+            x = target.arg.read(args, kwargs)  # (B, N, C), or (B, S, C) with text or references beside the image
+            if spec.kind == JOINT or x.shape[1] != plan.num_tokens:
+                before, after = call.text[t] = sides(x.shape[1], plan.num_tokens, spec.text, state.trailing)
+                merged = join(x, plan.merge(x[:, before: before + plan.num_tokens]), before, after)
+                args, kwargs = target.arg.replace(args, kwargs, merged)
+                if target.same:  # the same tokens passed again (Lumina's keys): the same merged tokens
+                    args, kwargs = self._replace_same(target, target.same, x, merged, "hidden_states", args, kwargs)
+            else:
+                args, kwargs = target.arg.replace(args, kwargs, plan.merge(x))  # (B, M, C)
+            if target.rotary is not None and spec.rotary is not None:
+                value = target.rotary.read(args, kwargs)
+                if value is not None:
+                    taken = follow(state, plan, spec.rotary, value)
+                    args, kwargs = target.rotary.replace(args, kwargs, taken)
+                    if target.twins:  # the same table under another name (Lumina-Next's key_rotary_emb)
+                        args, kwargs = self._replace_same(target, target.twins, value, taken, target.rotary.name,
+                                                          args, kwargs)
+            if spec.mask is not None:
+                for bound in (target.mask, *target.masks):
+                    value = bound.read(args, kwargs) if bound is not None else None
+                    if value is not None:
+                        args, kwargs = bound.replace(args, kwargs, follow(state, plan, spec.mask, value))
+        if observer is not None:
+            observer.end("merge")
+            observer.begin(target.spec.kind)
+        return args, kwargs
+
+    def target_post(self, index: int, t: int, module, args, output):
+        """The target's output back at every token (its image part; text and references as computed)."""
+        observer = self.patch.observer
+        if observer is not None:
+            observer.end(self.targets[index][t].spec.kind)
+            observer.begin("unmerge")
+        call = self.calls.state.blocks.get(index)
+        if call is not None and call.plan.num_merged:
+            plan, spec = call.plan, self.targets[index][t].spec
+            around = call.text.pop(t, None)  # (tokens before, after the image) of a joint sequence
+            before, after = around or (0, 0)
+            image = output
+            if isinstance(output, (tuple, list)) and around is not None:  # (image stream, text stream[, ...])
+                image = output[spec.output_image]
+            elif not isinstance(output, torch.Tensor):
+                raise TypeError(f"tokenmerge: {spec.attr} returned a {type(output).__name__}, expected a tensor "
+                                "to unmerge")
+            heads = image.shape[2:] if spec.per_head else None  # (B, M, heads, head_dim): unmerged as (B, M, C)
+            if heads is not None:
+                image = image.flatten(2)
+            if before or after:
+                image = join(image, plan.unmerge(image[:, before: image.shape[1] - after]), before, after)
+            else:
+                image = plan.unmerge(image)
+            if heads is not None:
+                image = image.unflatten(2, heads)
+            if isinstance(output, (tuple, list)):
+                parts = list(output)
+                parts[spec.output_image] = image
+                output = type(output)(parts)
+            else:
+                output = image
+        if observer is not None:
+            observer.end("unmerge")
+        return output
+
+    def _replace_same(self, target: BoundTarget, bounds, old, new, what: str, args, kwargs):
+        """Each argument of ``bounds`` that is ``old`` itself becomes ``new``; one that is another tensor is an
+        error (the family declares it to be the same)."""
+        for bound in bounds:
+            value = bound.read(args, kwargs)
+            if value is old:
+                args, kwargs = bound.replace(args, kwargs, new)
+            elif value is not None:
+                raise ValueError(f"tokenmerge: {target.spec.attr} got a {bound.name} that is not its {what}, "
+                                 f"which the {self.patch.site.family.name} family declares it to be")
+        return args, kwargs
+
+
+class ChainHook:
+    """A target's hooks as a diffusers ``ModelHook``: the technique's own ``target_pre`` / ``target_post``, called
+    from inside the module's hook chain (below a cache's hook: ``engine/caches.py``). ``technique`` None passes
+    everything through. Computes from its call's input every time (not stateful)."""
+
+    _is_stateful = False
+
+    def __init__(self, technique, index: int, t: int):
+        self.technique, self.index, self.t = technique, index, t
+        self.fn_ref = None
+
+    def initialize_hook(self, module):
+        return module
+
+    def deinitalize_hook(self, module):  # (diffusers' spelling)
+        return module
+
+    def detach_hook(self, module):
+        return module
+
+    def reset_state(self, module):
+        return module
+
+    def pre_forward(self, module, *args, **kwargs):
+        merged = None if self.technique is None else self.technique.target_pre(self.index, self.t, module, args,
+                                                                               kwargs)
+        return (args, kwargs) if merged is None else merged
+
+    def post_forward(self, module, output):
+        unmerged = None if self.technique is None else self.technique.target_post(self.index, self.t, module, (),
+                                                                                  output)
+        return output if unmerged is None else unmerged
