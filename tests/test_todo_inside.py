@@ -1,4 +1,4 @@
-"""ToDo inside the attention call (keys and values pooled after the rotary embedding, engine/inside.py): exact on a
+"""ToDo inside the attention call (keys and values pooled after the rotary embedding, engine/techniques/todo.py): exact on a
 toy joint attention, the key counts every family's attention receives, and a clear error where no SDPA runs."""
 
 from __future__ import annotations
