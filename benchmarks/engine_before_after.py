@@ -16,10 +16,10 @@ import argparse
 import statistics
 import time
 
+import tokenmerge_old
 import torch
 
 import tokenmerge
-import tokenmerge_old
 from tokenmerge.bench.presets import PRESETS
 
 

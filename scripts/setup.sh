@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-test}" in
-  test) EXTRAS=test,docs; NEEDS="tokenmerge, diffusers, transformers, tomesd, pytest, xdist, hypothesis, matplotlib, peft"
+  test) EXTRAS=test,docs; NEEDS="tokenmerge, diffusers, transformers, tomesd, pytest, xdist, hypothesis, matplotlib, peft, ruff"
         NEEDS="$NEEDS, mkdocs, material, mkdocstrings_handlers.python" ;;  # docs: the site, built by test.sh
   demo) EXTRAS=quality; NEEDS="tokenmerge, diffusers, matplotlib, tqdm, accelerate, safetensors, PIL" ;;
   *) echo "setup.sh: unknown argument '$1': give nothing (tests and demo) or 'demo' (the demo only)" >&2; exit 2 ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: set up, run the suite on the installed diffusers, then again on the oldest diffusers we
+# The test command: set up, lint (ruff), run the suite on the installed diffusers, then again on the oldest diffusers we
 # declare supported (pyproject: diffusers>=0.27), installed beside the venv in .venv-oldest (no torch there:
 # the venv's is reused). Extra arguments go to pytest. Exit code 5 (no tests collected) counts as a failure.
 set -uo pipefail
@@ -13,6 +13,8 @@ WORKERS="${TOKENMERGE_TEST_WORKERS:-auto}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 PARALLEL=(-n "$WORKERS" --dist worksteal)
 [ "$WORKERS" = 0 ] && PARALLEL=()
+echo "== ruff (pyproject.toml's [tool.ruff])"
+.venv/bin/python -m ruff check --output-format concise . || exit 1
 echo "== tests, installed diffusers"
 run .venv/bin/python -m pytest -q "${PARALLEL[@]}" "$@" || exit 1
 bash scripts/docs.sh || exit 1

@@ -30,9 +30,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flow_training import arguments, save_grid, train  # noqa: E402
+from train_fashion import load_split  # noqa: E402
+
 from tokenmerge.fashion.model import CLASS_NAMES, NULL_CLASS  # noqa: E402
 from tokenmerge.fashion.video import FRAMES, SIZE, VIDEO_WEIGHTS, ClassTokens, FashionVideo, build_video  # noqa: E402
-from train_fashion import load_split  # noqa: E402
 
 ITEM = 24
 

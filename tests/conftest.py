@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from tiny_models import (  # noqa: F401  (re-exported fixtures' factories)
     ldm_unet,
     make_controlnet,

@@ -14,9 +14,9 @@ import contextlib
 
 import pytest
 import torch
+from tiny_denoisers import CATALOGUE, available, output_tensor
 
 import tokenmerge
-from tiny_denoisers import CATALOGUE, available, output_tensor
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 MODELS = ("flux", "wan", "pixart")

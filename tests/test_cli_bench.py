@@ -2,8 +2,8 @@
 image transformers): outputs written, every mode and the breakdown, OOM path, argument errors."""
 
 import csv
-import math
 import json
+import math
 import re
 import subprocess
 import sys
@@ -196,8 +196,8 @@ def test_whole_generation_of_transformer_families(kind):
     """The bench's generation loop (scheduler, guidance, Flux's unpacking, VAE decode) on tiny transformers."""
     import diffusers
     import torch
-
     from tiny_models import make_flux, make_pixart, make_sd3
+
     from tokenmerge.bench.cell import Cell
     from tokenmerge.bench.generation import generate, time_generation, vae_for
     from tokenmerge.bench.presets import Preset

@@ -125,7 +125,8 @@ def test_a_file_appearing_during_the_run_is_kept_and_the_output_goes_beside_it(t
 
 
 def test_a_foreign_record_file_is_not_taken_for_ours(tmp_path):
-    from tokenmerge.tools.outputs import MANIFEST as RECORD, OutputError, Outputs
+    from tokenmerge.tools.outputs import MANIFEST as RECORD
+    from tokenmerge.tools.outputs import OutputError, Outputs
 
     assert RECORD == MANIFEST
 

@@ -2,11 +2,10 @@
 more): one graph, no breaks caused by our hooks, same results."""
 
 import pytest
-
 import torch
+from tiny_models import make_unet
 
 import tokenmerge
-from tiny_models import make_unet
 
 pytest.importorskip("torch._inductor")
 pytestmark = pytest.mark.compile

@@ -30,9 +30,9 @@ import warnings
 
 import pytest
 import torch
+from tiny_denoisers import CATALOGUE, available, output_tensor
 
 import tokenmerge
-from tiny_denoisers import CATALOGUE, available, output_tensor
 from tokenmerge.bench.kernels import count_kernels
 
 pytestmark = pytest.mark.cuda

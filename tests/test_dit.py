@@ -7,9 +7,9 @@ and pipelines built from tiny parts run end to end.
 
 import pytest
 import torch
+from tiny_models import dit_inputs, make_dit, make_flux, make_pixart, make_sd3, record_plans
 
 import tokenmerge
-from tiny_models import dit_inputs, make_dit, make_flux, make_pixart, make_sd3, record_plans
 
 diffusers = pytest.importorskip("diffusers")
 MAKERS = {"dit": make_dit, "pixart": make_pixart, "sd3": make_sd3, "flux": make_flux}

@@ -4,12 +4,11 @@ of kernels per merged block (counted as dispatched backend operators: ``tokenmer
 
 from __future__ import annotations
 
-
 import pytest
 import torch
+from tiny_denoisers import CATALOGUE, available, output_tensor
 
 import tokenmerge
-from tiny_denoisers import CATALOGUE, available, output_tensor
 from tokenmerge.bench.kernels import count_kernels
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")

@@ -19,9 +19,9 @@ import contextlib
 
 import pytest
 import torch
+from tiny_models import dit_inputs, ldm_unet, make_flux, make_pixart, make_unet, unet_inputs
 
 import tokenmerge
-from tiny_models import dit_inputs, ldm_unet, make_flux, make_pixart, make_unet, unet_inputs
 
 
 def _hooks():

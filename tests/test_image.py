@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-
-import tokenmerge
 from tiny_denoisers import CATALOGUE, available
 from tiny_models import record_plans
+
+import tokenmerge
 from tokenmerge.families.spec import Arg
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")

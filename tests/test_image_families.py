@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_denoisers import CATALOGUE, available, output_tensor
 
 import tokenmerge
-from tiny_denoisers import CATALOGUE, available, output_tensor
 from tokenmerge.families import cogview, dual_stream, hunyuan_image, unet, unified_stream
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")

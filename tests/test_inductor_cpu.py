@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import ToyVideoDiT, toy_video_family, toy_video_inputs
 
 import tokenmerge
-from tiny_models import ToyVideoDiT, toy_video_family, toy_video_inputs
 
 pytest.importorskip("torch._inductor")
 pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("fast_cpu")]

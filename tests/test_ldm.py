@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 import torch
+from tiny_models import CROSS_DIM, ldm_unet
 
 import tokenmerge
-from tiny_models import CROSS_DIM, ldm_unet
 
 
 def inputs(batch=2, h=16, w=16):

@@ -7,8 +7,16 @@ import torch
 import torch.nn.functional as F
 
 from tokenmerge.merge import (
-    IdentityPlan, bipartite_soft_matching, bipartite_soft_matching_2d, downsample, downsample_tokens, num_windows,
-    pooled_shape, pooled_size, random_offsets, window_destinations,
+    IdentityPlan,
+    bipartite_soft_matching,
+    bipartite_soft_matching_2d,
+    downsample,
+    downsample_tokens,
+    num_windows,
+    pooled_shape,
+    pooled_size,
+    random_offsets,
+    window_destinations,
 )
 from tokenmerge.merge.match import local_soft_matching, local_soft_matching_2d, matching
 from tokenmerge.tools.limits import SlicePlan, slice_downsample, slice_match

@@ -13,10 +13,10 @@ import warnings
 
 import pytest
 import torch
-
-import tokenmerge
 from tiny_denoisers import CATALOGUE, available, output_tensor
 from tiny_models import make_unet, record_plans, unet_inputs
+
+import tokenmerge
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 

@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 import torch
+from tiny_models import make_controlnet, make_unet, unet_inputs
 
 import tokenmerge
-from tiny_models import make_controlnet, make_unet, unet_inputs
 
 
 def run(unet, inp, positional=False):

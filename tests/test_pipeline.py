@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from tiny_models import make_sd_pipeline
 
 import tokenmerge
-from tiny_models import make_sd_pipeline
 
 
 def generate(pipe, seed=0, **extra):
@@ -37,7 +37,8 @@ def test_patch_does_not_change_the_sampling_noise(tmp_path):
     pipe = make_sd_pipeline(tmp_path)
     pipe.set_progress_bar_config(disable=True)
     latents = []
-    pipe.unet.register_forward_pre_hook(lambda m, a, k: latents.append(k.get("sample", a[0] if a else None).clone()), with_kwargs=True)
+    pipe.unet.register_forward_pre_hook(lambda m, a, k: latents.append(k.get("sample", a[0] if a else None).clone()),
+                                        with_kwargs=True)
     generate(pipe)
     vanilla_start = latents[0]
     latents.clear()

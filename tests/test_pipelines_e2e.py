@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 import torch
-
-import tokenmerge
 from tiny_models import PlanRecorder
 from tiny_pipelines import CASES
+
+import tokenmerge
 from tokenmerge.merge import bipartite_soft_matching
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from tiny_models import make_unet, unet_inputs
 from torch import nn
 
 import tokenmerge
-from tiny_models import make_unet, unet_inputs
 from tokenmerge.merge import bipartite_soft_matching
 
 
@@ -15,7 +15,6 @@ class TwinBlocks(nn.Module):
     def __init__(self):
         super().__init__()
         from diffusers.models.attention import BasicTransformerBlock
-
         from test_norm_types import _Holder
 
         torch.manual_seed(0)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tokenmerge.cli import main
-from tokenmerge.tools.methods import MethodSpec, parse_spec
 from tokenmerge.quality.metrics import mean_ci, psnr, ssim
 from tokenmerge.quality.prompts import load_prompts, parti_categories
+from tokenmerge.tools.methods import MethodSpec, parse_spec
 
 
 # ---- metrics --------------------------------------------------------------------------------------------------
@@ -71,7 +71,8 @@ def test_user_prompt_files(tmp_path):
 
 
 def test_method_specs():
-    assert parse_spec("tome:0.5,stop=0.5,use_rand=false") == MethodSpec("tome", 0.5, (("stop", 0.5), ("use_rand", False)))
+    assert parse_spec("tome:0.5,stop=0.5,use_rand=false") == \
+        MethodSpec("tome", 0.5, (("stop", 0.5), ("use_rand", False)))
     assert parse_spec("todo").value == 2 and parse_spec("tome").value == 0.5
     assert parse_spec("todo:4,mode=avg").label == "todo 4 mode=avg"
     for bad, words in [("magic:1", "method must be one of"), ("tome:0.9", "ratio"), ("tome:x", "number"),
@@ -85,7 +86,8 @@ def test_method_specs():
 def test_class_names_in_prompts():
     from tokenmerge.fashion import class_ids
 
-    assert class_ids(["a photo of an ankle boot", "T-shirt", "a shirt", "Sneaker", "", "two bags"]) == [9, 0, 6, 7, 10, 8]
+    assert class_ids(["a photo of an ankle boot", "T-shirt", "a shirt", "Sneaker", "", "two bags"]) == \
+        [9, 0, 6, 7, 10, 8]
     with pytest.raises(ValueError, match="names no class.*Ankle boot"):
         class_ids(["a castle"])
 

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 import torch
+from tiny_models import make_sd_pipeline, make_unet, unet_inputs
 
 import tokenmerge
-from tiny_models import make_sd_pipeline, make_unet, unet_inputs
 
 
 def run(unet, inp):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from tiny_denoisers import CATALOGUE, available, cpu_fast, output_tensor
 
 NAMES = sorted(CATALOGUE)

@@ -1,5 +1,6 @@
-"""ToDo inside the attention call (keys and values pooled after the rotary embedding, engine/techniques/todo.py): exact on a
-toy joint attention, the key counts every family's attention receives, and a clear error where no SDPA runs."""
+"""ToDo inside the attention call (keys and values pooled after the rotary embedding, engine/techniques/todo.py):
+exact on a toy joint attention, the key counts every family's attention receives, and a clear error where no SDPA
+runs."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_denoisers import CATALOGUE, available
+from tiny_models import record_plans
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import tokenmerge
-from tiny_denoisers import CATALOGUE, available
-from tiny_models import record_plans
-from tokenmerge.families import (JOINT, MLP, TEXT_BEFORE, Arg, Blocks, Family, LatentGrid, Rotary, Target, has,
-                                 has_list)
+from tokenmerge.families import JOINT, MLP, TEXT_BEFORE, Arg, Blocks, Family, LatentGrid, Rotary, Target, has, has_list
 from tokenmerge.merge import downsample
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")

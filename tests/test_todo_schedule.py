@@ -3,9 +3,9 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import PlanRecorder, ldm_unet, make_sd_pipeline, make_unet, record_plans, unet_inputs
 
 import tokenmerge
-from tiny_models import PlanRecorder, ldm_unet, make_sd_pipeline, make_unet, record_plans, unet_inputs
 from tokenmerge.merge.downsample import downsample_tokens, pooled_size
 
 

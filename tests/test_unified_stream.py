@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import tokenmerge
 from tiny_denoisers import CATALOGUE, available, output_tensor
 from tiny_models import permuting_matcher, record_plans
+
+import tokenmerge
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import tokenmerge
 from tiny_denoisers import CATALOGUE, available
 from tiny_models import record_plans
+
+import tokenmerge
 from tokenmerge.families.spec import Arg
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")

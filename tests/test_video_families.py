@@ -14,12 +14,12 @@ import math
 
 import pytest
 import torch
+from tiny_denoisers import CATALOGUE, available, output_tensor
+from tiny_models import permuting_matcher, record_plans
 
 import tokenmerge
-from tiny_denoisers import CATALOGUE, available, output_tensor
 from tokenmerge.families import allegro, cosmos, easyanimate, kandinsky, match_family, refusal_for, sana_video, video
 from tokenmerge.families.spec import Arg
-from tiny_models import permuting_matcher, record_plans
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 

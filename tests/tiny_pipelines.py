@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-
 from tiny_denoisers import CATALOGUE
 
 TXT = 5  # prompt tokens (odd on purpose)
@@ -469,7 +468,8 @@ _add(PipelineCase("lumina2", "Lumina2Pipeline", _lumina2, denoiser="lumina2", gu
                   notes="cond and uncond as separate calls (one caption length per call); timestep 1 - t/1000"))
 
 
-_add(PipelineCase("lumina-next", "LuminaPipeline", _lumina("LuminaPipeline", "lumina-next", 16), denoiser="lumina-next", grid=(4, 4),
+_add(PipelineCase("lumina-next", "LuminaPipeline", _lumina("LuminaPipeline", "lumina-next", 16), denoiser="lumina-next",
+                  grid=(4, 4),
                   requires=("LuminaPipeline",), guidance=dict(guidance_scale=1.0),
                   notes="cond + uncond in one call; proportional attention (base_sequence_length) on"))
 
@@ -567,7 +567,8 @@ def _qwen21():
 
 
 _add(PipelineCase("qwen-image-2.1", "QwenImage21Pipeline", _qwen21, denoiser="qwen-image-2.1", grid=(8, 8),
-                  requires=("QwenImage21Pipeline", "AutoencoderKLQwenImage21"), guidance=dict(true_cfg_scale=1.0), todo=False,
+                  requires=("QwenImage21Pipeline", "AutoencoderKLQwenImage21"), guidance=dict(true_cfg_scale=1.0),
+                  todo=False,
                   notes="prefix KV cache on (extract at the first step, cached after); cond and uncond as two calls "
                         "with their own caches; the processor (used only by the constructor here) a stand-in"))
 

@@ -4,9 +4,19 @@ A drop-in successor to ``tomesd``: ``import tokenmerge as tomesd`` works, with `
 ``remove_patch`` meaning what they mean there. diffusers is never imported here.
 """
 
+from .api import (
+    BlockPlan,
+    PatchInfo,
+    apply_config,
+    apply_patch,
+    apply_todo,
+    describe_patch,
+    observe,
+    patched,
+    remove_patch,
+)
 from .config import ToDoConfig, ToMeConfig
 from .families import Family, register_family, registered_families, unregister_family
-from .api import BlockPlan, PatchInfo, apply_config, apply_patch, apply_todo, describe_patch, observe, patched, remove_patch
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,6 @@ import math
 import warnings
 from dataclasses import dataclass
 
-
 from .config import ToDoConfig, ToMeConfig
 from .engine import PATCH_ATTR, SUPPORTED, DenoiserSite, Patch, find_denoisers, held_modules
 from .engine.planner import BlockPlan
@@ -83,7 +82,8 @@ def apply_patch(
         reuse_steps: keep plans for this many consecutive denoiser calls (1, the default: recompute).
         match_radius: an integer R (default 1): each source token is matched only against the destinations of
             the windows at most R windows away, so the matching's cost grows with the token count instead of its
-            square. ``None``: against every destination, as in tomesd (its exact results with ``use_rand=False, share_plans=False``).
+            square. ``None``: against every destination, as in tomesd (its exact results with ``use_rand=False,
+            share_plans=False``).
         blocks: which of the blocks the level rule selects to patch, by index (negative from the end):
             ``range(0, 28, 2)`` every other block, ``range(4, 20)`` a range. ``None`` (default): all of them.
             For DiT-family transformers (one resolution) this is the way to choose blocks.
@@ -287,7 +287,8 @@ def patched(model, ratio: float | None = None, *, method: str = "tome", **kwargs
     """``with tokenmerge.patched(pipe, ratio=0.5): pipe(...)``: patched inside, as before outside.
 
     Takes ``apply_patch``'s arguments, or with ``method="todo"`` those of ``apply_todo`` (where ``ratio``
-    is the optional query merging: 0 unless given; for ToMe the default is 0.5). A patch that was in place before is restored on exit.
+    is the optional query merging: 0 unless given; for ToMe the default is 0.5). A patch that was in place before is
+    restored on exit.
     """
     if method not in ("tome", "todo"):
         raise ValueError(f"method must be 'tome' or 'todo'; got {method!r}")
@@ -330,7 +331,8 @@ class PatchInfo:
                 if isinstance(c, ToDoConfig) else f"tokenmerge ToMe patch: ratio={c.ratio:g} ")
         lines = [
             head + f"max_downsample={c.max_downsample} (None = auto) "
-            f"sx={c.sx} sy={c.sy}" + (f" st={c.st}" if c.st != 1 else "") + f" use_rand={c.use_rand} seed={c.effective_seed} merge: "
+            f"sx={c.sx} sy={c.sy}" + (f" st={c.st}" if c.st != 1 else "")
+            + f" use_rand={c.use_rand} seed={c.effective_seed} merge: "
             + ", ".join(n for n, on in (("attn", c.merge_attn), ("crossattn", c.merge_crossattn),
                                         ("mlp", c.merge_mlp)) if on)
             + (f" schedule: {c.start:g}..{c.stop:g}" + (f" ratio -> {c.ratio_end:g}" if c.ratio_end is not None

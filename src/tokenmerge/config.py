@@ -183,7 +183,8 @@ class ToMeConfig(_WhenAndReuse):
             default). A new generation (the timestep going up) always recomputes.
         match_radius: an integer R (default 1): each source token is compared only with the destinations of the
             windows at most R windows away ((2R+1)^2 candidates), so the matching costs O(N) instead of O(N^2).
-            ``None``: with every destination, tomesd's matching (its exact results, with ``use_rand=False, share_plans=False``).
+            ``None``: with every destination, tomesd's matching (its exact results, with ``use_rand=False,
+            share_plans=False``).
             The default was chosen by measurement (README, "How it differs from tomesd"): on every trained model
             shipped it is as faithful or more, and on the transformers it is the faster.
     """

@@ -8,8 +8,24 @@ usual sizes (``sizes``) and frames (``default_frames``) and the pipeline's text 
 
 from __future__ import annotations
 
-from .configs import (COGVIDEOX_5B, FLUX1_DEV, FLUX2_DEV, HUNYUAN_VIDEO, IMAGE16, IMAGE32, LTX_2B, LTX_VIDEO,
-                      PIXART_512, PIXART_SIGMA_1024, QWEN_IMAGE, SANA_1600M, VIDEO, WAN_1_3B, WAN_14B, Z_IMAGE)
+from .configs import (
+    COGVIDEOX_5B,
+    FLUX1_DEV,
+    FLUX2_DEV,
+    HUNYUAN_VIDEO,
+    IMAGE16,
+    IMAGE32,
+    LTX_2B,
+    LTX_VIDEO,
+    PIXART_512,
+    PIXART_SIGMA_1024,
+    QWEN_IMAGE,
+    SANA_1600M,
+    VIDEO,
+    WAN_1_3B,
+    WAN_14B,
+    Z_IMAGE,
+)
 from .preset import Preset
 
 __all__ = ["FULL_SIZE", "FULL_SIZE_NAMES"]

@@ -6,9 +6,10 @@ vanilla and its zero-overhead limit, eager and compiled, with kernels per call a
 81 frames, HunyuanVideo at 720x1280 x 61 frames; fp16 for the UNets and PixArt, bf16 for the others. Each row
 runs ToMe 0.5 (the defaults: local matching, ``match_radius=1``, one plan per level, ``share_plans=True``), with a
 plan per block (``share_plans=False``), ToMe 0.5 global (``match_radius=None``), whole-block ToMe 0.5
-(``scope="block"``, with either plan), on the UNets the merge forced below ``min_size`` (``min_size=0``), ToDo 2 (video: also ToDo (2, 2, 2)), tomesd 0.5 (UNets), and their
-zero-overhead limits: ``limit`` (the same hooks with a free merge), ``grid-limit`` (whole-block merging on a
-transformer: the unpatched model at the merged token count, no hooks at all), ``todo-limit``.
+(``scope="block"``, with either plan), on the UNets the merge forced below ``min_size`` (``min_size=0``), ToDo 2
+(video: also ToDo (2, 2, 2)), tomesd 0.5 (UNets), and their zero-overhead limits: ``limit`` (the same hooks with
+a free merge), ``grid-limit`` (whole-block merging on a transformer: the unpatched model at the merged token count,
+no hooks at all), ``todo-limit``.
 
 ``summary`` turns the records of one or more runs (their JSONL files) into the table, one row per cell, one
 column per method: speed-up (and its share of the limit), kernels per call, host / device time, peak memory.

@@ -33,8 +33,8 @@ __all__ = ["count_kernels", "profile_launches", "host_device_times", "NO_KERNEL"
 # operators that launch no kernel besides the views (``OpOverload.is_view``): allocations and metadata
 NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view",
                        "detach", "alias", "lift_fresh", "_reshape_alias", "set_", "resize_", "sym_size",
-                       "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type",
-                       "record_stream"})
+                       "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
+                       "_has_compatible_shallow_copy_type", "record_stream"})
 # operators that read device memory on the host: a synchronisation on CUDA
 SYNCS = frozenset({"_local_scalar_dense", "item", "nonzero", "equal", "is_nonzero", "allclose", "unique",
                    "_unique2", "masked_select", "repeat_interleave"})

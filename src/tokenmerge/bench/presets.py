@@ -8,9 +8,9 @@ The video and 2025-2026 image transformers have their published widths and REDUC
 preset (``wan-2b``: 2 of Wan 2.1 1.3B's 30 blocks, ``wan-1b`` (the demo's) 1; ``hunyuan-video-1+2``: 1 of 20
 double- and 2 of 40 single-stream blocks); the family names (``wan``, ``hunyuan-video``, ``ltx``, ``flux2``,
 ``qwen-image``, ``sana``) are aliases of them. Their step inputs are the pipeline's: the latent of ``--frames``
-pixel frames (the VAE's temporal and spatial compression), prompt embeddings of the text encoder's width and the pipeline's token count
-(padded as it pads, with its mask), and guidance as the pipeline runs it: the batch doubled in one call (LTX,
-SANA), separate conditional and unconditional calls (Wan, Qwen-Image), or guidance-distilled, one call
+pixel frames (the VAE's temporal and spatial compression), prompt embeddings of the text encoder's width and the
+pipeline's token count (padded as it pads, with its mask), and guidance as the pipeline runs it: the batch doubled
+in one call (LTX, SANA), separate conditional and unconditional calls (Wan, Qwen-Image), or guidance-distilled, one call
 (HunyuanVideo, Flux.2 dev).
 
 The full-size presets for the GPU (every block, named by the model: ``flux1-dev``, ``wan2.1-14b``...) are in
@@ -23,8 +23,21 @@ from __future__ import annotations
 import torch
 
 from ..tools.pipelines import load_pipeline
-from .configs import (FLUX2_DEV, HUNYUAN_VIDEO, IMAGE16, IMAGE32, LTX_2B, LTX_VIDEO, PIXART_512, QWEN_IMAGE,
-                      SANA_1600M, SD_UNET, VIDEO, WAN_1_3B, Z_IMAGE)
+from .configs import (
+    FLUX2_DEV,
+    HUNYUAN_VIDEO,
+    IMAGE16,
+    IMAGE32,
+    LTX_2B,
+    LTX_VIDEO,
+    PIXART_512,
+    QWEN_IMAGE,
+    SANA_1600M,
+    SD_UNET,
+    VIDEO,
+    WAN_1_3B,
+    Z_IMAGE,
+)
 from .full_size import FULL_SIZE, FULL_SIZE_NAMES
 from .preset import _CLASSES, GUIDANCE, Preset, load_model
 
@@ -35,7 +48,8 @@ PRESETS = {
     "tiny": Preset(
         "tiny", "a tiny SD-1.x-shaped UNet for tests (seconds on a CPU)",
         dict(in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
-             down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+             down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+             up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
              cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32, sample_size=32),
         text_tokens=8,
     ),

@@ -237,7 +237,8 @@ def markdown(records: list[dict], meta: dict, command: str, preface: str = "") -
            "for Python)" if meta.get("device", "").startswith("cuda") else "")
         + f". One denoising step with guidance as the pipeline runs it (UNets, PixArt, SD3: classifier-free "
         f"guidance in one call, the denoiser sees 2 x batch; other presets: below), median of {meta['repeats']} "
-        f"runs after {_warmups(meta.get('warmup', 1))}, modes interleaved. Speed-up in % against vanilla in the same cell; "
+        f"runs after {_warmups(meta.get('warmup', 1))}, modes interleaved. Speed-up in % against vanilla in the same "
+        "cell; "
         "[a, b]: the lowest and highest speed-up of a single round (vanilla's run over this mode's run in the same "
         "round), the noise a figure must stand out of. "
         "'% of limit': share of the zero-overhead limit's gain at that ratio (ToDo: at that factor). "

@@ -39,8 +39,9 @@ def versions(device: torch.device) -> dict:
     info = {"torch": torch.__version__, "diffusers": diffusers.__version__, "tokenmerge": tokenmerge.__version__,
             "python": platform.python_version(), "device": str(device), "threads": torch.get_num_threads()}
     try:
-        import tomesd  # noqa: F401
         from importlib.metadata import version
+
+        import tomesd  # noqa: F401
 
         info["tomesd"] = version("tomesd")
     except Exception:

@@ -40,7 +40,8 @@ def _resolution(text: str) -> int | str:
                                          f"got {quote(text, 40)}")
     values = [int(side) for side in sides]
     if any(v < 64 or v % 8 for v in values):
-        raise argparse.ArgumentTypeError(f"resolution must be a multiple of 8 and >= 64 (each side); got {quote(text, 40)}")
+        raise argparse.ArgumentTypeError("resolution must be a multiple of 8 and >= 64 (each side); got "
+                                         f"{quote(text, 40)}")
     return values[0] if len(values) == 1 or values[0] == values[1] else f"{values[0]}x{values[1]}"
 
 
@@ -102,9 +103,9 @@ def _steps(text: str) -> int:
 
 
 def add_parser(sub) -> None:
-    from ..bench.presets import ALIASES, PRESETS
     from ..bench.cell import ATTENTION_BACKENDS, MODE_NAMES
     from ..bench.gpu import QUICK, ROWS
+    from ..bench.presets import ALIASES, PRESETS
     from ..bench.steps import COMPILE_MODES
     from ..tools.methods import BENCH_METHODS, METHODS
 

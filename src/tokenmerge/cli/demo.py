@@ -141,7 +141,8 @@ def _speed(args, outputs, device) -> None:
     import torch
 
     from ..bench.presets import resolve
-    from ..bench.report import annotate, markdown as bench_markdown
+    from ..bench.report import annotate
+    from ..bench.report import markdown as bench_markdown
     from ..bench.runner import run_grid
     from ..tools.methods import parse_spec
 
@@ -150,7 +151,8 @@ def _speed(args, outputs, device) -> None:
           "frames, RANDOM weights, one timed round after a warm-up round...", flush=True)
     modes = [parse_spec(m, bench=True) for m in SPEED["methods"]]
     dtype = torch.float32 if device.type == "cpu" else torch.float16
-    records, meta = run_grid([preset], ["sdpa"], [SPEED["resolution"]], [1], modes, repeats=SPEED["repeats"], device=device,
+    records, meta = run_grid([preset], ["sdpa"], [SPEED["resolution"]], [1], modes, repeats=SPEED["repeats"],
+                             device=device,
                              dtype=dtype, progress=not args.no_progress, frames=[SPEED["frames"]],
                              log=lambda *a: None)
     command = (f"tokenmerge bench --preset {SPEED['preset']} --resolutions {SPEED['resolution']} --frames "

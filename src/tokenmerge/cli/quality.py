@@ -38,8 +38,9 @@ def add_common(p, default_methods: list[str], default_steps: int) -> None:
     """Options shared by ``quality`` and ``demo``."""
     p.add_argument("--model", default=None, metavar="PATH_OR_ID",
                    help="an embedded model: fashion-unet (the default; a diffusers UNet), fashion-dit (a Flux.1-style "
-                        "transformer), fashion-video (a Wan-style video transformer, 8-frame clips); or a real diffusers pipeline: a local folder (with model_index.json) or a "
-                        "cached hub id. Nothing is downloaded.")
+                        "transformer), fashion-video (a Wan-style video transformer, 8-frame clips); or a real "
+                        "diffusers pipeline: a local folder (with model_index.json) or a cached hub id. Nothing is "
+                        "downloaded.")
     p.add_argument("--methods", nargs="+", type=_spec, default=[_spec(m) for m in default_methods], metavar="SPEC",
                    help=f"methods to compare with vanilla (default: {' '.join(default_methods)})")
     p.add_argument("--steps", type=positive_int, default=default_steps,
@@ -70,7 +71,8 @@ def add_parser(sub) -> None:
                    help="extra metrics, run when their library and weights are here: clip (CLIP score), fid, kid, "
                         "lpips; a missing file is named in the report, the rest still runs")
     p.add_argument("--clip-model", default=None, metavar="PATH_OR_ID",
-                   help="CLIP model for --metrics clip (local folder or cached id; default openai/clip-vit-base-patch16)")
+                   help="CLIP model for --metrics clip (local folder or cached id; default "
+                        "openai/clip-vit-base-patch16)")
     p.add_argument("--cache", type=Path, default=None,
                    help="image cache folder (default OUT/cache): this command's own files (KEY.png, KEY.json), "
                         "which it adds to and regenerates when damaged; other files there are left alone")

@@ -11,11 +11,51 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import (allegro, cogview, cosmos, dit, dual_stream, easyanimate, hunyuan_image, image, kandinsky, refused,
-               sana_video, unet, unified_stream, video)
-from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, Blocks, BlockSite,
-                   Family, IdsGrid, LatentGrid, Mask, PerToken, Predicate, Refused, Rotary, Target, Whole, block_has,
-                   config_has, config_is, has, has_list, takes)
+from . import (
+    allegro,
+    cogview,
+    cosmos,
+    dit,
+    dual_stream,
+    easyanimate,
+    hunyuan_image,
+    image,
+    kandinsky,
+    refused,
+    sana_video,
+    unet,
+    unified_stream,
+    video,
+)
+from .spec import (
+    CROSS,
+    JOINT,
+    MLP,
+    SELF,
+    TEXT_AFTER,
+    TEXT_BEFORE,
+    TEXT_NONE,
+    TEXT_STREAM,
+    Arg,
+    Blocks,
+    BlockSite,
+    Family,
+    IdsGrid,
+    LatentGrid,
+    Mask,
+    PerToken,
+    Predicate,
+    Refused,
+    Rotary,
+    Target,
+    Whole,
+    block_has,
+    config_has,
+    config_is,
+    has,
+    has_list,
+    takes,
+)
 
 __all__ = [
     "Arg", "Blocks", "BlockSite", "Family", "IdsGrid", "LatentGrid", "Mask", "PerToken", "Predicate", "Rotary",
@@ -27,8 +67,8 @@ __all__ = [
 ]
 
 # Each group module lists its families (FAMILIES) and the models it recognises and refuses (REFUSED, optional).
-_GROUPS = (unet, dit, image, cogview, hunyuan_image, dual_stream, unified_stream, video, easyanimate, cosmos, sana_video,
-           kandinsky, allegro, refused)
+_GROUPS = (unet, dit, image, cogview, hunyuan_image, dual_stream, unified_stream, video, easyanimate, cosmos,
+           sana_video, kandinsky, allegro, refused)
 BUILTIN: tuple[Family, ...] = tuple(f for group in _GROUPS for f in group.FAMILIES)
 # Models recognised and refused with their own reason (checked before the families).
 REFUSED: tuple[Refused, ...] = tuple(r for group in _GROUPS for r in getattr(group, "REFUSED", ()))
@@ -110,7 +150,8 @@ def _declares_whole(family: Family) -> bool:
 
 def support_table() -> str:
     """The README's support table, made from the registry (a test checks that the README holds this text)."""
-    rows = ["| family | models | ToMe | ToDo | `scope=\"block\"` | tested configurations |", "|---|---|---|---|---|---|"]
+    rows = ["| family | models | ToMe | ToDo | `scope=\"block\"` | tested configurations |",
+            "|---|---|---|---|---|---|"]
     for family in BUILTIN:
         whole = "yes" if _declares_whole(family) else "no"
         inside = any(t.keys is not None for b in family.blocks for t in b.targets)

@@ -7,8 +7,22 @@ docs/family-facts.md).
 
 from __future__ import annotations
 
-from .spec import (CROSS, MLP, SELF, TEXT_NONE, Blocks, Family, LatentGrid, Rotary, Target, block_has, config_has,
-                   has, has_list, takes)
+from .spec import (
+                   CROSS,
+                   MLP,
+                   SELF,
+                   TEXT_NONE,
+                   Blocks,
+                   Family,
+                   LatentGrid,
+                   Rotary,
+                   Target,
+                   block_has,
+                   config_has,
+                   has,
+                   has_list,
+                   takes,
+)
 
 __all__ = ["ALLEGRO", "FAMILIES"]
 

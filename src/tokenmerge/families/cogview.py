@@ -9,8 +9,22 @@
 
 from __future__ import annotations
 
-from .spec import (JOINT, MLP, TEXT_BEFORE, TEXT_NONE, Blocks, Family, LatentGrid, Mask, Rotary, Target, block_has,
-                   has, has_list, takes)
+from .spec import (
+                   JOINT,
+                   MLP,
+                   TEXT_BEFORE,
+                   TEXT_NONE,
+                   Blocks,
+                   Family,
+                   LatentGrid,
+                   Mask,
+                   Rotary,
+                   Target,
+                   block_has,
+                   has,
+                   has_list,
+                   takes,
+)
 
 __all__ = ["COGVIEW3PLUS", "COGVIEW4", "GLM_IMAGE", "FAMILIES"]
 
@@ -48,7 +62,8 @@ COGVIEW4 = Family(
 
 GLM_IMAGE = Family(
     "glm-image",
-    match=has("image_projector", "time_condition_embed", "prior_token_embedding", "rope") & has_list("transformer_blocks")
+    match=has("image_projector", "time_condition_embed", "prior_token_embedding", "rope")
+    & has_list("transformer_blocks")
     & takes("prior_token_id", "target_size") & block_has("transformer_blocks", "attn1", "ff"),
     grid=LatentGrid(patch=_PATCH),
     blocks=(Blocks("transformer_blocks", (_COGVIEW4_ATTN, Target("ff", MLP, refuse="GLM-Image " + _FF_TWICE)),

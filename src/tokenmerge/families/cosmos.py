@@ -9,8 +9,22 @@ docs/family-facts.md).
 
 from __future__ import annotations
 
-from .spec import (CROSS, MLP, SELF, TEXT_NONE, Arg, Blocks, Family, LatentGrid, Rotary, Target, block_has,
-                   config_has, has, has_list)
+from .spec import (
+                   CROSS,
+                   MLP,
+                   SELF,
+                   TEXT_NONE,
+                   Arg,
+                   Blocks,
+                   Family,
+                   LatentGrid,
+                   Rotary,
+                   Target,
+                   block_has,
+                   config_has,
+                   has,
+                   has_list,
+)
 
 __all__ = ["COSMOS", "COSMOS_PREDICT2", "FAMILIES"]
 

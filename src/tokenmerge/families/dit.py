@@ -11,8 +11,27 @@
 
 from __future__ import annotations
 
-from .spec import (JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask, Rotary,
-                   Target, Whole, block_has, config_has, has, takes)
+from .spec import (
+                   JOINT,
+                   MLP,
+                   SELF,
+                   TEXT_AFTER,
+                   TEXT_BEFORE,
+                   TEXT_NONE,
+                   Arg,
+                   Blocks,
+                   Family,
+                   IdsGrid,
+                   LatentGrid,
+                   Mask,
+                   Rotary,
+                   Target,
+                   Whole,
+                   block_has,
+                   config_has,
+                   has,
+                   takes,
+)
 from .unet import BASIC_TARGETS, WHOLE
 
 __all__ = ["DIT", "MMDIT", "FLUX", "FAMILIES"]
@@ -58,8 +77,8 @@ FLUX = Family(
         Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX_ROTARY, mask=_FLUX_MASK, keys=TEXT_BEFORE),
                                       Target("ff", MLP)),
                requires=("attn", "ff"), whole=_FLUX_WHOLE),
-        Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX_ROTARY, mask=_FLUX_MASK,
-                                                    keys=TEXT_BEFORE),),
+        Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX_ROTARY,
+                                                    mask=_FLUX_MASK, keys=TEXT_BEFORE),),
                text=TEXT_BEFORE, requires=("attn", "proj_mlp"), whole=_FLUX_WHOLE),
     ),
     timestep=Arg("timestep", scale=1000.0),

@@ -18,12 +18,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from torch import nn
-
-from .spec import (JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, BlockSite, Family, IdsGrid,
-                   LatentGrid, Mask, Rotary, ShapesGrid, Target, block_has, has, has_list, takes)
+from .spec import (
+                   JOINT,
+                   MLP,
+                   SELF,
+                   TEXT_AFTER,
+                   TEXT_BEFORE,
+                   TEXT_NONE,
+                   Arg,
+                   Blocks,
+                   Family,
+                   IdsGrid,
+                   LatentGrid,
+                   Mask,
+                   Rotary,
+                   ShapesGrid,
+                   Target,
+                   block_has,
+                   has,
+                   has_list,
+                   takes,
+)
 
 __all__ = ["AURAFLOW", "HIDREAM", "PRX", "NUCLEUS_MOE", "JOYIMAGE_EDIT", "JOYIMAGE_EDIT_PLUS", "FLUX3", "FAMILIES"]
 
@@ -74,7 +89,8 @@ HIDREAM = Family(
 # ---- PRX, NucleusMoE-Image ------------------------------------------------------------------------------------
 PRX = Family(
     "prx",
-    match=has("img_in", "txt_in", "pe_embedder") & has_list("blocks") & block_has("blocks", "attention", "img_pre_norm"),
+    match=has("img_in", "txt_in", "pe_embedder") & has_list("blocks")
+    & block_has("blocks", "attention", "img_pre_norm"),
     grid=LatentGrid(patch=_PATCH),
     blocks=(Blocks("blocks", (Target("attention", JOINT, rotary=Rotary("image_rotary_emb", token_axis=2,
                                                                           text=TEXT_NONE),

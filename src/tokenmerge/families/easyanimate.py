@@ -7,8 +7,21 @@ docs/family-facts.md).
 
 from __future__ import annotations
 
-from .spec import (JOINT, MLP, TEXT_BEFORE, TEXT_NONE, Blocks, Family, LatentGrid, Refused, Rotary, Target,
-                   block_has, has, has_list)
+from .spec import (
+                   JOINT,
+                   MLP,
+                   TEXT_BEFORE,
+                   TEXT_NONE,
+                   Blocks,
+                   Family,
+                   LatentGrid,
+                   Refused,
+                   Rotary,
+                   Target,
+                   block_has,
+                   has,
+                   has_list,
+)
 
 __all__ = ["EASYANIMATE", "FAMILIES", "REFUSED"]
 

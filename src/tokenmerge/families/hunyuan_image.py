@@ -8,8 +8,24 @@
 
 from __future__ import annotations
 
-from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_NONE, Blocks, Family, LatentGrid, Mask, Rotary, Target,
-                   block_has, has, has_list, takes)
+from .spec import (
+                   CROSS,
+                   JOINT,
+                   MLP,
+                   SELF,
+                   TEXT_AFTER,
+                   TEXT_NONE,
+                   Blocks,
+                   Family,
+                   LatentGrid,
+                   Mask,
+                   Rotary,
+                   Target,
+                   block_has,
+                   has,
+                   has_list,
+                   takes,
+)
 
 __all__ = ["HUNYUAN_DIT", "HUNYUAN_IMAGE", "FAMILIES"]
 

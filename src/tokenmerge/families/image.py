@@ -13,8 +13,29 @@
 
 from __future__ import annotations
 
-from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, Arg, Blocks, Family, IdsGrid, LatentGrid, Mask,
-                   Rotary, ShapesGrid, Target, Whole, block_has, config_is, has, has_list, takes)
+from .spec import (
+                   CROSS,
+                   JOINT,
+                   MLP,
+                   SELF,
+                   TEXT_AFTER,
+                   TEXT_BEFORE,
+                   Arg,
+                   Blocks,
+                   Family,
+                   IdsGrid,
+                   LatentGrid,
+                   Mask,
+                   Rotary,
+                   ShapesGrid,
+                   Target,
+                   Whole,
+                   block_has,
+                   config_is,
+                   has,
+                   has_list,
+                   takes,
+)
 
 __all__ = ["FLUX2", "QWEN_IMAGE", "SANA", "SANA_SPRINT", "FAMILIES"]
 

@@ -8,8 +8,23 @@ docs/family-facts.md).
 
 from __future__ import annotations
 
-from .spec import (CROSS, MLP, SELF, TEXT_NONE, Blocks, Family, LatentGrid, Refused, Rotary, Target, block_has,
-                   config_has, config_is, has, has_list)
+from .spec import (
+                   CROSS,
+                   MLP,
+                   SELF,
+                   TEXT_NONE,
+                   Blocks,
+                   Family,
+                   LatentGrid,
+                   Refused,
+                   Rotary,
+                   Target,
+                   block_has,
+                   config_has,
+                   config_is,
+                   has,
+                   has_list,
+)
 
 __all__ = ["KANDINSKY5", "FAMILIES", "REFUSED"]
 

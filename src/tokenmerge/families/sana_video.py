@@ -7,8 +7,23 @@ docs/family-facts.md).
 
 from __future__ import annotations
 
-from .spec import (CROSS, MLP, SELF, TEXT_NONE, Blocks, Family, LatentGrid, Refused, Rotary, Target, block_has,
-                   config_has, has, has_list, takes)
+from .spec import (
+                   CROSS,
+                   MLP,
+                   SELF,
+                   TEXT_NONE,
+                   Blocks,
+                   Family,
+                   LatentGrid,
+                   Refused,
+                   Rotary,
+                   Target,
+                   block_has,
+                   config_has,
+                   has,
+                   has_list,
+                   takes,
+)
 
 __all__ = ["LINEAR_ROTARY_TODO", "SANA_VIDEO", "FAMILIES", "REFUSED"]
 

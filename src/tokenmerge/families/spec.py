@@ -7,15 +7,17 @@ A family is matched by structure (attributes, forward argument names, config key
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
 from .predicates import Predicate, block_has, config, config_has, config_is, has, has_list, takes  # noqa: F401
 from .predicates import params as _params
+
+if TYPE_CHECKING:  # the engine's: read at run time through a local import (the engine imports the families)
+    from ..engine.call import BoundArg
 
 __all__ = [
     "Arg", "Whole", "PerToken", "ArgsGrid", "ShapesGrid", "GridSource", "grid_rank", "Family", "Refused", "Blocks",

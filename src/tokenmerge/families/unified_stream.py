@@ -26,15 +26,36 @@
 
 from __future__ import annotations
 
-from .spec import (CROSS, JOINT, MLP, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, Blocks, Family, IdsGrid, LatentGrid,
-                   Mask, Refused, Rotary, ShapesGrid, Target, Whole, block_has, has, has_list, takes)
+from .spec import (
+                   CROSS,
+                   JOINT,
+                   MLP,
+                   TEXT_AFTER,
+                   TEXT_BEFORE,
+                   TEXT_NONE,
+                   Arg,
+                   Blocks,
+                   Family,
+                   IdsGrid,
+                   LatentGrid,
+                   Mask,
+                   Refused,
+                   Rotary,
+                   ShapesGrid,
+                   Target,
+                   Whole,
+                   block_has,
+                   has,
+                   has_list,
+                   takes,
+)
 
 __all__ = ["Z_IMAGE", "LUMINA2", "LUMINA_NEXT", "ERNIE_IMAGE", "OMNIGEN", "BRIA_FIBO2", "KREA2", "IDEOGRAM4",
            "QWEN_IMAGE_21", "FAMILIES", "REFUSED"]
 
 _Z_ROTARY = Rotary("freqs_cis", token_axis=1, text=TEXT_AFTER)
-_Z_TARGETS = (Target("attention", JOINT, text=TEXT_AFTER, rotary=_Z_ROTARY, mask=Mask("attention_mask", text=TEXT_AFTER),
-                     keys=TEXT_AFTER),
+_Z_TARGETS = (Target("attention", JOINT, text=TEXT_AFTER, rotary=_Z_ROTARY,
+                     mask=Mask("attention_mask", text=TEXT_AFTER), keys=TEXT_AFTER),
               Target("feed_forward", MLP, text=TEXT_AFTER))
 _Z_WHOLE = Whole(rotary=_Z_ROTARY, mask=Mask("attn_mask", text=TEXT_AFTER), per_token=("noise_mask",))
 

@@ -27,8 +27,30 @@ Recognised and refused: HunyuanVideo Framepack, Helios, AnyFlow (-FAR) and Wan-A
 
 from __future__ import annotations
 
-from .spec import (CROSS, JOINT, MLP, SELF, TEXT_AFTER, TEXT_BEFORE, TEXT_NONE, Arg, ArgsGrid, Blocks, Family, LatentGrid,
-                   Mask, PerToken, Refused, Rotary, Target, Whole, block_has, config_has, has, has_list, takes)
+from .spec import (
+    CROSS,
+    JOINT,
+    MLP,
+    SELF,
+    TEXT_AFTER,
+    TEXT_BEFORE,
+    TEXT_NONE,
+    Arg,
+    ArgsGrid,
+    Blocks,
+    Family,
+    LatentGrid,
+    Mask,
+    PerToken,
+    Refused,
+    Rotary,
+    Target,
+    Whole,
+    block_has,
+    has,
+    has_list,
+    takes,
+)
 
 __all__ = ["WAN", "HUNYUAN_VIDEO", "HUNYUAN_VIDEO_15", "COGVIDEOX", "LTX_VIDEO", "LTX2", "MOCHI", "REFUSED", "FAMILIES"]
 

@@ -58,7 +58,8 @@ def class_ids(prompts: list[str]) -> list[int]:
             ids.append(NULL_CLASS)
             continue
         # The longest name found wins, so "ankle boot" beats "boot" and "t-shirt" beats "shirt".
-        found = [(len(name), label) for name, label in _SYNONYMS.items() if re.search(rf"\b{re.escape(name)}(e?s)?\b", text)]
+        found = [(len(name), label) for name, label in _SYNONYMS.items()
+                 if re.search(rf"\b{re.escape(name)}(e?s)?\b", text)]
         if not found:
             raise ValueError(
                 f"prompt {prompt!r} names no class the embedded Fashion-MNIST model knows; "

@@ -8,9 +8,20 @@ on the tools' side, in ``tokenmerge.tools.limits``.
 """
 
 from .downsample import downsample, downsample_tokens, pooled_shape, pooled_size
-from .match import (GlobalMatching, LocalMatching, Matching, bipartite_soft_matching, bipartite_soft_matching_2d,
-                    local_soft_matching, local_soft_matching_2d, matching, normalize_radius, random_offsets,
-                    window_destinations, window_split)
+from .match import (
+                    GlobalMatching,
+                    LocalMatching,
+                    Matching,
+                    bipartite_soft_matching,
+                    bipartite_soft_matching_2d,
+                    local_soft_matching,
+                    local_soft_matching_2d,
+                    matching,
+                    normalize_radius,
+                    random_offsets,
+                    window_destinations,
+                    window_split,
+)
 from .plan import TABLES, IdentityPlan, MergePlan, Tables
 from .windows import num_windows
 

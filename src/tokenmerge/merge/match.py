@@ -27,8 +27,18 @@ import operator
 import torch
 
 from .plan import TABLES, IdentityPlan, MergePlan, Tables, arange
-from .windows import (check_grid, choice_tables, far, rank_slots, rest_candidates, slices, tile_sizes, tiling,
-                      top_left, window_grid)
+from .windows import (
+    check_grid,
+    choice_tables,
+    far,
+    rank_slots,
+    rest_candidates,
+    slices,
+    tile_sizes,
+    tiling,
+    top_left,
+    window_grid,
+)
 
 __all__ = ["Matching", "GlobalMatching", "LocalMatching", "matching", "bipartite_soft_matching",
            "bipartite_soft_matching_2d", "local_soft_matching", "local_soft_matching_2d", "best_matches",
@@ -202,8 +212,9 @@ class Matching:
         (``None``: choice 0). An ``IdentityPlan`` when ``r <= 0`` or no window fits."""
         tokens = metric.shape[1]
         if tokens != self.tokens:
+            folded = f" (x {self.fold})" if self.fold > 1 else ""
             raise RuntimeError(f"token merging: {tokens} tokens do not form the expected "
-                               f"{' x '.join(map(str, self.shape))} grid" + (f" (x {self.fold})" if self.fold > 1 else ""))
+                               f"{' x '.join(map(str, self.shape))} grid{folded}")
         if r <= 0 or self.empty:
             return IdentityPlan(tokens)
         with torch.no_grad():

@@ -40,7 +40,8 @@ def _read_tsv(path: Path) -> list[dict]:
         raise ValueError(f"{quote(str(path))}, line {reader.reader.line_num}: not a readable TSV ({err})") from None
     columns = reader.fieldnames or []
     if rows and "Prompt" not in columns:
-        shown = ", ".join(quote(c, 40) for c in columns[:10]) + (f" and {len(columns) - 10} more" if len(columns) > 10 else "")
+        shown = ", ".join(quote(c, 40) for c in columns[:10]) + \
+            (f" and {len(columns) - 10} more" if len(columns) > 10 else "")
         raise ValueError(f"{quote(str(path))}: a TSV prompt file needs a 'Prompt' column; it has {shown}")
     return rows
 
@@ -94,7 +95,8 @@ def load_prompt_items(source: str = "parti", categories: list[str] | None = None
         unknown = [c for c in categories if c.lower() not in known]
         if unknown:
             names = sorted(v for v in known.values() if v)
-            has = ", ".join(quote(v, 40) for v in names[:30]) + (f" and {len(names) - 30} more" if len(names) > 30 else "")
+            has = ", ".join(quote(v, 40) for v in names[:30]) + \
+                (f" and {len(names) - 30} more" if len(names) > 30 else "")
             raise ValueError(f"categories {', '.join(quote(c, 40) for c in unknown[:10])} are not in the prompt set; "
                              f"it has: {has or 'no categories'}")
         wanted = {c.lower() for c in categories}

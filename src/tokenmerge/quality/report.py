@@ -72,7 +72,8 @@ def make_grid(images: list[list], row_labels: list[str], col_labels: list[str], 
         wrapped = "\n".join(textwrap.wrap(text, 22)[:5])
         draw.multiline_text((4, head_h + r * cell + 4), wrapped, fill="black")
         for c, img in enumerate(row):
-            grid.paste(img.convert("RGB").resize((width, cell), Image.NEAREST), (label_w + c * width, head_h + r * cell))
+            grid.paste(img.convert("RGB").resize((width, cell), Image.NEAREST),
+                       (label_w + c * width, head_h + r * cell))
     return grid
 
 

@@ -294,7 +294,8 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
                          "steps; compare caches with tokenmerge quality")
     allowed = {**METHODS, **BENCH_METHODS} if bench else {**METHODS, **CACHES}
     if name not in allowed:
-        raise ValueError(f"method spec {quote(text)}: method must be one of {', '.join(allowed)}; got {quote(name, 40)}")
+        raise ValueError(f"method spec {quote(text)}: method must be one of {', '.join(allowed)}; "
+                         f"got {quote(name, 40)}")
     if name == "vanilla":
         if value or pairs:
             raise ValueError(f"method spec {quote(text)}: vanilla takes no value or options")

@@ -74,8 +74,8 @@ class PoolKeys(MergeAround):
         if call is None:
             return None
         if target.inside:  # after the rotary embedding: pool inside the attention call (ratio is 0 here)
-            call.modes[t] = mode = PoolInAttention(call.plan.num_tokens if call.plan.num_merged else math.prod(call.grid),
-                                                   call.grid, self.factors, self.mode, target.spec.keys,
+            image = call.plan.num_tokens if call.plan.num_merged else math.prod(call.grid)
+            call.modes[t] = mode = PoolInAttention(image, call.grid, self.factors, self.mode, target.spec.keys,
                                                    self.calls.state.trailing, self.downsample)
             mode.__enter__()
             return None
