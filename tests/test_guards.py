@@ -223,7 +223,7 @@ def test_attention_caches_give_each_token_its_own_cached_output(case, method, or
         h.remove()
     tokenmerge.remove_patch(model)
     assert _cached_names(model) == names  # the cache's hooks stay; the patch's went with it
-    assert not any("tokenmerge_merge_inside" in getattr(m.__dict__.get("_diffusers_hook"), "hooks", ())
+    assert not any("tokenmerge_chain_hook" in getattr(m.__dict__.get("_diffusers_hook"), "hooks", ())
                    for m in model.modules())
 
 
@@ -270,7 +270,7 @@ def test_a_hook_that_cannot_be_registered_again_above_a_cache():
         hooks.HookRegistry.check_if_exists_or_initialize(m.transformer_blocks[0].attn1).register_hook(Pinned(), "pin")
     tokenmerge.remove_patch(model)
     assert model.transformer_blocks[0].attn1._diffusers_hook._hook_order == [
-        "tokenmerge_merge_inside", "pyramid_attention_broadcast", "pin"]
+        "tokenmerge_chain_hook", "pyramid_attention_broadcast", "pin"]
     for i, t in enumerate(STEPS):
         STEP["t"] = t
         torch.testing.assert_close(_pixart_call(model, i), _pixart_call(reference, i), rtol=0, atol=0)
@@ -513,7 +513,7 @@ def test_stateful_hooks_on_merged_modules_are_refused_and_stateless_ones_are_not
     with pytest.raises(ValueError, match=r"'my_cache' \(Kept.*cannot be added after the patch on .*attn1.to_out.0"):
         hooks.HookRegistry.check_if_exists_or_initialize(attn1.to_out[0]).register_hook(Kept(), "my_cache")
     hooks.HookRegistry.check_if_exists_or_initialize(attn1).register_hook(Kept(), "my_cache")  # on the target
-    assert attn1._diffusers_hook._hook_order == ["tokenmerge_merge_inside", "my_cache"]
+    assert attn1._diffusers_hook._hook_order == ["tokenmerge_chain_hook", "my_cache"]
     torch.testing.assert_close(_unet_call(model), merged, rtol=0, atol=0)  # merged inside, below it
     tokenmerge.remove_patch(model)
     hooks.HookRegistry.check_if_exists_or_initialize(attn1.to_out[0]).register_hook(Kept(), "my_cache")

@@ -25,11 +25,11 @@ import sys
 
 from ..config import ToDoConfig
 
-__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "INSIDE", "bad_hook", "what_hook", "cache_message",
+__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "CHAIN_HOOK", "bad_hook", "what_hook", "cache_message",
            "why_refused", "route", "watch_registries", "unwatch"]
 
 REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
-INSIDE = "tokenmerge_merge_inside"  # the name of the patch's own hook in a registry (its ChainHook)
+CHAIN_HOOK = "tokenmerge_chain_hook"  # the name of the patch's own hook in a registry (its ChainHook)
 
 # diffusers hook names (the constants in diffusers/hooks/*.py) whose hook may return an output stored or predicted
 # at an earlier call instead of computing it from this call's input
@@ -50,7 +50,7 @@ REUSING_HOOKS = {
 }
 # hooks that compute from the call's own input every time: casting, offloading, layer skipping (and the patch's)
 HARMLESS_HOOKS = frozenset({"layerwise_casting", "peft_autocast_disable", "group_offloading",
-                            "layer_execution_tracker", "lazy_prefetch_group_offloading", "layer_skip_hook", INSIDE})
+                            "layer_execution_tracker", "lazy_prefetch_group_offloading", "layer_skip_hook", CHAIN_HOOK})
 
 
 def what_hook(name: str, hook) -> str | None:
@@ -100,7 +100,7 @@ def _hooks_module():
 def route(patch, index: int, t: int, registry, path: str) -> None:
     """Merge target ``t`` of block ``index`` (at ``path``) from inside its hook chain, below every hook of
     ``registry`` from its first unsafe one on (those are registered again above the patch's)."""
-    if INSIDE in registry.hooks:
+    if CHAIN_HOOK in registry.hooks:
         return
     order = list(registry._hook_order)
     first = next((i for i, n in enumerate(order) if what_hook(n, registry.hooks[n]) is not None), len(order))
@@ -109,7 +109,7 @@ def route(patch, index: int, t: int, registry, path: str) -> None:
         raise ValueError(f"tokenmerge: {path} carries {bad_hook(registry)}, and the diffusers hook {stuck!r} added "
                          "after it cannot be registered again (it does not support removal), so the patch cannot "
                          "merge below the cache there; add the cache after that hook, or apply the patch first")
-    _under(registry, first, lambda: _register(registry, patch.technique.chain_hook(index, t), INSIDE))
+    _under(registry, first, lambda: _register(registry, patch.technique.chain_hook(index, t), CHAIN_HOOK))
     for handle in patch.technique.target_handles.pop((index, t), ()):  # its torch hooks: merged inside now
         handle.remove()
 
@@ -119,7 +119,7 @@ def _stuck(registry, index: int) -> str | None:
     the caches and the patch's own hook are: casting and offloading hooks change weights when they are), or
     ``None``."""
     for name in list(registry._hook_order)[index:]:
-        if name != INSIDE and what_hook(name, registry.hooks[name]) is None:
+        if name != CHAIN_HOOK and what_hook(name, registry.hooks[name]) is None:
             return name
     return None
 
@@ -195,12 +195,12 @@ def unwatch(patch) -> None:
     registries, patch.registries = patch.registries, []
     for module, registry, created in registries:
         registry.__dict__.pop("register_hook", None)
-        if INSIDE in registry.hooks:
-            above = registry._hook_order.index(INSIDE) + 1
+        if CHAIN_HOOK in registry.hooks:
+            above = registry._hook_order.index(CHAIN_HOOK) + 1
             if _stuck(registry, above) is None:
-                _under(registry, above, lambda registry=registry: registry.remove_hook(INSIDE, recurse=False))
+                _under(registry, above, lambda registry=registry: registry.remove_hook(CHAIN_HOOK, recurse=False))
             else:  # a hook added later that cannot be registered again: the patch's stays, and passes through
-                registry.hooks[INSIDE].technique = None
+                registry.hooks[CHAIN_HOOK].technique = None
         if created and not registry.hooks and module.__dict__.get(REGISTRY_ATTR) is registry:
             del module.__dict__[REGISTRY_ATTR]
     _forget_children(patch.site.module)

@@ -26,7 +26,7 @@ import torch
 from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
 from ..merge.match import step_key
 from ..merge.plan import TABLES, Tables, arange
-from .caches import INSIDE, REGISTRY_ATTR, bad_hook, cache_message
+from .caches import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
 from .compiled import regional_message
 from .grids import GridReader, NoGrid
 
@@ -247,7 +247,7 @@ class Watch:
             if self.seen.get(id(registry)) == size:
                 continue
             what = bad_hook(registry)
-            if what is not None and INSIDE not in hooks:
+            if what is not None and CHAIN_HOOK not in hooks:
                 raise ValueError(cache_message(path, what, self.config, later=True,
                                                why="its registry was changed without register_hook"))
             self.seen[id(registry)] = size

@@ -185,6 +185,8 @@ class Planner:
             offsets = offsets[index]
         if observer is not None:
             observer.begin("similarity")
+        if not x.is_contiguous():  # a strided view (PixArt's patch embedding: transposed): the matching gathers rows
+            x = x.contiguous()  # of it many times, each a slow strided copy
         if self.matcher is not None:
             plan = self.matcher(x, grid, self.windows, r, offsets, self.radius)
         elif r <= 0 or matched.empty:

@@ -103,10 +103,6 @@ LDM_UNET = Family(
 )
 
 # ControlNet-XS: two UNets side by side, level by level
-def _join(a: str, b: str) -> str:
-    return f"{a}.{b}" if a else b
-
-
 def _xs_levels(module: nn.Module, path: str) -> list[BlockSite]:
     """UNetControlNetXSModel: base and control transformer blocks of each level (the two UNets run side by side,
     at the same resolution)."""

@@ -107,7 +107,9 @@ class MergeBlock:
         at = None if isinstance(output, torch.Tensor) else self.patch.blocks[index].whole.output  # a tuple: the image
         seq = output if at is None else output[at]  # stream's
         update = (seq[:, before: before + merged.shape[1]] if before or after else seq) - merged
-        seq = join(seq, part + call.plan.unmerge(update), before, after)
+        # the unmerged update first: the sum takes its (contiguous) layout, not that of a strided input (PixArt's
+        # patch embedding gives its first block a transposed view), which every later block would inherit
+        seq = join(seq, call.plan.unmerge(update) + part, before, after)
         if at is None:
             return seq
         parts = list(output)
