@@ -28,6 +28,7 @@ from .discover import DenoiserSite
 from .grids import GridReader, NoGrid
 from .guards import forget_compiled, on_call, unmerged
 from .layout import image_part, sides
+from .parallel import check_block_input, check_install, shard_of
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
 from .targets import Bound, TargetHooks
 from .whole import WholeBlocks
@@ -116,6 +117,7 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
     # ---- installation -------------------------------------------------------------------------------------
     def install(self) -> None:
         try:
+            check_install(self)  # context parallelism enabled already: refuse what cannot be right under it
             denoiser = self.site.module
             self._handles.append(denoiser.register_forward_pre_hook(_Hook(self, "_denoiser_pre"), with_kwargs=True))
             self._handles.append(denoiser.register_forward_hook(_Hook(self, "_denoiser_post"), always_call=True))
@@ -204,8 +206,12 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         state.reset(self.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
         try:
             state.grid, device, state.trailing = self._grid_reader.read(args, kwargs)
+            # context parallelism (parallel.py): the blocks see this rank's slice of the grid
+            state.shard = shard_of(self, state.grid, state.trailing, args, kwargs)
         except NoGrid as reason:  # e.g. position ids that describe no grid: this call runs unmerged
             return self._unmerged(f"a call ran unmerged: {reason}")
+        if state.shard is not None:
+            state.grid = state.shard.grid
         unfit = on_call(self, state.grid)  # caches added since the patch, windows larger than the grid (guards.py)
         if unfit is not None and not self.todo:
             return self._unmerged(unfit)
@@ -261,6 +267,12 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         grid = coarsen(state.grid, site.level)
         image = math.prod(grid)
         x = self._inputs[index].read(args, kwargs)
+        if state.shard is not None and state.shard.split.block == index:  # diffusers splits this block's input
+            try:  # inside its forward, after this hook: the plan is made from this rank's slice
+                check_block_input(x, image * state.shard.split.world)
+            except NoGrid as reason:
+                return self._unmerged(f"a call ran unmerged: {reason}")
+            x = state.shard.split.local(x)
         if site.seq_first:  # (S, B, D) between the blocks (ERNIE-Image); its targets take (B, S, D)
             x = x.transpose(0, 1)
         if x.shape[1] > image:  # a block input that holds text or reference tokens too
@@ -310,6 +322,8 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         draws = state.draws.get(grid)
         if draws is None:
             keys = _mix32(state.step_key ^ _salts(self._seed_key, len(self.blocks), device))  # (blocks, 1)
+            if state.shard is not None:  # a rank's slice: the single-process draw of the slice's windows
+                keys = keys + state.shard.shift
             draws = state.draws[grid] = random_offsets(num_windows(grid, self.windows), math.prod(self.windows),
                                                        keys, device)
         return draws[index]

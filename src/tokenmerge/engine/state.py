@@ -61,6 +61,7 @@ class CallState:
             call.close()
         self.grid: tuple[int, ...] | None = None
         self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
+        self.shard = None  # context parallelism: this rank's slice of the call's grid (parallel.Shard)
         self.step_key = None
         self.active = True  # the schedule's verdict for this call
         self.ratio = 0.0

@@ -54,7 +54,7 @@ class TargetHooks:
         if target.inside:  # ToDo after the rotary embedding: pool inside the attention call (ratio is 0 here)
             call.inside[t] = mode = PoolKeys(plan.num_tokens if plan.num_merged else math.prod(call.grid), call.grid,
                                              self.factors, self.config.mode, target.spec.keys, self.state.trailing,
-                                             self.downsampler)
+                                             self.downsampler, _segments(self.state))
             mode.__enter__()
             return None
         context = target.context.read(args, kwargs) if target.context is not None else None
@@ -155,6 +155,11 @@ class TargetHooks:
             raise TypeError(f"tokenmerge: {spec.attr} returned a {type(output).__name__}, expected a tensor "
                             "to unmerge")
         return _unmerge(plan, output)
+
+
+def _segments(state) -> int:
+    """Under Ulysses context parallelism an attention call gets the keys of every rank, one segment each."""
+    return 1 if state.shard is None else state.shard.split.ulysses
 
 
 def _unmerge(plan, x: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,10 @@ class WholeBlocks:
         plan, image = call.plan, call.plan.num_tokens
         rotary, mask, per_token, refuse_if = self._wholes[index]
         full = self._inputs[index].read(args, kwargs)
+        shard = self.state.shard
+        split = shard.split if shard is not None and shard.split.block == index else None
+        if split is not None:  # diffusers splits this block's input inside its forward (parallel.py)
+            full = split.local(full)
         for bound in refuse_if:
             if bound.read(args, kwargs) is not None:
                 raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}, which a whole-block merge would make "
@@ -34,7 +38,10 @@ class WholeBlocks:
         part = image_part(full, image, before)
         merged = plan.merge(part)
         call.entry = (part, merged, before, after)
-        args, kwargs = self._inputs[index].replace(args, kwargs, join(full, merged, before, after))
+        joined = join(full, merged, before, after)
+        if split is not None:  # a sequence whose split at this rank gives the merged slice back
+            joined = split.hand_over(joined)
+        args, kwargs = self._inputs[index].replace(args, kwargs, joined)
         for bound, spec, take in ((rotary, site.whole.rotary, take_rotary), (mask, site.whole.mask, take_mask)):
             value = bound.read(args, kwargs) if bound is not None else None
             if value is not None:
