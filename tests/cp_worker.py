@@ -36,8 +36,10 @@ METHODS = {
     "block_all": ("apply_patch", {"ratio": 0.75, "match_radius": 0, "scope": "block"}),
 }
 # grids that split into whole frames (Wan) or whole rows (the image families) over two ranks
-GRIDS = {"wan": (4, 4, 4), "flux": (8, 8), "qwen-image": (8, 8), "flux2": (8, 8)}
-TEXT = 4  # text tokens: diffusers splits Flux's and Qwen-Image's text too, so an even count
+GRIDS = {"wan": (4, 4, 4), "flux": (8, 8), "qwen-image": (8, 8), "flux2": (8, 8), "ltx": (4, 4, 4),
+         "chronoedit": (2, 4, 4)}
+TEXT = 4  # text tokens: diffusers splits Flux's, Qwen-Image's and LTX's text too, so an even count
+SPLIT_TEXT = ("flux", "flux-kontext", "flux2", "qwen-image", "ltx")
 
 
 class Spy(TorchFunctionMode):
@@ -68,7 +70,7 @@ def rotary_check(name):
     def hidden(args, kwargs):
         return kwargs.get("hidden_states", args[0] if args else None)
 
-    if name == "wan":  # attn1: rotary_emb (cos, sin) each (1, N, 1, d)
+    if name in ("wan", "chronoedit"):  # attn1: rotary_emb (cos, sin) each (1, N, 1, d)
         def check(args, kwargs):
             rot = kwargs.get("rotary_emb")
             return rot is None or _rows(rot).shape[1] == hidden(args, kwargs).shape[1]
@@ -91,9 +93,15 @@ def attention_modules(model):
     return [m for n, m in model.named_modules() if n.endswith((".attn1", ".attn"))]
 
 
-def even_text(kw: dict) -> dict:
-    """The catalogue's inputs with ``TEXT`` text tokens (its 5 do not split over two ranks)."""
+def even_text(name: str, kw: dict) -> dict:
+    """The catalogue's inputs, with ``TEXT`` text tokens where diffusers' plan splits the text too (its 5 do not
+    split over two ranks), and LTX-Video without its text mask: diffusers 0.42.1's Ulysses attention fails on the
+    native backend when a mask carries a head axis (LTX's does), vanilla too."""
     out = dict(kw)
+    if name == "ltx":
+        out["encoder_attention_mask"] = None
+    if name not in SPLIT_TEXT:
+        return out
     for key in ("encoder_hidden_states", "encoder_hidden_states_mask"):
         if key in out:
             out[key] = out[key][:, :TEXT]
@@ -130,11 +138,11 @@ def edges(tokenmerge, parallel, ContextParallelConfig, out_dir, rank, world):
     wan, kontext = CATALOGUE["wan"], CATALOGUE["flux-kontext"]
     cases = {
         # a 3 x 4 x 4 grid's half (24 tokens) straddles a frame: not a sub-grid
-        "wan_odd_frames": (wan, even_text(wan.inputs(batch=2, grid=(3, 4, 4))), {}),
+        "wan_odd_frames": (wan, even_text("wan", wan.inputs(batch=2, grid=(3, 4, 4))), {}),
         # Kontext's reference tokens are split with the image's
-        "flux_kontext": (kontext, even_text(kontext.inputs(batch=2, grid=(4, 4))), {}),
+        "flux_kontext": (kontext, even_text("flux-kontext", kontext.inputs(batch=2, grid=(4, 4))), {}),
         # only block 1: the split (at blocks.0) comes before every patched block
-        "wan_block1": (wan, even_text(wan.inputs(batch=2, grid=(4, 4, 4))), {"blocks": [1]}),
+        "wan_block1": (wan, even_text("wan", wan.inputs(batch=2, grid=(4, 4, 4))), {"blocks": [1]}),
     }
     for case, (entry, inputs, kw) in cases.items():
         model = parallel(entry.build())
@@ -196,7 +204,7 @@ def main():
             edges(tokenmerge, parallel, ContextParallelConfig, Path(out_dir), rank, world)
             continue
         entry = CATALOGUE[name]
-        inputs = even_text(entry.inputs(batch=2, grid=GRIDS[name]))
+        inputs = even_text(name, entry.inputs(batch=2, grid=GRIDS[name]))
         rec = {"grid": GRIDS[name]}
         single = entry.build()
         rec["vanilla_sp"] = run(single, name, inputs, entry)
