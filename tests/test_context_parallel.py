@@ -253,3 +253,48 @@ def test_refused_at_apply_when_it_cannot_be_right(ranks):
     assert rec["ring_tome"] is None  # ToMe per slice keeps the ring's chunks equal: allowed (not run on a CPU)
     assert rec["split_inside"] is not None and "'blocks.1'" in rec["split_inside"]
     assert rec["split_inside_block1"] is None
+
+
+# ---- the bench under torchrun -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("env, args, words", [
+    ({}, [], "torchrun"),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, [], "at least 2 processes"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, ["--compile"], "leave out --compile"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, ["--kernels"], "leave out --kernels"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, ["--modes", "vanilla", "grid-limit"], "leave out grid-limit"),
+])
+def test_bench_context_parallel_argument_errors(monkeypatch, capsys, env, args, words):
+    from tokenmerge.cli import main
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--context-parallel", "ulysses", "--preset", "tiny-wan", "--resolutions", "64", *args])
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.processes
+def test_bench_under_torchrun_on_the_cpu(tmp_path):
+    """``torchrun --nproc-per-node 2 -m tokenmerge bench --context-parallel ulysses``: gloo on the CPU, the tiny Wan
+    preset (2 latent frames: a frame per rank), vanilla, ToMe and ToDo timed; rank 0 writes the tables."""
+    import json
+
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(HERE.parent / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "tokenmerge",
+           "bench", "--context-parallel", "ulysses", "--preset", "tiny-wan", "--resolutions", "64", "--frames", "5",
+           "--repeats", "1", "--device", "cpu", "--modes", "vanilla", "tokenmerge", "todo", "--no-progress",
+           "--out", str(tmp_path)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=str(tmp_path), check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ran unmerged" not in done.stdout + done.stderr  # the patch's one warning when a call cannot merge
+    records = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert [r["mode"] for r in records] == ["vanilla", "tokenmerge", "todo"]
+    assert all(r["status"] == "ok" and r["median_s"] > 0 and r["grid"] == "2x4x4" for r in records)
+    assert records[0]["meta"]["context_parallel"] == {"kind": "ulysses", "ranks": 2}
+    assert "Context parallelism: ulysses over 2 ranks" in (tmp_path / "bench.md").read_text()
