@@ -35,9 +35,12 @@ METHODS = {
     "tome_all": ("apply_patch", {"ratio": 0.75, "match_radius": 0}),
     "block_all": ("apply_patch", {"ratio": 0.75, "match_radius": 0, "scope": "block"}),
 }
-# grids that split into whole frames (Wan) or whole rows (the image families) over two ranks
-GRIDS = {"wan": (4, 4, 4), "flux": (8, 8), "qwen-image": (8, 8), "flux2": (8, 8), "ltx": (4, 4, 4),
-         "chronoedit": (2, 4, 4)}
+# case -> (catalogue entry, token grid): grids that split into whole frames (the video families) or whole rows
+# (the image families) over two ranks, and one whose halves run over a frame's end (1.5 frames a rank, merged as
+# 12 rows of 8: the tall-grid case, as Wan's 21 latent frames of 81 pixel frames on 2 GPUs)
+CASES = {"wan": ("wan", (4, 4, 4)), "flux": ("flux", (8, 8)), "qwen-image": ("qwen-image", (8, 8)),
+         "flux2": ("flux2", (8, 8)), "ltx": ("ltx", (4, 4, 4)), "chronoedit": ("chronoedit", (2, 4, 4)),
+         "wan-3-frames": ("wan", (3, 8, 8))}
 TEXT = 4  # text tokens: diffusers splits Flux's, Qwen-Image's and LTX's text too, so an even count
 SPLIT_TEXT = ("flux", "flux-kontext", "flux2", "qwen-image", "ltx")
 
@@ -137,8 +140,8 @@ def edges(tokenmerge, parallel, ContextParallelConfig, out_dir, rank, world):
     rec = {}
     wan, kontext = CATALOGUE["wan"], CATALOGUE["flux-kontext"]
     cases = {
-        # a 3 x 4 x 4 grid's half (24 tokens) straddles a frame: not a sub-grid
-        "wan_odd_frames": (wan, even_text("wan", wan.inputs(batch=2, grid=(3, 4, 4))), {}),
+        # a 1 x 3 x 4 grid's half (6 tokens) holds no whole row
+        "wan_half_rows": (wan, even_text("wan", wan.inputs(batch=2, grid=(1, 3, 4))), {}),
         # Kontext's reference tokens are split with the image's
         "flux_kontext": (kontext, even_text("flux-kontext", kontext.inputs(batch=2, grid=(4, 4))), {}),
         # only block 1: the split (at blocks.0) comes before every patched block
@@ -203,34 +206,35 @@ def main():
         if name == "+edges":
             edges(tokenmerge, parallel, ContextParallelConfig, Path(out_dir), rank, world)
             continue
-        entry = CATALOGUE[name]
-        inputs = even_text(name, entry.inputs(batch=2, grid=GRIDS[name]))
-        rec = {"grid": GRIDS[name]}
+        family, grid = CASES[name]
+        entry = CATALOGUE[family]
+        inputs = even_text(family, entry.inputs(batch=2, grid=grid))
+        rec = {"grid": grid}
         single = entry.build()
-        rec["vanilla_sp"] = run(single, name, inputs, entry)
+        rec["vanilla_sp"] = run(single, family, inputs, entry)
         for method in METHODS:
             patch(single, method)
-            rec[f"{method}_sp"] = run(single, name, inputs, entry)
+            rec[f"{method}_sp"] = run(single, family, inputs, entry)
             tokenmerge.remove_patch(single)
         for method in ("tome", "block"):  # a yardstick: how much another random draw changes the output
             fn, kw = METHODS[method]
             getattr(tokenmerge, fn)(single, **kw, seed=1)
-            rec[f"{method}_sp_seed1"] = run(single, name, inputs, entry)
+            rec[f"{method}_sp_seed1"] = run(single, family, inputs, entry)
             tokenmerge.remove_patch(single)
         model = parallel(entry.build())  # enable, then patch
-        rec["vanilla_cp"] = run(model, name, inputs, entry)
+        rec["vanilla_cp"] = run(model, family, inputs, entry)
         for method in METHODS:
             patch(model, method)
-            rec[f"{method}_cp_enable_first"] = run(model, name, inputs, entry)
+            rec[f"{method}_cp_enable_first"] = run(model, family, inputs, entry)
             tokenmerge.remove_patch(model)
-            rec[f"{method}_removed_enable_first"] = run(model, name, inputs, entry)
+            rec[f"{method}_removed_enable_first"] = run(model, family, inputs, entry)
         for method in METHODS:  # patch, then enable
             model = entry.build()
             patch(model, method)
             parallel(model)
-            rec[f"{method}_cp_patch_first"] = run(model, name, inputs, entry)
+            rec[f"{method}_cp_patch_first"] = run(model, family, inputs, entry)
             tokenmerge.remove_patch(model)
-            rec[f"{method}_removed_patch_first"] = run(model, name, inputs, entry)
+            rec[f"{method}_removed_patch_first"] = run(model, family, inputs, entry)
         torch.save(rec, Path(out_dir) / f"{name}.rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()

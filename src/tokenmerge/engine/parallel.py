@@ -176,25 +176,33 @@ def check_install(patch) -> None:
 
 
 def shard_grid(grid: tuple[int, ...], world: int) -> tuple[int, ...]:
-    """The sub-grid each of ``world`` equal contiguous slices of ``grid``'s row-major tokens is: ``c`` whole
-    rows of one axis (and all of the axes inside it), at the outermost axis where that holds. Raises ``NoGrid``
-    when a slice is not a sub-grid (it would straddle the end of an axis).
+    """The grid each of ``world`` equal contiguous slices of ``grid``'s row-major tokens is merged as.
+
+    A sub-grid where there is one: ``c`` whole rows of one axis (with all of the axes inside it), at the outermost
+    axis where ``c`` divides that axis (8 frames on 2 ranks: 4 frames each). Else, where a slice holds whole rows
+    of an axis but runs over the end of the axis outside it (Wan's 21 latent frames on 2 ranks: 10.5 frames each),
+    those rows as one tall grid: ``(1, 315, 52)`` for 315 rows of 52 tokens (the windows at a frame edge inside the
+    slice may then hold rows of two frames). Raises ``NoGrid`` when a slice holds no whole row (of the last axis).
 
     Example:
-        >>> shard_grid((8, 16, 16), 2), shard_grid((1, 16, 16), 2), shard_grid((4, 4), 4)
-        ((4, 16, 16), (1, 8, 16), (1, 4))
+        >>> shard_grid((8, 16, 16), 2), shard_grid((1, 16, 16), 2), shard_grid((21, 30, 52), 2)
+        ((4, 16, 16), (1, 8, 16), (1, 315, 52))
     """
     total = math.prod(grid)
     if total % world:
         raise NoGrid(f"its {total} tokens do not split evenly over the {world} ranks of the context-parallel split")
     chunk = total // world
-    for axis in range(len(grid)):
+    for axis in range(len(grid)):  # a sub-grid
         inner = math.prod(grid[axis + 1:])
         if chunk % inner == 0 and grid[axis] % (chunk // inner) == 0:
             return (1,) * axis + (chunk // inner,) + tuple(grid[axis + 1:])
+    for axis in range(len(grid) - 1):  # whole rows of an axis, as one tall grid
+        inner = math.prod(grid[axis + 1:])
+        if chunk % inner == 0:
+            return (1,) * axis + (chunk // inner,) + tuple(grid[axis + 1:])
     shape = "x".join(map(str, grid))
-    raise NoGrid(f"a 1/{world} slice of its {shape} token grid ({chunk} tokens) is not a sub-grid (whole rows of "
-                 "one axis), so it cannot be merged as a grid on its rank")
+    raise NoGrid(f"a 1/{world} slice of its {shape} token grid ({chunk} tokens) holds no whole rows, so it cannot be "
+                 "merged as a grid on its rank")
 
 
 def shard_of(patch, grid: tuple[int, ...], trailing: int, args: tuple, kwargs: dict) -> Shard | None:
