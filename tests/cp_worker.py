@@ -133,6 +133,23 @@ def run(model, name, inputs, entry):
     return {"out": out, "sdpa": spy.calls, "rotary_ok": all(checks) and bool(checks), "warnings": tm_warnings}
 
 
+def ltx_condition() -> dict:
+    """An LTX-Video call as LTXConditionPipeline makes it: ``video_coords`` (B, 3, S) instead of the grid integers,
+    a conditioning frame's 16 tokens before the video's 48 (as tests/test_never_break.py builds it)."""
+    from tiny_denoisers import CATALOGUE
+
+    kw = even_text("ltx", CATALOGUE["ltx"].inputs(batch=2, grid=(3, 4, 4)))
+    f, h, w = torch.meshgrid(torch.arange(3) * 8.0, torch.arange(4) * 32.0, torch.arange(4) * 32.0, indexing="ij")
+    video = torch.stack([(f - 7).clamp(min=0) / 25, h, w]).flatten(1)
+    cond = torch.stack([f[:1] + 16, h[:1], w[:1]]).flatten(1) / torch.tensor([25.0, 1, 1])[:, None]
+    coords = torch.cat([cond, video], 1)[None].expand(2, -1, -1).contiguous()
+    x = torch.cat([torch.randn(2, 16, kw["hidden_states"].shape[-1], generator=torch.Generator().manual_seed(1)),
+                   kw["hidden_states"]], 1)
+    call = {k: v for k, v in kw.items() if k not in ("num_frames", "height", "width")}
+    call.update(hidden_states=x, video_coords=coords)
+    return call
+
+
 def edges(tokenmerge, parallel, ContextParallelConfig, out_dir, rank, world):
     """What cannot be merged per slice: warned and unmerged, or refused at apply; and a partial block choice."""
     from tiny_denoisers import CATALOGUE
@@ -144,6 +161,8 @@ def edges(tokenmerge, parallel, ContextParallelConfig, out_dir, rank, world):
         "wan_half_rows": (wan, even_text("wan", wan.inputs(batch=2, grid=(1, 3, 4))), {}),
         # Kontext's reference tokens are split with the image's
         "flux_kontext": (kontext, even_text("flux-kontext", kontext.inputs(batch=2, grid=(4, 4))), {}),
+        # LTXConditionPipeline's call: 16 conditioning tokens before the video's, split with them
+        "ltx_condition": (CATALOGUE["ltx"], ltx_condition(), {}),
         # only block 1: the split (at blocks.0) comes before every patched block
         "wan_block1": (wan, even_text("wan", wan.inputs(batch=2, grid=(4, 4, 4))), {"blocks": [1]}),
     }

@@ -229,7 +229,8 @@ def test_per_slice_tome_differs_from_single_process_less_than_a_reseed(ranks, na
 
 @pytest.mark.processes
 @pytest.mark.parametrize("case, why", [("wan_half_rows", "holds no whole rows"),
-                                       ("flux_kontext", "reference tokens")])
+                                       ("flux_kontext", "reference tokens"),
+                                       ("ltx_condition", "conditioning or reference tokens")])
 def test_unmergeable_slices_run_unmerged_with_one_warning(ranks, case, why):
     rec = ranks["+edges"][0][case]
     for key in ("first", "patch_first"):
