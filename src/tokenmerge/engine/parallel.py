@@ -37,8 +37,10 @@ from ..merge.bipartite import _MASK32
 from .caches import REGISTRY_ATTR
 from .grids import NoGrid
 
-__all__ = ["SPLIT_HOOK", "Shard", "Split", "check_block_input", "check_install", "shard_grid", "shard_of", "split_of"]
+__all__ = ["PARALLEL_ATTR", "SPLIT_HOOK", "Shard", "Split", "check_block_input", "check_install", "shard_grid",
+           "shard_of", "split_of"]
 
+PARALLEL_ATTR = "_parallel_config"  # where a diffusers model keeps its ParallelConfig (enable_parallelism)
 SPLIT_HOOK = "cp_input---"  # diffusers' name prefix of a ContextParallelSplitHook (hooks/context_parallel.py)
 _GOLDEN = 0x9E3779B1  # the window index's multiplier in the random destination choice (merge/windows.py)
 _HIDDEN = "hidden_states"  # the argument diffusers' plans split the image stream by
@@ -92,7 +94,7 @@ class Shard:
 
 def _config(module: nn.Module):
     """The model's ContextParallelConfig (diffusers' ``ParallelConfig.context_parallel_config``), or ``None``."""
-    config = getattr(module, "_parallel_config", None)
+    config = getattr(module, PARALLEL_ATTR, None)
     return getattr(config, "context_parallel_config", None) if config is not None else None
 
 

@@ -28,7 +28,7 @@ from .discover import DenoiserSite
 from .grids import GridReader, NoGrid
 from .guards import forget_compiled, on_call, unmerged
 from .layout import image_part, sides
-from .parallel import check_block_input, check_install, shard_of
+from .parallel import PARALLEL_ATTR, check_block_input, check_install, shard_of
 from .state import BlockCall, CallState, KeptPlan, SharedPlan, host_timestep, step_key
 from .targets import Bound, TargetHooks
 from .whole import WholeBlocks
@@ -207,7 +207,8 @@ class DenoiserPatch(TargetHooks, WholeBlocks):
         try:
             state.grid, device, state.trailing = self._grid_reader.read(args, kwargs)
             # context parallelism (parallel.py): the blocks see this rank's slice of the grid
-            state.shard = shard_of(self, state.grid, state.trailing, args, kwargs)
+            if getattr(module, PARALLEL_ATTR, None) is not None:
+                state.shard = shard_of(self, state.grid, state.trailing, args, kwargs)
         except NoGrid as reason:  # e.g. position ids that describe no grid: this call runs unmerged
             return self._unmerged(f"a call ran unmerged: {reason}")
         if state.shard is not None:
