@@ -7,12 +7,12 @@ rotary tables are split the same way (the plan splits their outputs), so a block
 slice's rotary rows. Ulysses attention turns the sequence split into a head split with an all-to-all: every rank
 must pass the same number of tokens.
 
-So each rank merges its own slice as the grid it is: whole frames, or whole rows, of the call's grid
-(``shard_grid``), with the same merged count on every rank (the slices have one shape, and a plan's merged count
-depends on its grid and ratio only). The random destination choice is the single-process one restricted to the
-slice (``Shard.shift``). A call whose slice is not a sub-grid, or whose split sequence holds other tokens than
-the image's (reference images, conditioning frames), runs unmerged with the patch's one warning; every rank
-decides alike, from the same grid. A combination that cannot be right (ToDo under ring attention, a split that
+So each rank merges its own slice as the grid it is: whole frames, or whole rows, of the call's grid, or whole rows
+that run over a frame's end as one tall grid (``shard_grid``), with the same merged count on every rank (the slices
+have one shape, and a plan's merged count depends on its grid and ratio only). The random destination choice is
+the single-process one restricted to the slice (``Shard.shift``). A call whose slice holds no whole row, or whose
+split sequence holds other tokens than the image's (reference images, conditioning frames), runs unmerged with the
+patch's one warning; every rank decides alike, from the same grid. A combination that cannot be right (ToDo under ring attention, a split that
 falls inside the patched blocks) is refused at ``apply_patch`` when parallelism is already on, and runs unmerged
 with the warning when it is enabled after the patch.
 
@@ -115,9 +115,9 @@ def split_of(patch) -> Split | None:
 
 def _read(patch, config) -> Split:
     mesh = getattr(config, "_flattened_mesh", None)
-    if mesh is None:  # the config is not set up (enable_parallelism was not called with it)
-        raise ValueError("tokenmerge: the model's context-parallel config has no device mesh; enable parallelism "
-                         "with model.enable_parallelism(config=...)")
+    if mesh is None:  # not set up (enable_parallelism sets it up): refused, never an error in a call
+        return Split(1, 0, 1, 1, None, "", "the model's context-parallel config has no device mesh (it was not set "
+                     "up by model.enable_parallelism(config=...))")
     world = mesh.size()
     rank = torch.distributed.get_rank(mesh.get_group())
     ulysses, ring = int(config.ulysses_degree), int(config.ring_degree)
