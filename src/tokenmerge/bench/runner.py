@@ -122,13 +122,15 @@ def _runs(warmup: int, repeats: int, compile, eager: bool = True) -> int:
 def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec], repeats, device, dtype,
              memory=False, memory_limit_mb=None, progress=True, breakdown=False, steps=0, compile=False,
              log=None, warmup: int = 1, frames=None, breakdown_repeats: int | None = None, kernels: bool = False,
-             eager: bool = True) -> tuple[list[dict], dict]:
+             eager: bool = True, prepare=None) -> tuple[list[dict], dict]:
     """Every cell of the grid; records of step times (and memory), plus, with ``breakdown``, records of the
     phases (``kind="breakdown"``, ``breakdown_repeats`` rounds, default ``repeats``), and with ``steps``, each
     record's ``generate_s`` (the end-to-end time). ``frames``: pixel frames of the video presets' cells.
     ``compile``: False, True (inductor's default mode) or a list of compile modes (``steps.COMPILE_MODES``);
     ``kernels``: count each mode's kernels per call; ``eager=False``: only the compiled modes; ``log``: called with a
-    line per step record as soon as it is made (None: silent)."""
+    line per step record as soon as it is made (None: silent); ``prepare``:
+    ``prepare(model, preset) -> model``, called on each built model (``bench.parallel.Parallel``: context
+    parallelism)."""
     from tqdm.auto import tqdm
 
     device = torch.device(device)
@@ -144,6 +146,8 @@ def run_grid(presets, attentions, resolutions, batches, modes: list[MethodSpec],
     records = []
     for preset in presets:
         unet = preset.build(dtype, device)
+        if prepare is not None:
+            unet = prepare(unet, preset)
         for attention in attentions:
             for resolution in resolutions:
                 for batch in batches:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -105,6 +106,7 @@ def _steps(text: str) -> int:
 def add_parser(sub) -> None:
     from ..bench.cell import ATTENTION_BACKENDS, MODE_NAMES
     from ..bench.gpu import QUICK, ROWS
+    from ..bench.parallel import KINDS
     from ..bench.presets import ALIASES, PRESETS
     from ..bench.steps import COMPILE_MODES
     from ..tools.methods import BENCH_METHODS, METHODS
@@ -208,6 +210,16 @@ def add_parser(sub) -> None:
     p.add_argument("--stem", type=stem, default="bench",
                    help=f"file name stem of the outputs: STEM.md, .csv, .jsonl, .png ({STEM_HELP}; default bench)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--context-parallel", choices=KINDS, default=None,
+                   help="time the presets under diffusers' context parallelism, in processes started by torchrun: "
+                        "torchrun --nproc-per-node N -m tokenmerge bench --context-parallel ulysses --preset wan-2b "
+                        "... (one process per GPU; gloo processes on the CPU with --device cpu). ulysses: "
+                        "ContextParallelConfig(ulysses_degree=N); ring: ring_degree=N (needs an attention backend "
+                        "that returns the log-sum-exp: flash, on CUDA). Each mode is applied after parallelism is "
+                        "enabled, each rank merges its slice of the tokens; a step's time is its slowest rank's; "
+                        "rank 0 writes the outputs. For presets whose model has a context-parallel plan (Wan, "
+                        "Flux.1, Flux.2, Qwen-Image, LTX-Video) and the modes vanilla, tokenmerge, todo, limit, "
+                        "todo-limit (and --methods of tome/todo); eager step timing only")
     p.set_defaults(run=run)
 
 
@@ -263,6 +275,32 @@ def _check_presets(args, presets, modes) -> str | None:
     return None
 
 
+# what --context-parallel leaves out: options that measure another way, and modes that are not this library's merging
+_NOT_PARALLEL = (("model", "--model"), ("compile", "--compile"), ("memory", "--memory"),
+                 ("memory_limit", "--memory-limit"), ("breakdown", "--breakdown"), ("steps", "--steps"),
+                 ("kernels", "--kernels"))
+_PARALLEL_MODES = ("vanilla", "tome", "todo", "limit", "todo-limit")
+
+
+def _check_parallel(args, modes) -> str | None:
+    """Why ``--context-parallel`` cannot run with these arguments here (None if it can)."""
+    from ..bench.parallel import launched
+
+    if not launched():
+        return ("--context-parallel runs in processes started by torchrun: torchrun --nproc-per-node N -m tokenmerge "
+                f"bench --context-parallel {args.context_parallel} ... (N >= 2)")
+    if int(os.environ["WORLD_SIZE"]) < 2:
+        return "--context-parallel needs at least 2 processes (torchrun --nproc-per-node 2 or more)"
+    given = [flag for name, flag in _NOT_PARALLEL if getattr(args, name)]
+    if given:
+        return f"--context-parallel times eager denoiser steps only; leave out {', '.join(given)}"
+    other = [m.text for m in modes if m.name not in _PARALLEL_MODES]
+    if other:
+        return (f"--context-parallel runs this library's merging (vanilla, tokenmerge, todo, limit, todo-limit); "
+                f"leave out {', '.join(other)}")
+    return None
+
+
 def run(args, parser) -> int:
     import torch
 
@@ -309,8 +347,19 @@ def run(args, parser) -> int:
         parser.error("--modes/--methods: nothing to run")
     if args.compile and args.warmup < 1:
         parser.error("--warmup 0 with --compile: the warm-up round is where the modes compile; use --warmup 1 or more")
+    prepare, rank = None, 0
+    if args.context_parallel:
+        from ..bench import parallel
+
+        problem = _check_parallel(args, modes) or next(filter(None, map(parallel.no_plan, chosen)), None)
+        if problem:
+            parser.error(problem)
+        device, rank, world = parallel.setup(args.device)
+        prepare = parallel.Parallel(args.context_parallel, world, device)
+        args.no_progress = args.no_progress or rank != 0
     outputs = Outputs(args.out, report.output_names(args.stem))
-    check_outputs(parser, outputs)  # before the run: a file in the way must not cost the measurements
+    if rank == 0:
+        check_outputs(parser, outputs)  # before the run: a file in the way must not cost the measurements
     from ..bench.presets import resolve
     from ..tools.pipelines import PipelineLoadError
 
@@ -318,14 +367,26 @@ def run(args, parser) -> int:
         presets = [resolve(model=args.model, dtype=dtype)] if args.model else [resolve(n) for n in args.preset]
     except (FileNotFoundError, PipelineLoadError, TypeError) as err:
         parser.error(f"--model: {err}")
+    if prepare is not None:
+        presets = [parallel.TupleOutputs(p) for p in presets]
     records, meta = runner.run_grid(presets, args.attention, args.resolutions, args.batch_sizes, modes,
                                     args.repeats, device, dtype, memory=args.memory,
                                     memory_limit_mb=args.memory_limit, progress=not args.no_progress,
                                     breakdown=args.breakdown, steps=args.steps, compile=args.compile or False,
                                     warmup=args.warmup, frames=args.frames, breakdown_repeats=args.breakdown_repeats,
-                                    kernels=args.kernels, eager=not args.compiled_only)
+                                    kernels=args.kernels, eager=not args.compiled_only, prepare=prepare)
+    preface = ""
+    if prepare is not None:
+        parallel.slowest(records)
+        meta["context_parallel"] = {"kind": args.context_parallel, "ranks": world}
+        preface = (f"# Context parallelism: {args.context_parallel} over {world} ranks ({meta['device_name']}; "
+                   "diffusers' enable_parallelism, then each mode; each rank merges its slice of the tokens). A "
+                   "step's time is its slowest rank's.")
+        parallel.teardown()
+        if rank != 0:
+            return 0
     command = command_line()
-    paths = report.write_outputs(records, meta, outputs, command, args.stem)
-    print(report.markdown(records, meta, command))
+    paths = report.write_outputs(records, meta, outputs, command, args.stem, preface)
+    print(report.markdown(records, meta, command, preface))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

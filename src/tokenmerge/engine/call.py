@@ -29,6 +29,7 @@ from ..merge.plan import TABLES, Tables, arange
 from .caches import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
 from .compiled import regional_message
 from .grids import GridReader, NoGrid
+from .parallel import PARALLEL_ATTR, shard_of
 
 __all__ = ["BoundArg", "CallHook", "CallState", "BlockCall", "Watch", "sides", "image_part", "join", "take_rotary",
            "take_mask", "follow", "host_timestep", "NoGrid"]
@@ -209,6 +210,7 @@ class CallState:
             call.close()
         self.grid: tuple[int, ...] | None = None
         self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
+        self.shard = None  # context parallelism: this rank's slice of the call's grid (parallel.Shard)
         self.step_key = None
         self.active = True  # the schedule's verdict for this call
         self.ratio = 0.0
@@ -332,6 +334,13 @@ class CallHook:
         if isinstance(read, NoGrid):  # e.g. position ids that describe no grid: this call runs unmerged
             return self._unmerged(f"a call ran unmerged: {read}")
         state.grid, device, state.trailing = read
+        if getattr(module, PARALLEL_ATTR, None) is not None:  # context parallelism: the blocks see this rank's slice
+            try:
+                state.shard = shard_of(patch, state.grid, state.trailing, args, kwargs)
+            except NoGrid as reason:
+                return self._unmerged(f"a call ran unmerged: {reason}")
+            if state.shard is not None:
+                state.grid = state.shard.grid
         planner = patch.planner
         if not compiling:
             patch.watch.check()  # caches added around the patch's modules, blocks compiled in place (guards)

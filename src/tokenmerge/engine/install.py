@@ -18,6 +18,7 @@ from .call import CallHook, Watch
 from .compiled import forget_compiled
 from .discover import DenoiserSite
 from .fused import give_to_kv, take_to_kv
+from .parallel import check_install
 from .planner import Planner
 from .refusals import merged_region, pooled_attentions
 from .techniques import technique_for
@@ -53,11 +54,13 @@ class Patch:
         self.technique = technique_for(config)(self)
         self.watch: Watch | None = None
         self.registries: list = []  # diffusers hook registries watched (caches.py)
+        self.parallel: tuple | None = None  # (the model's context-parallel config, its Split): parallel.py
         self._handles: list = []
 
     def install(self) -> None:
         denoiser = self.site.module
         try:
+            check_install(self)  # context parallelism enabled already: refuse what cannot be right under it
             self._handles.append(denoiser.register_forward_pre_hook(self.calls.pre, with_kwargs=True))
             self._handles.append(denoiser.register_forward_hook(self.calls.post, always_call=True))
             self._handles += self.technique.install()

@@ -20,7 +20,8 @@ from ..config import min_size_on
 from ..families.spec import grid_rank
 from ..merge.match import _MASK32, block_salts, matching, mix32, window_hashes
 from ..merge.plan import IdentityPlan, Tables
-from .call import BlockCall, sides
+from .call import BlockCall, NoGrid, sides
+from .parallel import check_block_input
 
 __all__ = ["Planner", "BlockPlan", "coarsen"]
 
@@ -132,6 +133,14 @@ class Planner:
         for n in grid:
             image *= n
         x = self.inputs[index].read(args, kwargs)
+        if state.shard is not None and state.shard.split.block == index:  # diffusers splits this block's input
+            try:  # inside its forward, after this hook: the plan is made from this rank's slice (parallel.py)
+                check_block_input(x, image * state.shard.split.world)
+            except NoGrid as reason:
+                self.patch.calls.unmerged(f"a call ran unmerged: {reason}")
+                state.active = False
+                return None
+            x = state.shard.split.local(x)
         if site.seq_first:  # (S, B, D) between the blocks (ERNIE-Image); its targets take (B, S, D)
             x = x.transpose(0, 1)
         if x.shape[1] > image:  # a block input that holds text or reference tokens too
@@ -180,6 +189,8 @@ class Planner:
                 for n, s in zip(grid, self.windows):
                     windows *= n // s
                 keys = mix32(state.step_key ^ self.tables.get(block_salts, self.seed, len(self.blocks), x.device))
+                if state.shard is not None:  # a rank's slice: the single-process draw of the slice's windows
+                    keys = keys + state.shard.shift
                 hashes = self.tables.get(window_hashes, windows, x.device)
                 offsets = state.draws[grid] = mix32((hashes + keys) & _MASK32) % self.choices
             offsets = offsets[index]

@@ -71,6 +71,9 @@ class MergeBlock:
         plan, image = call.plan, call.plan.num_tokens
         arg, rotary, mask, per_token, refuse_if = self.bound[index]
         full = arg.read(args, kwargs)
+        split = state.shard.split if state.shard is not None and state.shard.split.block == index else None
+        if split is not None:  # diffusers splits this block's input inside its forward (parallel.py)
+            full = split.local(full)
         for bound in refuse_if:
             if bound.read(args, kwargs) is not None:
                 raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}, which a whole-block merge would make "
@@ -84,7 +87,10 @@ class MergeBlock:
         merged = plan.merge(part)
         call.entry = (part, merged, before, after)
         state.blocks[index] = call
-        args, kwargs = arg.replace(args, kwargs, join(full, merged, before, after))
+        joined = join(full, merged, before, after)
+        if split is not None:  # a sequence whose split at this rank gives the merged slice back
+            joined = split.hand_over(joined)
+        args, kwargs = arg.replace(args, kwargs, joined)
         if rotary is not None:
             value = rotary.read(args, kwargs)
             if value is not None:

@@ -75,8 +75,10 @@ class PoolKeys(MergeAround):
             return None
         if target.inside:  # after the rotary embedding: pool inside the attention call (ratio is 0 here)
             image = call.plan.num_tokens if call.plan.num_merged else math.prod(call.grid)
+            state = self.calls.state  # under Ulysses context parallelism the keys are every rank's: one segment each
+            segments = 1 if state.shard is None else state.shard.split.ulysses
             call.modes[t] = mode = PoolInAttention(image, call.grid, self.factors, self.mode, target.spec.keys,
-                                                   self.calls.state.trailing, self.downsample)
+                                                   state.trailing, self.downsample, segments)
             mode.__enter__()
             return None
         if target.spec.kind == SELF and target.context.read(args, kwargs) is None:  # keys and values: the pooled grid
@@ -105,12 +107,16 @@ class PoolInAttention(TorchFunctionMode):
         image: image tokens in the key sequence; grid: their grid; factors, mode: ToDo's pooling.
         keys: where text sits in the key sequence (``TEXT_BEFORE`` / ``TEXT_AFTER`` / ``TEXT_NONE``).
         trailing: reference tokens after the image's; downsample: the pooling function (the bench may replace it).
+        segments: under Ulysses context parallelism (``engine/parallel.py``), the keys hold every rank's tokens, one
+            equal segment per rank laid out as the rank's own sequence: each segment is pooled over the rank's grid.
     """
 
-    def __init__(self, image: int, grid, factors, mode: str, keys: str, trailing: int, downsample):
+    def __init__(self, image: int, grid, factors, mode: str, keys: str, trailing: int, downsample,
+                 segments: int = 1):
         super().__init__()
         self.image, self.grid, self.factors, self.mode = image, grid, factors, mode
         self.keys, self.trailing, self.downsample = keys, trailing, downsample
+        self.segments = segments
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -123,12 +129,22 @@ class PoolInAttention(TorchFunctionMode):
         for i, name in enumerate(_NAMES[: len(args)]):  # everything by keyword, as SDPA's signature names it
             kwargs[name] = args[i]
         key = kwargs["key"]
-        before, after = sides(key.shape[-2], self.image, self.keys, self.trailing)
-        kwargs["key"], kwargs["value"] = self._pool(key, before, after), self._pool(kwargs["value"], before, after)
+        before, after = sides(key.shape[-2] // self.segments, self.image, self.keys, self.trailing)
+        kwargs["key"] = self._each(self._pool, key, -2, before, after)
+        kwargs["value"] = self._each(self._pool, kwargs["value"], -2, before, after)
         mask = kwargs.get("attn_mask")
         if mask is not None and mask.shape[-1] > 1:
-            kwargs["attn_mask"] = self._pool_mask(mask, before, after)
+            kwargs["attn_mask"] = self._each(self._pool_mask, mask, -1, before, after)
         return func(**kwargs)
+
+    def _each(self, pool, x: torch.Tensor, axis: int, before: int, after: int) -> torch.Tensor:
+        """``pool`` of each of the ``segments`` equal parts of ``x`` along ``axis`` (one part: ``pool(x)``)."""
+        if self.segments == 1:
+            return pool(x, before, after)
+        if x.shape[axis] % self.segments:
+            raise ValueError(f"tokenmerge: under context parallelism an attention call got {x.shape[axis]} keys, "
+                             f"which are not {self.segments} equal segments (one per rank)")
+        return torch.cat([pool(part, before, after) for part in x.chunk(self.segments, axis)], axis)
 
     def _pool(self, x: torch.Tensor, before: int, after: int) -> torch.Tensor:
         """``(..., S, D)`` with its image rows pooled over the grid."""
