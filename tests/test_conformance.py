@@ -249,6 +249,10 @@ _BREAKS_WITHOUT_US = {
                          "video)",
     "lumina2": "diffusers' Lumina2 builds its joint sequence from the prompt mask's lengths (data-dependent slices)",
     "omnigen": "diffusers' OmniGen rotary embedding branches on torch.max(position_ids) (data-dependent)",
+    "z-image": "diffusers' Z-Image rotary tables are built under `with torch.device('cpu')`, a context manager "
+               "dynamo cannot enter",
+    "bria-fibo2": "diffusers' Bria FIBO 2 rotary tables are built under `with torch.device('cpu')`, a context "
+                  "manager dynamo cannot enter",
 }
 
 

@@ -74,12 +74,16 @@ def sides(total: int, image: int, text: str, trailing: int = 0) -> tuple[int, in
     if extra < 0:
         raise ValueError(f"tokenmerge: a sequence of {total} tokens cannot hold the {image} image tokens of the "
                          "call's grid; the model was called with a token layout its family does not declare")
+    # declared text first, with no test of extra against 0 (the same answer, and under torch.compile a key
+    # sequence can hold a data-dependent number of text tokens: Mochi keeps each prompt's valid ones)
+    if text == TEXT_BEFORE:
+        after = min(trailing, extra) if trailing else 0
+        return extra - after, after
+    if text == TEXT_AFTER:
+        return 0, extra
     if extra == 0:  # the image's tokens alone (an image-only stream of a call that has references elsewhere)
         return 0, 0
-    if text == TEXT_BEFORE:
-        after = min(trailing, extra)
-        return extra - after, after
-    if text == TEXT_AFTER or extra == trailing:
+    if extra == trailing:
         return 0, extra
     raise ValueError(f"tokenmerge: {total} tokens where the image grid has {image}"
                      + (f" and {trailing} reference tokens follow it" if trailing else "")

@@ -27,6 +27,12 @@ from ...families.spec import JOINT, SELF
 from ..call import sides
 from .around import BoundTarget, MergeAround
 
+try:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as _known_true
+except ImportError:  # an older torch: sizes are concrete wherever its compile reaches PoolInAttention
+    def _known_true(b) -> bool:
+        return bool(b)
+
 __all__ = ["PoolKeys", "PoolInAttention"]
 
 _SDPA = F.scaled_dot_product_attention
@@ -152,8 +158,8 @@ class PoolInAttention(TorchFunctionMode):
         image = x.narrow(-2, before, n).reshape(-1, n, d)
         pooled = self.downsample(image, self.grid, self.factors, self.mode)
         pooled = pooled.reshape(*lead, pooled.shape[1], d)
-        parts = ([x.narrow(-2, 0, before)] if before else []) + [pooled] + \
-            ([x.narrow(-2, x.shape[-2] - after, after)] if after else [])
+        parts = ([x.narrow(-2, 0, before)] if _some(before) else []) + [pooled] + \
+            ([x.narrow(-2, x.shape[-2] - after, after)] if _some(after) else [])
         # contiguous: the pooling's output is a transposed view, and SDPA on keys whose last axis is strided
         # leaves its fused kernels for the unfused math path (measured: 3-D pooling of Wan's keys cost more in
         # attention than it saved)
@@ -174,6 +180,13 @@ class PoolInAttention(TorchFunctionMode):
         else:
             pooled = self.downsample(flat, self.grid, self.factors, self.mode)
         pooled = pooled.reshape(*lead, pooled.shape[1])
-        parts = ([mask.narrow(-1, 0, before)] if before else []) + [pooled] + \
-            ([mask.narrow(-1, mask.shape[-1] - after, after)] if after else [])
+        parts = ([mask.narrow(-1, 0, before)] if _some(before) else []) + [pooled] + \
+            ([mask.narrow(-1, mask.shape[-1] - after, after)] if _some(after) else [])
         return torch.cat(parts, -1) if len(parts) > 1 else pooled
+
+
+def _some(n) -> bool:
+    """Whether a part of ``n`` tokens may be non-empty: a number of tokens that is only known at run time (a
+    symbolic size under torch.compile, e.g. Mochi's valid prompt tokens) is kept, as a part of possibly none."""
+    return not _known_true(n == 0)
+
