@@ -7,17 +7,20 @@ A drop-in successor to ``tomesd``: ``import tokenmerge as tomesd`` works, with `
 from .config import ToDoConfig, ToMeConfig
 from .families import Family, register_family, registered_families, unregister_family
 from .patch import PatchInfo, apply_config, apply_patch, apply_todo, describe_patch, observe, patched, remove_patch
+from .reuse import ReuseConfig, apply_reuse
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Family",
     "PatchInfo",
+    "ReuseConfig",
     "ToDoConfig",
     "ToMeConfig",
     "__version__",
     "apply_config",
     "apply_patch",
+    "apply_reuse",
     "apply_todo",
     "describe_patch",
     "observe",

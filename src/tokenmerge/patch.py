@@ -11,6 +11,8 @@ from .config import ToDoConfig, ToMeConfig
 from .families.spec import grid_rank
 from .engine import PATCH_ATTR, SUPPORTED, BlockSite, DenoiserPatch, DenoiserSite, find_denoisers, held_modules
 from .engine import guards
+from .engine.reuse import ReusePatch
+from .reuse import ReuseConfig, apply_reuse
 
 __all__ = ["apply_patch", "apply_todo", "remove_patch", "patched", "describe_patch", "observe", "PatchInfo", "DenoiserInfo"]
 
@@ -141,12 +143,13 @@ def apply_todo(
     return apply_config(model, config)
 
 
-def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsampler=None, observer=None):
+def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matcher=None, downsampler=None,
+                 observer=None):
     """``apply_patch`` with a ready config.
 
     Args:
         model: what ``apply_patch`` accepts.
-        config: a ``ToMeConfig`` or ``ToDoConfig``.
+        config: a ``ToMeConfig``, ``ToDoConfig`` or ``ReuseConfig`` (token reuse: ``apply_reuse``).
         matcher, downsampler: replace ToMe's matching and ToDo's pooling (the bench's zero-overhead limits;
             see ``tokenmerge.engine.DenoiserPatch``).
         observer: ``begin(phase)`` / ``end(phase)`` called around each phase inside the patched blocks (the
@@ -166,7 +169,14 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
                 + _nothing_matched([site], config.max_downsample),
                 stacklevel=3,
             )
-    guards.check_apply(model, config, plans)  # compiled code, caches, ToDo on cross-attention: refused
+    reuse = isinstance(config, ReuseConfig)
+    if reuse:  # token reuse (engine/reuse.py): its own checks, on every denoiser before anything is installed
+        for site, blocks in plans:
+            if blocks:
+                ReusePatch.check(site, blocks)
+                ReusePatch(site, config, blocks).check_hooks()
+    else:
+        guards.check_apply(model, config, plans)  # compiled code, caches, ToDo on cross-attention: refused
     previous = _snapshot(model)
     remove_patch(model)
     installed = []
@@ -176,28 +186,39 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
                 if isinstance(config, ToDoConfig) and config.pools and site.family.todo is not None:
                     raise ValueError(f"tokenmerge: {site.path or type(site.module).__name__} "
                                      f"({site.family.name}): {site.family.todo}")
-                patch = DenoiserPatch(site, config, blocks, matcher, downsampler, observer)
+                patch = ReusePatch(site, config, blocks) if reuse else \
+                    DenoiserPatch(site, config, blocks, matcher, downsampler, observer)
                 patch.install()
                 installed.append(patch)
-                guards.attach(patch)
+                _attach(patch)
     except BaseException:
         for patch in installed:
-            guards.detach(patch)
+            _detach(patch)
             patch.remove()
         _restore(previous)
         raise
     return model
 
 
+def _attach(patch) -> None:
+    patch.attach() if isinstance(patch, ReusePatch) else guards.attach(patch)
+
+
+def _detach(patch) -> None:
+    patch.detach() if isinstance(patch, ReusePatch) else guards.detach(patch)
+
+
 def _snapshot(model) -> list:
-    return [(p.site, p.config, p.blocks, p.matcher, p.downsampler, p.observer) for p in _patches(model)]
+    return [(ReusePatch, (p.site, p.config, p.blocks)) if isinstance(p, ReusePatch) else
+            (DenoiserPatch, (p.site, p.config, p.blocks, p.matcher, p.downsampler, p.observer))
+            for p in _patches(model)]
 
 
 def _restore(snapshot: list) -> None:
-    for args in snapshot:
-        patch = DenoiserPatch(*args)
+    for cls, args in snapshot:
+        patch = cls(*args)
         patch.install()
-        guards.attach(patch)
+        _attach(patch)
 
 
 def select_blocks(site: DenoiserSite, max_downsample: int | None,
@@ -234,7 +255,7 @@ def _nothing_matched(sites: list[DenoiserSite], max_downsample: int | None) -> s
     return "no transformer block to merge in: " + "; ".join(parts) + hint
 
 
-def _patches(model) -> list[DenoiserPatch]:
+def _patches(model) -> list:
     held = held_modules(model)
     if not held:
         raise TypeError(f"tokenmerge: a {type(model).__name__} holds no model; expected {SUPPORTED}")
@@ -242,7 +263,7 @@ def _patches(model) -> list[DenoiserPatch]:
     seen, found = set(), []
     for module in modules:
         patch = getattr(module, PATCH_ATTR, None)
-        if isinstance(patch, DenoiserPatch) and id(patch) not in seen:
+        if isinstance(patch, (DenoiserPatch, ReusePatch)) and id(patch) not in seen:
             seen.add(id(patch))
             found.append(patch)
     return found
@@ -254,7 +275,7 @@ def remove_patch(model):
     Afterwards the model computes exactly what it computed before it was patched.
     """
     for patch in _patches(model):
-        guards.detach(patch)
+        _detach(patch)
         patch.remove()
     return model
 
@@ -277,12 +298,15 @@ def patched(model, ratio: float | None = None, *, method: str = "tome", **kwargs
     """``with tokenmerge.patched(pipe, ratio=0.5): pipe(...)``: patched inside, as before outside.
 
     Takes ``apply_patch``'s arguments, or with ``method="todo"`` those of ``apply_todo`` (where ``ratio``
-    is the optional query merging: 0 unless given; for ToMe the default is 0.5). A patch that was in place before is restored on exit.
+    is the optional query merging: 0 unless given; for ToMe the default is 0.5), or with ``method="reuse"`` those
+    of ``apply_reuse`` (``ratio``: its ``fraction``). A patch that was in place before is restored on exit.
     """
-    if method not in ("tome", "todo"):
-        raise ValueError(f"method must be 'tome' or 'todo'; got {method!r}")
+    if method not in ("tome", "todo", "reuse"):
+        raise ValueError(f"method must be 'tome', 'todo' or 'reuse'; got {method!r}")
     previous = _snapshot(model)
-    if method == "todo":
+    if method == "reuse":
+        apply_reuse(model, 0.5 if ratio is None else ratio, **kwargs)
+    elif method == "todo":
         apply_todo(model, ratio=0.0 if ratio is None else ratio, **kwargs)
     else:
         apply_patch(model, 0.5 if ratio is None else ratio, **kwargs)
@@ -306,7 +330,7 @@ class DenoiserInfo:
 class PatchInfo:
     """What ``apply_patch`` did: the settings and, per denoiser, the patched blocks."""
 
-    config: ToMeConfig
+    config: ToMeConfig | ToDoConfig | ReuseConfig
     denoisers: tuple[DenoiserInfo, ...]
     notes: tuple[str, ...] = ()  # where the setting is known not to pay, in plain words
 
@@ -316,6 +340,12 @@ class PatchInfo:
 
     def __str__(self) -> str:
         c = self.config
+        if isinstance(c, ReuseConfig):
+            lines = [f"tokenmerge token reuse: fraction={c.fraction:g} (recomputed per partial step) warmup={c.warmup}"
+                     f" every={c.every} order={c.order} seed={c.effective_seed}"]
+            lines += [f"  {d.path or '<model>'} ({d.class_name}, {d.family}): {len(d.blocks)}/{d.total_blocks} "
+                      "transformer blocks patched" for d in self.denoisers]
+            return "\n".join(lines + [f"  note: {note}" for note in self.notes])
         head = (f"tokenmerge ToDo patch: downsample={c.downsample} mode={c.mode} query ratio={c.ratio:g} "
                 if isinstance(c, ToDoConfig) else f"tokenmerge ToMe patch: ratio={c.ratio:g} ")
         lines = [
@@ -363,11 +393,20 @@ NOTE_PLAN_PER_BLOCK = (
     "(torch.compile), which removes the launch overhead")
 
 
+NOTE_REUSE_MEMORY = (
+    "token reuse keeps one tensor of each patched block's image output (batch x image tokens x width) from the "
+    "first step of a generation to its end, per call of a step (guidance run as two calls keeps two)")
+
+
 def _notes(patches) -> tuple[str, ...]:
     """Plain-language notes on settings known not to pay on a GPU (``PatchInfo.notes``)."""
     notes = []
     for p in patches:
         cfg, family = p.config, p.site.family
+        if isinstance(cfg, ReuseConfig):
+            if NOTE_REUSE_MEMORY not in notes:
+                notes.append(NOTE_REUSE_MEMORY)
+            continue
         unet = "unet" in family.name or "controlnet" in family.name
         merges = cfg.ratio > 0 or (cfg.ratio_end or 0) > 0
         if merges and not unet and grid_rank(family.grid) == 2 and getattr(cfg, "scope", "attention") == "attention" \

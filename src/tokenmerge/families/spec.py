@@ -162,6 +162,8 @@ class Target:
             ``encoder_hidden_states=hidden_states``): they are given the merged input too.
         refuse: a reason this sub-module cannot take merged tokens (e.g. a feed-forward that reshapes tokens
             to the grid); asking to merge it is an error that gives the reason.
+        reuse: a reason token reuse (``apply_reuse``) cannot run this sub-module on some tokens' rows alone (e.g.
+            an attention that computes a feed-forward of every token inside its call); such a block is refused.
     """
 
     attr: str
@@ -173,6 +175,7 @@ class Target:
     output_image: int = 0
     same: tuple[str, ...] = ()
     refuse: str | None = None
+    reuse: str | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,9 @@ class Blocks:
             captions differ in length, and then each sample's image sits at its own offset).
         seq_first: the block's ``hidden_states`` are sequence-first ``(S, B, D)`` (ERNIE-Image), its targets'
             batch-first; only targets that take batch-first tokens may be declared, and ``whole`` must be None.
+        pointwise: token-wise sub-modules of the block outside its targets, each as a ``Target`` of kind ``MLP``
+            (its ``text``: where text rows sit in its input), e.g. Flux's single-stream ``proj_mlp`` and
+            ``proj_out``. ToMe leaves them alone; token reuse runs them on the recomputed tokens' rows only.
     """
 
     attr: str
@@ -201,6 +207,7 @@ class Blocks:
     whole: "Whole | None" = None
     refuse_if: tuple[tuple[str, str], ...] = ()
     seq_first: bool = False
+    pointwise: tuple[Target, ...] = ()
 
     def __post_init__(self):
         if self.seq_first and self.whole is not None:
@@ -242,6 +249,7 @@ class BlockSite:
     whole: Whole | None = None
     refuse_if: tuple[tuple[str, str], ...] = ()
     seq_first: bool = False
+    pointwise: tuple[Target, ...] = ()
 
     @property
     def downsample(self) -> int:
@@ -394,7 +402,9 @@ class Family:
                     return None
                 targets = tuple(t for t in spec.targets if isinstance(getattr(block, t.attr, None), nn.Module))
                 sites.append(BlockSite(f"{path}.{spec.attr}.{i}" if path else f"{spec.attr}.{i}", block, 0,
-                                       targets, spec.text, spec.whole, spec.refuse_if, spec.seq_first))
+                                       targets, spec.text, spec.whole, spec.refuse_if, spec.seq_first,
+                                       tuple(t for t in spec.pointwise
+                                             if isinstance(getattr(block, t.attr, None), nn.Module))))
         return sites
 
 

@@ -120,7 +120,8 @@ OMNIGEN = Family(
     & takes("input_ids", "input_img_latents"),
     grid=LatentGrid(patch=("patch_size", "patch_size")),
     blocks=(Blocks("layers", (Target("self_attn", JOINT, text=TEXT_BEFORE, rotary=_O_ROTARY, mask=_O_MASK,
-                                     keys=TEXT_BEFORE, same=("encoder_hidden_states",)),
+                                     keys=TEXT_BEFORE, same=("encoder_hidden_states",),
+                                     reuse="its attention reshapes its output to its input's token count"),
                               Target("mlp", MLP, text=TEXT_BEFORE)),
                    text=TEXT_BEFORE, requires=("self_attn", "mlp"), whole=Whole(rotary=_O_ROTARY, mask=_O_MASK)),),
     timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise (its scheduler's num_train_timesteps is 1)
