@@ -120,6 +120,9 @@ class _State:
         self.last: float | None = None  # the last call's denoising progress
         self.step, self.branch = 0, 0
         self.caches: dict[tuple[int, int], torch.Tensor] = {}  # (branch, block) -> (B, N, C) block residual
+        self.first: float | None = None  # the progress of the generation's first partial step
+        self.offsets: dict[int, int] = {}  # level -> tokens of its order walked so far (round-robin)
+        self.counted = -1  # the step whose recomputed tokens the offsets last advanced past
         self.reset()
 
     def reset(self) -> None:
@@ -133,7 +136,9 @@ class _State:
     def forget(self) -> None:
         """A new generation: nothing to reuse."""
         self.caches.clear()
+        self.offsets.clear()
         self.step = self.branch = 0
+        self.first, self.counted = None, -1
 
 
 class _Hook:
@@ -325,12 +330,22 @@ class ReusePatch:
         state.last = progress
         state.active = True
         state.partial = cfg.partial_at(state.step)
+        if state.partial and state.first is None:
+            state.first = progress
+        fraction = cfg.fraction_at(progress, state.first) if state.partial else 1.0
+        advance = state.partial and state.counted != state.step  # a step's other branch takes the same tokens
         for level in self._levels:  # one grid for transformers; a UNet's levels halve it
             level_grid = coarsen(tuple(grid), level)
             image = math.prod(level_grid)
-            index = select(level_grid, cfg.order, _recomputed(cfg.fraction, image), cfg.effective_seed,
-                           state.step - cfg.warmup, device) if state.partial else None
+            index = None
+            if state.partial:
+                count = _recomputed(fraction, image)
+                if advance:
+                    state.offsets[level] = state.offsets.get(level, -count) + count
+                index = select(level_grid, cfg.order, count, cfg.effective_seed, state.offsets[level], device)
             state.levels[level] = (image, index)
+        if advance:
+            state.counted = state.step
         return None
 
     def _denoiser_post(self, _b, _t, module, args, output):
@@ -452,11 +467,12 @@ def _recomputed(fraction: float, image: int) -> int:
     return min(image, max(1, round(fraction * image)))
 
 
-def select(grid: tuple[int, ...], order: str, count: int, seed: int, k: int, device) -> torch.Tensor:
-    """``(count,)`` sorted indices of the image tokens recomputed at the ``k``-th partial step: the ``k``-th window
-    of ``count`` tokens of the order, walked round-robin (every token once every ``ceil(N / count)`` steps)."""
+def select(grid: tuple[int, ...], order: str, count: int, seed: int, start: int, device) -> torch.Tensor:
+    """``(count,)`` sorted indices of image tokens to recompute: the ``count`` tokens of the order from position
+    ``start`` on (round-robin: each partial step starts where the last one ended, so every token is recomputed
+    once every ``ceil(N / count)`` partial steps)."""
     n = math.prod(grid)
-    return _window(grid, order, count, seed, (k * count) % n, torch.device(device))
+    return _window(grid, order, count, seed, start % n, torch.device(device))
 
 
 @table
