@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tokenmerge
-from tiny_denoisers import CATALOGUE, available, output_tensor
+from tiny_denoisers import CATALOGUE, available
 from tiny_models import later_step
 from tokenmerge.engine.layout import image_part, sides
 from tokenmerge.engine.reuse import select
@@ -48,9 +48,21 @@ def _skip(name):
         pytest.skip(reason)
 
 
+def _tensors(out) -> list:
+    """Every tensor of a model's output (a ControlNet's residuals of every level too)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [t for o in out for t in _tensors(o)] if isinstance(out, (list, tuple)) else []
+
+
 def _run(model, calls):
+    """Each call's outputs, every tensor of them flattened into one."""
     with torch.no_grad():
-        return [output_tensor(model(**c)) for c in calls]
+        return [torch.cat([t.flatten().float() for t in _tensors(model(**c))]) for c in calls]
 
 
 def _steps(model, inputs, n):
@@ -78,7 +90,7 @@ def test_every_family_keeps_the_recomputed_tokens_exact_and_the_others_cached(na
 
     def grab(module, args, kwargs):  # before the patch's own hook: the block's plain input
         seen["args"], seen["kwargs"] = args, dict(kwargs)
-        seen["image"], seen["index"] = patch.state.levels[site.level]
+        seen["image"], seen["index"], _ = patch.state.levels[site.level]
         seen["trailing"] = patch.state.trailing
 
     handles = [site.module.register_forward_pre_hook(grab, with_kwargs=True, prepend=True),
@@ -155,8 +167,8 @@ def test_guidance_branches_keep_their_own_caches_and_a_new_generation_starts_ove
     conds, unconds = _steps(model, cond, steps), _steps(model, uncond, steps)
     tokenmerge.apply_reuse(model, 0.5, warmup=1)
     with torch.no_grad():  # guidance as two calls per step: cond, then uncond, with the same timestep
-        both = [output_tensor(model(**c)) for k in range(steps) for c in (conds[k], unconds[k])]
-        alone = [output_tensor(model(**u)) for u in unconds]  # the uncond branch as a generation of its own
+        both = [model(**c).sample.flatten() for k in range(steps) for c in (conds[k], unconds[k])]
+        alone = [model(**u).sample.flatten() for u in unconds]  # the uncond branch as a generation of its own
     tokenmerge.remove_patch(model)
     vanilla = _run(model, unconds)
     for k in range(steps):
@@ -316,3 +328,73 @@ def test_frontier_averages_the_measured_steps_over_the_schedule():
     speed, how = frontier._reuse_speed(table, parse_spec("reuse:0.4,warmup=4"), 20)  # between two fractions
     assert speed == pytest.approx(20 / (4 * full + 16 * (0.5 + 0.25) / 2)) and "interpolated" in how
     assert frontier._reuse_speed(table, parse_spec("reuse:0.2,warmup=4"), 20) == (None, "")  # not measured
+
+
+# ---- keys="cached": the block on the recomputed tokens, the others' keys and values kept ---------------------
+# catalogue entries whose calls keys="cached" refuses at its first partial step (per-token arguments, masks made for
+# the recomputed tokens alone, token counts), with a word of the reason
+CACHED_REFUSED = {"qwen-image": "mask", "qwen-image-edit": "mask", "qwen-image-layered": "mask",
+                  "qwen-image-controlnet": "mask", "qwen-image-edit-2511": "per-token", "wan-ti2v": "per-token",
+                  "skyreels-v2-df": "per-token", "ltx-i2v": "per-token", "hunyuan-video-i2v-token-replace": "num_tokens"}
+# where the timestep enters each of these models (zeroed below: a model whose blocks do not depend on the step)
+TIME_EMBEDDING = {"flux": "time_text_embed.timestep_embedder.linear_2", "hunyuan-video":
+                  "time_text_embed.timestep_embedder.linear_2", "wan": "condition_embedder.time_embedder.linear_2"}
+
+
+@pytest.mark.parametrize("name", [n for n in ENTRIES if n not in REFUSED])
+def test_cached_keys_run_or_refuse_on_every_family(name):
+    _skip(name)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    vanilla = _run(model, calls)
+    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached")
+    if name in CACHED_REFUSED:
+        with pytest.raises(ValueError, match=CACHED_REFUSED[name]):
+            _run(model, calls)
+    else:
+        reused = _run(model, calls)
+        assert torch.equal(reused[0], vanilla[0])
+        for got, want in zip(reused[1:], vanilla[1:]):
+            assert torch.isfinite(got).all() and not torch.equal(got, want)
+    tokenmerge.remove_patch(model)
+    for got, want in zip(_run(model, calls), vanilla):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(TIME_EMBEDDING))
+def test_cached_keys_are_the_fresh_ones_when_nothing_changes_between_steps(name):
+    """With a model whose blocks ignore the timestep and the same latent at every step, the other tokens' kept keys
+    and values are exactly this step's: keys="cached" must then give what keys="fresh" gives (which the property
+    test checks against the unpatched blocks); with the real timestep embedding they differ."""
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    runs = {}
+    for still in (False, True):
+        if still:
+            torch.nn.init.zeros_(model.get_submodule(TIME_EMBEDDING[name]).weight)
+            torch.nn.init.zeros_(model.get_submodule(TIME_EMBEDDING[name]).bias)
+        for keys in ("fresh", "cached"):
+            tokenmerge.apply_reuse(model, 0.5, warmup=1, keys=keys)
+            runs[still, keys] = _run(model, calls)
+            tokenmerge.remove_patch(model)
+    for a, b in zip(runs[True, "fresh"], runs[True, "cached"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(runs[False, "fresh"][2], runs[False, "cached"][2])
+
+
+def test_cached_keys_run_the_block_on_the_recomputed_tokens():
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 2)
+    seen = []
+    model.single_transformer_blocks[0].proj_mlp.register_forward_hook(lambda m, a, out: seen.append(a[0].shape[1]))
+    model.single_transformer_blocks[0].attn.to_q.register_forward_hook(lambda m, a, out: seen.append(a[0].shape[1]))
+    for keys in ("cached", "fresh"):
+        tokenmerge.apply_reuse(model, 0.25, warmup=1, keys=keys)
+        _run(model, calls)
+        tokenmerge.remove_patch(model)
+    n, text = calls[0]["hidden_states"].shape[1], calls[0]["encoder_hidden_states"].shape[1]
+    # cached: every projection on text + a quarter of the image; fresh: queries and the MLP on those rows only
+    assert seen == [text + n] * 2 + [text + n // 4] * 2 + [text + n] * 2 + [text + n // 4] * 2

@@ -25,6 +25,7 @@ timestep as the last call's is another branch of the same step, an earlier (nois
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import threading
@@ -38,7 +39,7 @@ from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_NONE, TEXT_STREAM, Arg
 from ..merge.windows import arange, table
 from .discover import DenoiserSite
 from .grids import GridReader, NoGrid
-from .layout import image_part, join, sides
+from .layout import image_part, join, sides, take_mask, take_rotary
 from .patch import coarsen
 from .state import host_timestep
 
@@ -89,6 +90,60 @@ class QueryRows(TorchFunctionMode):
         return _rows(before, self.image, after, self.index)
 
 
+class CachedKeys(TorchFunctionMode):
+    """``keys="cached"``: while active, the SDPA call over the image's keys keeps (at a full step, ``index`` None)
+    a copy of the image rows of its keys and values in ``slot``, or (at a partial step: the block runs on the
+    ``index`` tokens alone) writes their fresh rows into the kept ones and attends to all of them.
+
+    Args: as ``QueryRows``; slot: a list holding this attention's kept ``[keys, values]`` (B, H, N, D).
+    """
+
+    def __init__(self, image: int, index: torch.Tensor | None, keys: str, trailing: int, slot: list):
+        self.image, self.index, self.keys, self.trailing, self.slot = image, index, keys, trailing, slot
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is not _SDPA:
+            return func(*args, **kwargs)
+        for i, name in enumerate(_NAMES[: len(args)]):
+            kwargs[name] = args[i]
+        key, value = kwargs["key"], kwargs["value"]
+        count = self.image if self.index is None else self.index.shape[0]
+        before, after = _sides_or_none(key.shape[-2], count, self.keys or TEXT_NONE, self.trailing)
+        if before is None or self.calls:  # not the call over the image's keys (or a second one): untouched
+            return func(**kwargs)
+        self.calls += 1
+        rows_k, rows_v = key.narrow(-2, before, count), value.narrow(-2, before, count)
+        if self.index is None:
+            self.slot[:] = [rows_k.contiguous().clone(), rows_v.contiguous().clone()]
+            return func(**kwargs)
+        mask = kwargs.get("attn_mask")  # a mask made by the model over every token: its key columns fit the spliced
+        if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] > 1:  # keys, its rows the queries
+            total = before + self.image + after
+            if mask.shape[-1] != total:
+                raise ValueError("tokenmerge: token reuse with keys='cached' got an attention mask over the keys of "
+                                 "the recomputed tokens only, which it cannot extend; use keys='fresh'")
+            if mask.shape[-2] == total:
+                kwargs["attn_mask"] = mask.index_select(-2, _rows(before, self.image, after, self.index))
+        kept_k, kept_v = self.slot
+        axis = kept_k.dim() - 2
+        kept_k.index_copy_(axis, self.index, rows_k)
+        kept_v.index_copy_(axis, self.index, rows_v)
+        kwargs["key"] = _splice(key, kept_k, before, after)
+        kwargs["value"] = _splice(value, kept_v, before, after)
+        return func(**kwargs)
+
+
+def _splice(x: torch.Tensor, image: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """``x`` (..., L, D) with its image rows (between ``before`` and ``after`` others) replaced by ``image``."""
+    if not (before or after):
+        return image
+    parts = ([x.narrow(-2, 0, before)] if before else []) + [image] + \
+        ([x.narrow(-2, x.shape[-2] - after, after)] if after else [])
+    return torch.cat(parts, -2)
+
+
 def _rows(before: int, image: int, after: int, index: torch.Tensor) -> torch.Tensor:
     """Row indices of ``[before | image[index] | after]`` in a sequence of ``before + image + after`` rows."""
     if not (before or after):
@@ -101,10 +156,10 @@ class _Call:
     """One block's call in flight: its image input, whether it is partial, its level's image token count and
     recomputed tokens, and the query modes of its attention targets."""
 
-    __slots__ = ("x", "partial", "ran", "image", "index", "modes", "rows")
+    __slots__ = ("x", "partial", "ran", "image", "index", "grid", "modes", "rows")
 
-    def __init__(self, x: torch.Tensor, partial: bool, image: int, index: torch.Tensor | None):
-        self.x, self.partial, self.ran, self.image, self.index = x, partial, False, image, index
+    def __init__(self, x: torch.Tensor, partial: bool, image: int, index: torch.Tensor | None, grid: tuple):
+        self.x, self.partial, self.ran, self.image, self.index, self.grid = x, partial, False, image, index, grid
         self.modes: dict[int, QueryRows] = {}
         self.rows: dict[int, tuple[int, int]] = {}  # target -> (text before, after) of its gathered input
 
@@ -120,6 +175,7 @@ class _State:
         self.last: float | None = None  # the last call's denoising progress
         self.step, self.branch = 0, 0
         self.caches: dict[tuple[int, int], torch.Tensor] = {}  # (branch, block) -> (B, N, C) block residual
+        self.kv: dict[tuple[int, int, int], list] = {}  # keys="cached": (branch, block, target) -> [keys, values]
         self.first: float | None = None  # the progress of the generation's first partial step
         self.offsets: dict[int, int] = {}  # level -> tokens of its order walked so far (round-robin)
         self.counted = -1  # the step whose recomputed tokens the offsets last advanced past
@@ -130,12 +186,14 @@ class _State:
             call.close()
         self.active = False
         self.trailing, self.partial = 0, False
-        self.levels: dict[int, tuple[int, torch.Tensor | None]] = {}  # level -> (image tokens, recomputed ones)
+        self.levels: dict[int, tuple[int, torch.Tensor | None, tuple]] = {}  # level -> (tokens, recomputed, grid)
         self.blocks: dict[int, _Call] = {}
+        self.taken: list = []  # keys="cached": (rotary value, its rows at the recomputed tokens) of this call
 
     def forget(self) -> None:
         """A new generation: nothing to reuse."""
         self.caches.clear()
+        self.kv.clear()
         self.offsets.clear()
         self.step = self.branch = 0
         self.first, self.counted = None, -1
@@ -154,12 +212,14 @@ class _Hook:
 
 
 class _Site:
-    """A hooked sub-module of a block: its spec (a ``Target``), its input argument and whether it is attention."""
+    """A hooked sub-module of a block: its spec (a ``Target``), its input argument, whether it is attention, and
+    whether it is optional (an attention's query projection: a call whose rows are not laid out as the attention's
+    input passes untouched)."""
 
-    __slots__ = ("spec", "arg", "attention")
+    __slots__ = ("spec", "arg", "attention", "optional")
 
-    def __init__(self, spec, arg, attention: bool):
-        self.spec, self.arg, self.attention = spec, arg, attention
+    def __init__(self, spec, arg, attention: bool, optional: bool = False):
+        self.spec, self.arg, self.attention, self.optional = spec, arg, attention, optional
 
 
 class ReusePatch:
@@ -180,6 +240,9 @@ class ReusePatch:
         self._outputs: list = []  # per block: where its output holds the image stream (Whole.output)
         self._grid_reader = GridReader(site.family.grid, site.module)
         self._levels = sorted({b.level for b in blocks})
+        self.cached = config.keys == "cached"
+        self._wholes: list = []  # keys="cached": per block, its bound (rotary, mask, per-token, refuse_if) arguments
+        self._refusals: list = []  # per block, its (bound argument, reason) pairs that refuse a call
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k != "_local"}
@@ -274,10 +337,27 @@ class ReusePatch:
             sub = _sub(block, spec.attr)
             if sub is None:
                 continue
-            sites.append(_Site(spec, _HIDDEN.bind(sub), spec.kind in (SELF, JOINT) and spec in site.targets))
+            attention = spec.kind in (SELF, JOINT) and spec in site.targets
+            if self.cached and not attention:  # the whole block runs on the recomputed tokens: nothing to gather
+                continue
+            sites.append(_Site(spec, _HIDDEN.bind(sub), attention))
+            if self.cached:
+                continue
+            query = _sub(sub, spec.query) if attention and spec.query else None
+            if query is not None:  # the queries of the tokens that are not recomputed are never attended
+                sites.append(_Site(dataclasses.replace(spec, attr=f"{spec.attr}.{spec.query}", kind=MLP),
+                                   _HIDDEN.bind(query), False, optional=True))
         self._targets.append(sites)
         self._inputs.append(_HIDDEN.bind(block))
         self._outputs.append(site.whole.output)
+        self._refusals.append(tuple((b, reason) for b, reason in ((Arg(n).bind(block), r) for n, r in site.refuse_if)
+                                    if b is not None))
+        whole = site.whole
+        self._wholes.append((
+            Arg(whole.rotary.kwarg, also=whole.rotary.also).bind(block) if whole.rotary is not None else None,
+            Arg(whole.mask.kwarg).bind(block) if whole.mask is not None else None,
+            tuple(b for b in (Arg(n).bind(block) for n in whole.per_token) if b is not None),
+            tuple(b for b in (Arg(n).bind(block) for n in whole.refuse_if) if b is not None)))
         pre = block.register_forward_pre_hook(_Hook(self, "_merge_input", index, BLOCK), with_kwargs=True)
         post = block.register_forward_hook(_Hook(self, "_unmerge_output", index, BLOCK), always_call=True)
         self._target_handles[(index, BLOCK)] = (pre, post)
@@ -299,6 +379,8 @@ class ReusePatch:
         self._targets.clear()
         self._inputs.clear()
         self._outputs.clear()
+        self._wholes.clear()
+        self._refusals.clear()
         self.state.reset()
         self.state.forget()
         if getattr(self.site.module, PATCH_ATTR, None) is self:
@@ -343,7 +425,7 @@ class ReusePatch:
                 if advance:
                     state.offsets[level] = state.offsets.get(level, -count) + count
                 index = select(level_grid, cfg.order, count, cfg.effective_seed, state.offsets[level], device)
-            state.levels[level] = (image, index)
+            state.levels[level] = (image, index, level_grid)
         if advance:
             state.counted = state.step
         return None
@@ -360,16 +442,30 @@ class ReusePatch:
         if call is None:
             return None
         call.ran = True
+        site, state = self._targets[index][t], self.state
+        if self.cached:  # keep every token's keys and values (full step), or splice the kept ones in (partial)
+            slot = state.kv.setdefault((state.branch, index, t), [])
+            mode = CachedKeys(call.image, call.index if call.partial else None, site.spec.keys, state.trailing, slot)
+            call.modes[t] = mode
+            mode.__enter__()
+            return None
         if not call.partial:
             return None
-        site, state = self._targets[index][t], self.state
         if site.attention:  # every token in; only the recomputed tokens' queries inside the attention call
             mode = QueryRows(call.image, call.index, site.spec.keys, state.trailing)
             call.modes[t] = mode
             mode.__enter__()
             return None
         x = site.arg.read(args, kwargs)  # a per-token sub-module: the recomputed rows in
-        before, after = sides(x.shape[1], call.image, _layout(site.spec.text), state.trailing)
+        if site.optional:
+            if not isinstance(x, torch.Tensor) or x.dim() != 3:
+                return None
+            before, after = _sides_or_none(x.shape[1], call.image, _layout(site.spec.text), state.trailing)
+            if before is None:
+                return None
+        else:
+            before, after = sides(x.shape[1], call.image, _layout(site.spec.text), state.trailing)
+        call.rows[t] = (before, after)
         rows = image_part(x, call.image, before).index_select(1, call.index)
         return site.arg.replace(args, kwargs, join(x, rows, before, after))
 
@@ -377,9 +473,9 @@ class ReusePatch:
         if t == BLOCK:
             return self._block_post(index, output)
         call = self.state.blocks.get(index)
-        if call is None or not call.partial:
+        if call is None:
             return None
-        site, state = self._targets[index][t], self.state
+        site = self._targets[index][t]
         mode = call.modes.pop(t, None)
         if mode is not None:
             mode.__exit__(None, None, None)
@@ -388,6 +484,10 @@ class ReusePatch:
                     f"tokenmerge: token reuse found no scaled_dot_product_attention call over the image tokens in "
                     f"{self.blocks[index].path}.{site.spec.attr}: its attention backend computes attention another "
                     "way (token reuse works with PyTorch's SDPA, diffusers' default 'native' backend)")
+        if self.cached or not call.partial:
+            return None
+        if not site.attention and call.rows.pop(t, None) is None:  # an optional one that passed untouched
+            return None
         return self._scatter(index, site, call, output)
 
     def _scatter(self, index: int, site: _Site, call: _Call, output):
@@ -422,7 +522,7 @@ class ReusePatch:
         if not state.active:
             return None
         site = self.blocks[index]
-        image, chosen = state.levels[site.level]
+        image, chosen, grid = state.levels[site.level]
         x = self._inputs[index].read(args, kwargs)
         if not isinstance(x, torch.Tensor) or x.dim() != 3:
             raise TypeError(f"tokenmerge: {site.path} got hidden states that are not a (batch, tokens, channels) "
@@ -430,11 +530,52 @@ class ReusePatch:
         if x.shape[1] < image:
             raise ValueError(f"tokenmerge: block {site.path} got {x.shape[1]} tokens, but the call's grid has "
                              f"{image} image tokens at its level")
-        x = image_part(x, image, sides(x.shape[1], image, site.text, state.trailing)[0])
+        for bound, reason in self._refusals[index]:
+            if bound.read(args, kwargs) is not None:
+                raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}: {reason}")
+        full = x
+        before, after = sides(x.shape[1], image, site.text, state.trailing)
+        x = image_part(x, image, before)
         cache = state.caches.get((state.branch, index))
         fits = cache is not None and cache.shape == x.shape and cache.dtype == x.dtype and cache.device == x.device
-        state.blocks[index] = _Call(x, state.partial and fits, image, chosen)
-        return None
+        if self.cached:
+            for t, hooked in enumerate(self._targets[index]):
+                kept = state.kv.get((state.branch, index, t))
+                fits = fits and bool(kept) and kept[0].shape[0] == x.shape[0] and kept[0].shape[-2] == image
+        state.blocks[index] = call = _Call(x, state.partial and fits, image, chosen, grid)
+        if not (self.cached and call.partial):
+            return None
+        # keys="cached": the whole block on the recomputed tokens (text and reference rows whole), rotary rows too
+        rotary, mask, per_token, refuse_if = self._wholes[index]
+        for bound in refuse_if:
+            if bound.read(args, kwargs) is not None:
+                raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}, which a block run on some tokens would "
+                                 "make wrong; use keys='fresh'")
+        for bound in per_token:
+            value = bound.read(args, kwargs)
+            if isinstance(value, torch.Tensor) and value.dim() >= 2 and (value.shape[1] in (image, full.shape[1]) or (
+                    value.dim() >= 4 and value.shape[2] in (image, full.shape[1]))):
+                raise ValueError(f"tokenmerge: {site.path} got a per-token {bound.name!r}, which token reuse with "
+                                 "keys='cached' does not follow; use keys='fresh'")
+        args, kwargs = self._inputs[index].replace(args, kwargs, join(full, x.index_select(1, chosen), before, after))
+        value = rotary.read(args, kwargs) if rotary is not None else None
+        if value is not None:
+            args, kwargs = rotary.replace(args, kwargs, self._rotary_rows(site, value, image, chosen))
+        value = mask.read(args, kwargs) if mask is not None else None
+        if isinstance(value, torch.Tensor) and site.whole.mask.tokens:  # per-token entries: the tokens' own
+            args, kwargs = mask.replace(args, kwargs, take_mask(site.whole.mask, value, image, chosen, state.trailing))
+        return args, kwargs  # an attention mask stays whole: the keys are spliced back to every token's
+
+    def _rotary_rows(self, site: BlockSite, value, image: int, chosen: torch.Tensor):
+        """The rotary table ``value`` at the recomputed tokens' rows, once per table and call (Flux passes one
+        table to every block)."""
+        state = self.state
+        for seen, spec, taken in state.taken:
+            if seen is value and spec is site.whole.rotary:
+                return taken
+        taken = take_rotary(site.whole.rotary, value, image, chosen, state.trailing)
+        state.taken.append((value, site.whole.rotary, taken))
+        return taken
 
     def _block_post(self, index: int, output):
         state = self.state
@@ -447,19 +588,41 @@ class ReusePatch:
         which = self._outputs[index]
         seq = output if which is None or isinstance(output, torch.Tensor) else output[which]
         x, key, chosen = call.x, (state.branch, index), call.index
-        before, after = sides(seq.shape[1], call.image, self.blocks[index].text, state.trailing)
-        out = image_part(seq, call.image, before)
+        ran_on = chosen.shape[0] if self.cached and call.partial else call.image  # the image rows the block returns
+        before, after = sides(seq.shape[1], ran_on, self.blocks[index].text, state.trailing)
+        out = image_part(seq, ran_on, before)
         if not call.partial:
             state.caches[key] = out - x  # the block residual of every token
             return None
         cache = state.caches[key]
-        cache.index_copy_(1, chosen, out.index_select(1, chosen) - x.index_select(1, chosen))
+        fresh = (out if self.cached else out.index_select(1, chosen)) - x.index_select(1, chosen)
+        if self.config.spread:  # the recomputed tokens' change since their last computation, given to their neighbours
+            change = fresh - cache.index_select(1, chosen)
+            cache.index_copy_(1, chosen, fresh)
+            cache.add_(_spread(change, chosen, call.grid, call.image), alpha=self.config.spread)
+        else:
+            cache.index_copy_(1, chosen, fresh)
         seq = join(seq, x + cache, before, after)
         if which is None or isinstance(output, torch.Tensor):
             return seq
         parts = list(output)
         parts[which] = seq
         return type(output)(parts)
+
+
+def _spread(change: torch.Tensor, chosen: torch.Tensor, grid: tuple, image: int) -> torch.Tensor:
+    """``(B, N, C)``: for each token not recomputed, the mean ``change`` of the recomputed tokens in its 3x3 (video:
+    3x3x3) neighbourhood of the grid (zero where it has none); zero on the recomputed tokens themselves."""
+    b, _, c = change.shape
+    pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[len(grid)]
+    full = change.new_zeros(b, image, c)
+    full.index_copy_(1, chosen, change)
+    mask = change.new_zeros(1, image, 1)
+    mask.index_fill_(1, chosen, 1.0)
+    total = pool(full.transpose(1, 2).reshape(b, c, *grid), 3, 1, 1, count_include_pad=False)
+    count = pool(mask.transpose(1, 2).reshape(1, 1, *grid), 3, 1, 1, count_include_pad=False)
+    mean = (total / count.clamp_min(1e-6)).reshape(b, c, image).transpose(1, 2)
+    return mean * (1 - mask)
 
 
 # ---- which tokens -------------------------------------------------------------------------------------------

@@ -140,6 +140,8 @@ class Mask:
     text: str = TEXT_NONE
     image: bool = True  # False: the mask covers the text only (Mochi) and passes whole
     same: tuple[str, ...] = ()  # other masks over the same tokens, which follow alike (Qwen-Image 2.1's key_valid)
+    tokens: bool = False  # one entry per token that the block's own code reads (Bria FIBO 2's noise_mask picks each
+    # token's modulation), not an attention mask: token reuse with keys="cached" takes the recomputed tokens' entries
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,9 @@ class Target:
             to the grid); asking to merge it is an error that gives the reason.
         reuse: a reason token reuse (``apply_reuse``) cannot run this sub-module on some tokens' rows alone (e.g.
             an attention that computes a feed-forward of every token inside its call); such a block is refused.
+        query: for ``SELF``/``JOINT``: the attention's query projection, a sub-module (``to_q`` in diffusers) called
+            on the rows of its ``hidden_states``: token reuse computes it for the recomputed tokens only (their
+            queries are the only ones attended). Where the module has none (fused projections), nothing changes.
     """
 
     attr: str
@@ -176,6 +181,7 @@ class Target:
     same: tuple[str, ...] = ()
     refuse: str | None = None
     reuse: str | None = None
+    query: str | None = "to_q"
 
 
 @dataclass(frozen=True)

@@ -151,9 +151,9 @@ BRIA_FIBO2 = Family(
     match=has("perceiver", "x_embedder") & has_list("noise_refiner", "layers") & takes("context_latents"),
     grid=LatentGrid(patch=("patch_size", "patch_size"), refs=Arg("context_latents")),
     blocks=(Blocks("noise_refiner", _F_REFINER, requires=("attention", "feed_forward"),
-                   whole=Whole(rotary=_F_REFINER[0].rotary, mask=Mask("noise_mask"))),
+                   whole=Whole(rotary=_F_REFINER[0].rotary, mask=Mask("noise_mask", tokens=True))),
             Blocks("layers", _F_LAYERS, text=TEXT_BEFORE, requires=("attention", "feed_forward"),
-                   whole=Whole(rotary=_F_ROTARY, mask=Mask("noise_mask", text=TEXT_BEFORE)),
+                   whole=Whole(rotary=_F_ROTARY, mask=Mask("noise_mask", text=TEXT_BEFORE, tokens=True)),
                    refuse_if=_F_GIST_LAST)),
     timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise
     shared_plan=True,
