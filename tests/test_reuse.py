@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import tokenmerge
 from tiny_denoisers import CATALOGUE, available
 from tiny_models import later_step
+
+import tokenmerge
 from tokenmerge.engine.layout import image_part, sides
 from tokenmerge.engine.reuse import select
 from tokenmerge.families import BUILTIN
@@ -239,7 +239,7 @@ def test_fullgraph_compile_is_refused_with_the_reason():
 
 
 def test_attention_cache_is_refused_and_block_cache_runs_outside_the_reuse():
-    diffusers = pytest.importorskip("diffusers")
+    pytest.importorskip("diffusers")
     from diffusers.hooks import FirstBlockCacheConfig, PyramidAttentionBroadcastConfig
 
     entry = CATALOGUE["flux"]
@@ -335,7 +335,8 @@ def test_frontier_averages_the_measured_steps_over_the_schedule():
 # the recomputed tokens alone, token counts), with a word of the reason
 CACHED_REFUSED = {"qwen-image": "mask", "qwen-image-edit": "mask", "qwen-image-layered": "mask",
                   "qwen-image-controlnet": "mask", "qwen-image-edit-2511": "per-token", "wan-ti2v": "per-token",
-                  "skyreels-v2-df": "per-token", "ltx-i2v": "per-token", "hunyuan-video-i2v-token-replace": "num_tokens"}
+                  "skyreels-v2-df": "per-token", "ltx-i2v": "per-token",
+                  "hunyuan-video-i2v-token-replace": "num_tokens"}
 # where the timestep enters each of these models (zeroed below: a model whose blocks do not depend on the step)
 TIME_EMBEDDING = {"flux": "time_text_embed.timestep_embedder.linear_2", "hunyuan-video":
                   "time_text_embed.timestep_embedder.linear_2", "wan": "condition_embedder.time_embedder.linear_2"}

@@ -6,12 +6,10 @@ import contextlib
 import warnings
 from dataclasses import dataclass
 
-
 from .config import ToDoConfig, ToMeConfig
-from .families.spec import grid_rank
-from .engine import PATCH_ATTR, SUPPORTED, BlockSite, DenoiserPatch, DenoiserSite, find_denoisers, held_modules
-from .engine import guards
+from .engine import PATCH_ATTR, SUPPORTED, BlockSite, DenoiserPatch, DenoiserSite, find_denoisers, guards, held_modules
 from .engine.reuse import ReusePatch
+from .families.spec import grid_rank
 from .reuse import ReuseConfig, apply_reuse
 
 __all__ = ["apply_patch", "apply_todo", "remove_patch", "patched", "describe_patch", "observe", "PatchInfo", "DenoiserInfo"]

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_NONE, TEXT_STREAM, Arg, BlockSite
+from ..families.spec import JOINT, MLP, SELF, TEXT_NONE, TEXT_STREAM, Arg, BlockSite
 from ..merge.windows import arange, table
 from .discover import DenoiserSite
 from .grids import GridReader, NoGrid
