@@ -34,11 +34,11 @@ class ReuseConfig:
     fraction: float = 0.5
     warmup: int = 4
     every: int = 0
-    order: str = "strided"
+    order: str = "grid"
     seed: int | None = None
     blocks: tuple[int, ...] | None = None
     fraction_end: float | None = None
-    spread: float = 0.0
+    spread: float = 0.3
     keys: str = "fresh"
 
     # what the other patches' configs say, read by the shared lifecycle (patch.py) and guards
@@ -119,7 +119,7 @@ class ReuseConfig:
 
 
 def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: float | None = None,
-                spread: float = 0.0, keys: str = "fresh", every: int = 0, order: str = "strided",
+                spread: float = 0.3, keys: str = "fresh", every: int = 0, order: str = "grid",
                 seed: int | None = None, blocks=None):
     """Patch a diffusion transformer with token reuse, in place: after ``warmup`` full steps, each step recomputes
     ``fraction`` of the image tokens in every block and reuses the rest.
@@ -149,8 +149,8 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
     Args to tinker with:
         spread: give each token that is not recomputed this share of the mean change of the recomputed tokens
             around it (3x3 on the grid, 3x3x3 on video) since they were last computed, added to its cached residual
-            (ClusCa's idea: a computed token's change stands for its neighbours'); 0 (default): off. No memory is
-            kept for it.
+            (ClusCa's idea: a computed token's change stands for its neighbours'); 0: off. No memory is kept for
+            it. The default 0.3 was 0.6-2.2 dB more faithful than 0 on the embedded models.
         keys: ``"fresh"`` (default): every token goes through the block's projections, so the recomputed tokens
             attend to this step's keys and values of all tokens, as described above. ``"cached"``: the whole block
             runs on the recomputed tokens alone (its feed-forward, projections and norms too; rotary rows follow),
@@ -160,9 +160,9 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
             values of every token). Blocks whose attention takes a mask, or whose per-token arguments would have to
             follow, are refused with ``"cached"``.
         every: after the warm-up, every ``every``-th step is a full one again (0, the default: none).
-        order: how the recomputed tokens are chosen: ``"strided"`` (every k-th token in raster order, the set
-            shifted each step), ``"grid"`` (spread over 2x2 windows of the token grid), ``"random"`` (a seeded
-            random order); each is walked round-robin.
+        order: how the recomputed tokens are chosen: ``"grid"`` (default: the same ranks of every 2x2 window of the
+            token grid, frames in pairs on video), ``"strided"`` (every k-th token in raster order), ``"random"`` (a
+            seeded random order); each is walked round-robin, so the set moves every step.
         seed: the random order's seed (``None``: a fixed default).
         blocks: which blocks, by index over the denoiser's blocks (``None``: all).
 
