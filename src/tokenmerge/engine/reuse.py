@@ -614,15 +614,22 @@ def _spread(change: torch.Tensor, chosen: torch.Tensor, grid: tuple, image: int)
     """``(B, N, C)``: for each token not recomputed, the mean ``change`` of the recomputed tokens in its 3x3 (video:
     3x3x3) neighbourhood of the grid (zero where it has none); zero on the recomputed tokens themselves."""
     b, _, c = change.shape
-    pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[len(grid)]
     full = change.new_zeros(b, image, c)
     full.index_copy_(1, chosen, change)
     mask = change.new_zeros(1, image, 1)
     mask.index_fill_(1, chosen, 1.0)
-    total = pool(full.transpose(1, 2).reshape(b, c, *grid), 3, 1, 1, count_include_pad=False)
-    count = pool(mask.transpose(1, 2).reshape(1, 1, *grid), 3, 1, 1, count_include_pad=False)
-    mean = (total / count.clamp_min(1e-6)).reshape(b, c, image).transpose(1, 2)
-    return mean * (1 - mask)
+    total = _box(full.reshape(b, *grid, c)).reshape(b, image, c)
+    count = _box(mask.reshape(1, *grid, 1)).reshape(1, image, 1)
+    return total / count.clamp_min(1.0) * (1 - mask)
+
+
+def _box(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(B, *grid, C)`` summed over each token's 3 x ... x 3 neighbourhood (the grid's edges padded with 0)."""
+    for axis in range(1, x.dim() - 1):
+        n = x.shape[axis]
+        padded = F.pad(x, [0, 0] * (x.dim() - 1 - axis) + [1, 1])
+        x = padded.narrow(axis, 0, n) + padded.narrow(axis, 1, n) + padded.narrow(axis, 2, n)
+    return x
 
 
 # ---- which tokens -------------------------------------------------------------------------------------------
