@@ -434,3 +434,31 @@ def test_cached_keys_run_the_block_on_the_recomputed_tokens():
     n, text = calls[0]["hidden_states"].shape[1], calls[0]["encoder_hidden_states"].shape[1]
     # cached: every projection on text + a quarter of the image; fresh: queries and the MLP on those rows only
     assert seen == [text + n] * 2 + [text + n // 4] * 2 + [text + n] * 2 + [text + n // 4] * 2
+
+
+def test_the_quality_tools_linear_work_counts_the_rows_computed():
+    """``tokenmerge quality``'s count of nn.Linear work sees what each layer computed, not the full-size output a
+    reuse hook on the layer gives back (checked against the layers' inputs as they enter, after the patch's hooks)."""
+    import types
+
+    from tokenmerge.quality.run import linear_work
+
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 2)
+    tokenmerge.apply_reuse(model, 0.25, warmup=1)
+    entered = [0]
+
+    def count(module, args):
+        entered[0] += args[0].shape[:-1].numel() * module.in_features * module.out_features
+
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    handles = [m.register_forward_pre_hook(count) for m in layers]  # after the patch's: the rows each layer gets
+    with torch.no_grad():
+        model(**calls[0])
+        entered[0] = 0
+        with linear_work(types.SimpleNamespace(transformer=model)) as work:
+            model(**calls[1])
+    for handle in handles:
+        handle.remove()
+    assert work[0] == entered[0] > 0
