@@ -45,23 +45,79 @@ def _step_speed(speed: dict, spec: MethodSpec):
     return None, ""
 
 
+def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
+    """(speed-up, how) of token reuse over a generation of ``steps`` steps: its full steps at the bench's measured
+    full step, each partial step at the bench's measured partial step of its fraction (linearly interpolated
+    between the measured fractions: a step's work is affine in the tokens it recomputes)."""
+    measured = steps_by_fraction.get(spec.steady().options)
+    if not measured:
+        return None, ""
+    cfg = spec.reuse_config()
+    schedule = cfg.schedule(steps)
+    fractions = sorted(measured)
+    fulls = [measured[f][0] for f in fractions if measured[f][0]]
+    if not fulls:
+        return None, ""
+    full = sum(fulls) / len(fulls)  # the full step does not depend on the fraction: the mean of its measures
+
+    def partial(f):  # time of a partial step over vanilla's
+        if f in measured:
+            return measured[f][1]
+        lower = [g for g in fractions if g < f]
+        upper = [g for g in fractions if g > f]
+        if not lower or not upper:
+            return None
+        a, b = lower[-1], upper[0]
+        return measured[a][1] + (measured[b][1] - measured[a][1]) * (f - a) / (b - a)
+
+    times = [full if f is None else partial(f) for f in schedule]
+    if any(t is None for t in times):
+        return None, ""
+    n_full = sum(f is None for f in schedule)
+    used = sorted({f for f in schedule if f is not None})
+    at = (f"{used[0]:g}" if len(used) == 1 else f"{used[0]:.2f} to {used[-1]:.2f}") + (
+        "" if all(f in measured for f in used) else ", interpolated between measured fractions")
+    return 1 / (sum(times) / steps), f"measured steps: {n_full} full + {steps - n_full} partial of {steps} (at {at})"
+
+
+def _reuse_table(bench: list[dict]) -> dict:
+    """Token reuse's measured steps: {steady options: {fraction: (full step time, partial step time) over
+    vanilla's}}, from the bench records (each times a full and a partial step)."""
+    table: dict = {}
+    for r in bench:
+        if r.get("status") != "ok" or not r.get("speedup") or not r.get("full_speedup"):
+            continue
+        spec = parse_spec(r["spec"], bench=True)
+        if not spec.stateful:
+            continue
+        table.setdefault(spec.steady().options, {})[spec.value] = (1 / r["full_speedup"], 1 / r["speedup"])
+    return table
+
+
 def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
     """(points, notes): one point per quality method with a speed; notes name the methods left out and why."""
     speed = {r["spec"]: r["speedup"] for r in bench if r.get("status") == "ok" and r.get("speedup")}
+    reuse = _reuse_table(bench)
     work = {m["spec"]: m.get("linear_work") for m in quality["methods"]}
     out, notes = [], []
+
+    def token_speed(spec):
+        if spec.stateful:
+            return _reuse_speed(reuse, spec, quality.get("steps", 20))
+        return _step_speed(speed, spec)
+
     for m in quality["methods"]:
         if m["spec"] == "vanilla":
             continue
         spec = parse_spec(m["spec"])
         kind = _kind(spec)
         if kind == "tokens":
-            x, how = _step_speed(speed, spec)
+            x, how = token_speed(spec)
         elif kind == "cache":
             x, how = (1 / m["linear_work"] if m.get("linear_work") else None), "counted"
         else:
             token = next(p for p in spec.parts if not p.is_cache)
-            (base, how), base_work = _step_speed(speed, token), work.get(token.text)
+            (base, how), base_work = token_speed(token), work.get(token.text)
             x = base * base_work / m["linear_work"] if base and base_work and m.get("linear_work") else None
             how += " x counted"
         if x is None:
@@ -92,6 +148,9 @@ def markdown(pts, notes, bench_cmd: str, quality_cmd: str, title: str) -> str:
                      f"{p['ssim']:.3f} | {work} | {'yes' if p['frontier'] else ''} |")
     lines += ["", "Speed-up, how: measured = the bench's step time (medians, interleaved); on N% of steps = a "
               "schedule (start/stop): the measured step speed-up on that share of the steps, vanilla on the rest; "
+              "measured steps (token reuse): the bench's measured full step (a generation's first) and partial step "
+              "(its fraction's, or interpolated between two measured fractions), averaged over the generation's "
+              "schedule; "
               "counted = 1 / the share of vanilla's nn.Linear multiply-adds the cache ran on the trained model (zero "
               "overhead: an upper bound); x counted = times the cache's further saving on top of the token "
               "reduction (its linear work over the combination's)."]

@@ -516,3 +516,19 @@ def record_plans(model) -> PlanRecorder:
     recorder = PlanRecorder()
     tokenmerge.observe(model, recorder)
     return recorder
+
+
+# ---- token reuse: the calls of a generation's later steps --------------------------------------------------
+def later_step(model, inputs: dict, factor: float = 0.8) -> dict:
+    """``inputs`` with the timestep moved one step further into denoising (scaled by ``factor`` or by its inverse,
+    whichever raises the denoising progress as the model's family reads it: families called with 1000 - t, or
+    with 0..1 timesteps where 0 is noise, go the other way)."""
+    from tokenmerge.engine import find_denoisers
+
+    bound = find_denoisers(model)[0].timestep
+    t = bound.read((), inputs)
+    value = float(t.max()) if isinstance(t, torch.Tensor) else float(t)
+    for f in (factor, 1 / factor):
+        if bound.progress(value * f, 1000) > bound.progress(value, 1000):
+            return {**inputs, bound.name: t * f}
+    raise ValueError(f"no later timestep than {value} for {type(model).__name__}")

@@ -17,6 +17,7 @@ from .api import (
 )
 from .config import ToDoConfig, ToMeConfig
 from .families import Family, register_family, registered_families, unregister_family
+from .reuse import ReuseConfig, apply_reuse
 
 __version__ = "0.1.0"
 
@@ -24,11 +25,13 @@ __all__ = [
     "BlockPlan",
     "Family",
     "PatchInfo",
+    "ReuseConfig",
     "ToDoConfig",
     "ToMeConfig",
     "__version__",
     "apply_config",
     "apply_patch",
+    "apply_reuse",
     "apply_todo",
     "describe_patch",
     "observe",

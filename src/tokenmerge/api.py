@@ -12,7 +12,9 @@ from .config import ToDoConfig, ToMeConfig
 from .engine import PATCH_ATTR, SUPPORTED, DenoiserSite, Patch, find_denoisers, held_modules
 from .engine.planner import BlockPlan
 from .engine.refusals import check_apply, merges
+from .engine.techniques.reuse import ReusePatch
 from .families.spec import BlockSite, grid_rank
+from .reuse import ReuseConfig, apply_reuse
 
 __all__ = ["apply_patch", "apply_todo", "apply_config", "remove_patch", "patched", "describe_patch", "observe",
            "PatchInfo", "DenoiserInfo", "BlockPlan"]
@@ -152,13 +154,13 @@ def apply_todo(
     return apply_config(model, config)
 
 
-def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsampler=None, observer=None,
-                 code_paths: str | None = None):
+def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matcher=None, downsampler=None,
+                 observer=None, code_paths: str | None = None):
     """``apply_patch`` with a ready config.
 
     Args:
         model: what ``apply_patch`` accepts.
-        config: a ``ToMeConfig`` or ``ToDoConfig``.
+        config: a ``ToMeConfig``, ``ToDoConfig`` or ``ReuseConfig`` (token reuse: ``apply_reuse``).
         matcher, downsampler: replace ToMe's matching and ToDo's pooling (the bench's zero-overhead limits;
             see ``tokenmerge.engine.Patch``).
         observer: what ``observe`` takes; ``None`` in normal use.
@@ -182,14 +184,22 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
             )
     if code_paths is not None and code_paths not in ("cpu", "cuda"):
         raise ValueError(f"code_paths must be 'cpu', 'cuda' or None (the device's); got {code_paths!r}")
-    check_apply(model, config, plans)  # compiled code, caches, ToDo on cross-attention: refused
+    reuse = isinstance(config, ReuseConfig)
+    if reuse:  # token reuse (engine/techniques/reuse.py): its own checks, on every denoiser before any install
+        for site, blocks in plans:
+            if blocks:
+                ReusePatch.check(site, blocks)
+                ReusePatch(site, config, blocks).check_hooks()
+    else:
+        check_apply(model, config, plans)  # compiled code, caches, ToDo on cross-attention: refused
     previous = _snapshot(model)
     remove_patch(model)
     installed = []
     try:
         for site, blocks in plans:
             if blocks:
-                patch = Patch(site, config, blocks, matcher, downsampler, observer, code_paths)
+                patch = ReusePatch(site, config, blocks) if reuse else \
+                    Patch(site, config, blocks, matcher, downsampler, observer, code_paths)
                 patch.install()
                 installed.append(patch)
     except BaseException:
@@ -201,12 +211,14 @@ def apply_config(model, config: ToMeConfig | ToDoConfig, *, matcher=None, downsa
 
 
 def _snapshot(model) -> list:
-    return [(p.site, p.config, p.blocks, p.matcher, p.downsampler, p.observer, p.code_paths) for p in _patches(model)]
+    return [(ReusePatch, (p.site, p.config, p.blocks)) if isinstance(p, ReusePatch) else
+            (Patch, (p.site, p.config, p.blocks, p.matcher, p.downsampler, p.observer, p.code_paths))
+            for p in _patches(model)]
 
 
 def _restore(snapshot: list) -> None:
-    for args in snapshot:
-        Patch(*args).install()
+    for cls, args in snapshot:
+        cls(*args).install()
 
 
 def select_blocks(site: DenoiserSite, max_downsample: int | None,
@@ -243,7 +255,7 @@ def _nothing_matched(sites: list[DenoiserSite], max_downsample: int | None) -> s
     return "no transformer block to merge in: " + "; ".join(parts) + hint
 
 
-def _patches(model) -> list[Patch]:
+def _patches(model) -> list:
     held = held_modules(model)
     if not held:
         raise TypeError(f"tokenmerge: a {type(model).__name__} holds no model; expected {SUPPORTED}")
@@ -251,7 +263,7 @@ def _patches(model) -> list[Patch]:
     seen, found = set(), []
     for module in modules:
         patch = getattr(module, PATCH_ATTR, None)
-        if isinstance(patch, Patch) and id(patch) not in seen:
+        if isinstance(patch, (Patch, ReusePatch)) and id(patch) not in seen:
             seen.add(id(patch))
             found.append(patch)
     return found
@@ -287,13 +299,15 @@ def patched(model, ratio: float | None = None, *, method: str = "tome", **kwargs
     """``with tokenmerge.patched(pipe, ratio=0.5): pipe(...)``: patched inside, as before outside.
 
     Takes ``apply_patch``'s arguments, or with ``method="todo"`` those of ``apply_todo`` (where ``ratio``
-    is the optional query merging: 0 unless given; for ToMe the default is 0.5). A patch that was in place before is
-    restored on exit.
+    is the optional query merging: 0 unless given; for ToMe the default is 0.5), or with ``method="reuse"`` those
+    of ``apply_reuse`` (``ratio``: its ``fraction``). A patch that was in place before is restored on exit.
     """
-    if method not in ("tome", "todo"):
-        raise ValueError(f"method must be 'tome' or 'todo'; got {method!r}")
+    if method not in ("tome", "todo", "reuse"):
+        raise ValueError(f"method must be 'tome', 'todo' or 'reuse'; got {method!r}")
     previous = _snapshot(model)
-    if method == "todo":
+    if method == "reuse":
+        apply_reuse(model, 0.5 if ratio is None else ratio, **kwargs)
+    elif method == "todo":
         apply_todo(model, ratio=0.0 if ratio is None else ratio, **kwargs)
     else:
         apply_patch(model, 0.5 if ratio is None else ratio, **kwargs)
@@ -317,7 +331,7 @@ class DenoiserInfo:
 class PatchInfo:
     """What ``apply_patch`` did: the settings and, per denoiser, the patched blocks."""
 
-    config: ToMeConfig
+    config: ToMeConfig | ToDoConfig | ReuseConfig
     denoisers: tuple[DenoiserInfo, ...]
     notes: tuple[str, ...] = ()  # where the setting is known not to pay, in plain words
 
@@ -327,6 +341,12 @@ class PatchInfo:
 
     def __str__(self) -> str:
         c = self.config
+        if isinstance(c, ReuseConfig):
+            lines = [f"tokenmerge token reuse: fraction={c.fraction:g} (recomputed per partial step) warmup={c.warmup}"
+                     f" every={c.every} order={c.order} seed={c.effective_seed}"]
+            lines += [f"  {d.path or '<model>'} ({d.class_name}, {d.family}): {len(d.blocks)}/{d.total_blocks} "
+                      "transformer blocks patched" for d in self.denoisers]
+            return "\n".join(lines + [f"  note: {note}" for note in self.notes])
         head = (f"tokenmerge ToDo patch: downsample={c.downsample} mode={c.mode} query ratio={c.ratio:g} "
                 if isinstance(c, ToDoConfig) else f"tokenmerge ToMe patch: ratio={c.ratio:g} ")
         lines = [
@@ -396,16 +416,25 @@ def _on_cuda(module) -> bool:
     return any(t.device.type == "cuda" for t in itertools.chain(module.parameters(), module.buffers()))
 
 
+NOTE_REUSE_MEMORY = (
+    "token reuse keeps one tensor of each patched block's image output (batch x image tokens x width) from the "
+    "first step of a generation to its end, per call of a step (guidance run as two calls keeps two)")
+
+
 def _notes(patches) -> tuple[str, ...]:
     """Plain-language notes on settings known not to pay on a GPU and on calls left unmerged (``PatchInfo.notes``)."""
     notes = []
     for p in patches:
+        cfg, family = p.config, p.site.family
+        if isinstance(cfg, ReuseConfig):
+            if NOTE_REUSE_MEMORY not in notes:
+                notes.append(NOTE_REUSE_MEMORY)
+            continue
         small = _small_note(p)
         if small is not None:
             notes.append(small)
-        if p.config.min_size is None and _on_cuda(p.site.module) and NOTE_SMALL_ON_CUDA not in notes:
+        if cfg.min_size is None and _on_cuda(p.site.module) and NOTE_SMALL_ON_CUDA not in notes:
             notes.append(NOTE_SMALL_ON_CUDA)
-        cfg, family = p.config, p.site.family
         merging = merges(cfg)
         if merging and family.kind == "transformer" and grid_rank(family.grid) == 2 \
                 and getattr(cfg, "scope", "attention") == "attention" and not cfg.merge_mlp \

@@ -87,6 +87,8 @@ def annotate(records: list[dict]) -> None:
                 r["kernels_vs_vanilla"] = _ratio(r, base)
             if r.get("generate_s"):
                 r["generate_speedup"] = _speedup(base.get("generate_s"), r["generate_s"])
+            if r.get("full_median_s"):  # a stateful mode (token reuse): its full step beside the partial one
+                r["full_speedup"] = _speedup(base.get("median_s"), r["full_median_s"])
         for r in cell.values():
             limit = cell.get(_limit_label(r, cell) or "")
             r["limit_label"] = limit["label"] if limit else None
@@ -126,6 +128,8 @@ def _fmt(r) -> str:
         text += f" ({(r['speedup'] - 1) * 100:+.0f}%{spread})"
         if r.get("gain_kept") is not None:
             text += f", {r['gain_kept'] * 100:.0f}% of limit"
+    if r.get("full_median_s"):  # token reuse: the time above is its partial step; a generation's full steps cost
+        text += f"; full step {r['full_median_s']:.3g} s"
     if r.get("peak_mem_mb") is not None:
         text += f", {r['peak_mem_mb'] / 1024:.2f} GB"
         if r.get("step_mem_mb") is not None:
@@ -242,7 +246,11 @@ def markdown(records: list[dict], meta: dict, command: str, preface: str = "") -
         "[a, b]: the lowest and highest speed-up of a single round (vanilla's run over this mode's run in the same "
         "round), the noise a figure must stand out of. "
         "'% of limit': share of the zero-overhead limit's gain at that ratio (ToDo: at that factor). "
-        "Memory: " + meta["memory"] + (" (step: what one step adds to the resident memory before it)"
+        + ("Token reuse (reuse): each round times a generation's first step (every token computed: 'full step') "
+           "and then a partial step at a later timestep (the time and % shown: its steady state); a generation's "
+           "average is the two weighted by its schedule (scripts/frontier.py). "
+           if any(r.get("full_median_s") for r in steps) else "")
+        + "Memory: " + meta["memory"] + (" (step: what one step adds to the resident memory before it)"
                                        if "isolated" in meta["memory"] else "") + ".",
         "",
     ]
@@ -342,7 +350,8 @@ def write_outputs(records: list[dict], meta: dict, out_dir: Path | Outputs, comm
                "generate_speedup", "phases_s", "peak_mem_mb", "step_mem_mb", "dtype", "device", "frames", "grid",
                "tokens", "reference", "compile_mode", "host_median_s", "kernels_per_call", "launches_per_call",
                "syncs_per_call", "kernel_time_s", "device_busy", "launch_bound", "kernels_vs_vanilla",
-               "limit_label", "limit_share", "compiled_vs_eager", "fullgraph", "cudagraph_skips"]
+               "limit_label", "limit_share", "compiled_vs_eager", "fullgraph", "cudagraph_skips", "step_timed",
+               "full_median_s", "full_speedup"]
     flat = {k: v for k, v in meta.items() if not isinstance(v, dict)}  # per-preset descriptions: in the JSONL
 
     def write_csv(tmp: Path) -> None:

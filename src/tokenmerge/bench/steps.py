@@ -38,6 +38,8 @@ __all__ = ["time_cell", "COMPILE_MODES", "compile_suffix", "step_calls", "main_t
 COMPILE_MODES = ("default", "reduce-overhead")
 # a call whose device was busy less than this share of its time waited for the host: launch-bound
 BUSY_LAUNCH_BOUND = 0.8
+# the timestep of a stateful mode's timed partial step (the inputs' default is 500: the step before it)
+LATER = 450
 
 
 def compile_suffix(compile_mode: str | None) -> str:
@@ -156,8 +158,10 @@ def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, d
     inputs = {m.text: _inputs(preset, cell, m, dtype, device) for m in modes}
     compile_modes = list(COMPILE_MODES[:1] if compile is True else compile or [])
     records = []
+    later = {m.text: preset.inputs(cell.batch, cell.resolution, dtype, device, timestep=LATER, frames=cell.frames)
+             for m in modes if m.stateful}  # a later step's inputs: the stateful modes' partial step
     if eager:
-        records += _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels)
+        records += _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels, later)
         for r in records:
             _log(log, r)
     if compile_modes:
@@ -183,10 +187,16 @@ def _log(log, r: dict) -> None:
     log(f"  done: {r['label']}: {time}{kernels} ({r['status']})")
 
 
-def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels) -> list[dict]:
-    """The eager modes, interleaved: ``warmup`` untimed rounds, then ``repeats`` timed ones."""
+def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels, later=None) -> list[dict]:
+    """The eager modes, interleaved: ``warmup`` untimed rounds, then ``repeats`` timed ones.
+
+    A stateful mode (token reuse) is timed on two steps of a generation per round: its first step (every token
+    computed, the caches filled: ``full_times_s``) and then a partial step at ``later[mode]`` inputs (a later
+    timestep: ``times_s``, its steady state), with its schedule's warm-up cut to that one full step (the
+    partial step's work does not depend on the schedule)."""
     times: dict[str, list[float]] = {m.text: [] for m in modes}
     hosts: dict[str, list[float]] = {m.text: [] for m in modes}
+    fulls: dict[str, list[float]] = {m.text: [] for m in modes if m.stateful}
     peak: dict[str, int] = {}
     status = {m.text: "ok" for m in modes}
     for rep in range(warmup + repeats):  # the first ``warmup`` rounds are not timed
@@ -195,10 +205,14 @@ def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels
             if status[k] != "ok":
                 continue
             try:
-                with mode.applied(unet):
+                with _steady(mode).applied(unet):
                     if device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats(device)
-                    seconds, host = _call(device, unet, inputs[k])
+                    if mode.stateful:
+                        full, _ = _call(device, unet, inputs[k])
+                        if rep >= warmup:
+                            fulls[k].append(full)
+                    seconds, host = _call(device, unet, later[k] if mode.stateful else inputs[k])
                     if rep >= warmup:
                         times[k].append(seconds)
                         hosts[k].append(host)
@@ -216,17 +230,29 @@ def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels
         extra = {}
         if kernels and status[k] == "ok":
             try:
-                with mode.applied(unet):
-                    counts = count_kernels(step, device, unet, inputs[k])
+                with _steady(mode).applied(unet):
+                    if mode.stateful:  # the partial step's kernels, after the full step that fills the caches
+                        step(unet, inputs[k])
+                    counts = count_kernels(step, device, unet, later[k] if mode.stateful else inputs[k])
                 ts = times[k]
                 extra = _kernel_fields(counts, step_calls(inputs[k]), statistics.median(ts) if ts else None)
             except Exception as err:
                 if not is_oom(err):
                     raise
+        if mode.stateful:
+            extra.update(full_median_s=statistics.median(fulls[k]) if fulls[k] else None, full_times_s=fulls[k],
+                         step_timed="partial")
         record = _record(cell, mode, None, status[k], times[k], hosts[k], peak.get(k), extra)
         record["launch_bound"] = _launch_bound(record, device)
         records.append(record)
     return records
+
+
+def _steady(mode: MethodSpec) -> MethodSpec:
+    """What a round applies: a stateful mode with one full step before its partial ones (see ``_eager``)."""
+    if not mode.stateful:
+        return mode
+    return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1), ("every", 0)))
 
 
 def _compiled(unet, cell, mode, inputs, repeats, device, progress, warmup, kernels, compile_mode) -> dict:

@@ -79,6 +79,10 @@ def cache_message(path: str, what: str, config, later: bool, why: str) -> str:
     """The refusal of a cache hook ``what`` on ``path`` (``later``: registered after the patch), and ``why``."""
     method = "ToDo with query merging (ratio > 0)" if isinstance(config, ToDoConfig) else "ToMe"
     when = "cannot be added after the patch" if later else "is enabled"
+    if getattr(config, "method_name", None):  # another technique (token reuse): its own words
+        return (f"tokenmerge: {what} {when} on {path}, inside a block where {config.method_name} runs only some "
+                "tokens' rows: a cached output there would hold another step's tokens. Use a cache on whole blocks "
+                "(First Block Cache, MagCache), or disable one of them (e.g. model.disable_cache())")
     return (f"tokenmerge: {what} {when} on {path}, whose tokens {method} merges ({why}): a cached output would "
             "hold the tokens of an earlier step's merge plan, and unmerging it with this step's plan would give "
             "tokens other tokens' outputs. Put the cache on the attention modules the patch merges around (diffusers' "

@@ -40,6 +40,9 @@ from .spec import (
 __all__ = ["FLUX2", "QWEN_IMAGE", "SANA", "SANA_SPRINT", "FAMILIES"]
 
 _FLUX2_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
+_FLUX2_FUSED = ("its single-stream attention computes the feed-forward of every token inside the attention call (one "
+                "fused projection, concatenated with the attention's output), which cannot keep only some tokens' "
+                "rows")
 FLUX2 = Family(
     "flux2",
     match=has("x_embedder", "single_stream_modulation") & has_list("transformer_blocks", "single_transformer_blocks")
@@ -52,7 +55,8 @@ FLUX2 = Family(
                                       Target("ff", MLP)), requires=("attn", "ff"),
                whole=Whole(output=1, rotary=_FLUX2_ROTARY)),
         Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX2_ROTARY,
-                                                    mask=Mask(text=TEXT_BEFORE), keys=TEXT_BEFORE),),
+                                                    mask=Mask(text=TEXT_BEFORE), keys=TEXT_BEFORE,
+                                                    reuse=_FLUX2_FUSED),),
                text=TEXT_BEFORE, requires=("attn",), whole=Whole(rotary=_FLUX2_ROTARY)),
     ),
     timestep=Arg("timestep", scale=1000.0),

@@ -114,6 +114,8 @@ class Mask:
     text: str = TEXT_NONE
     image: bool = True  # False: the mask covers the text only (Mochi) and passes whole
     same: tuple[str, ...] = ()  # other masks over the same tokens, which follow alike (Qwen-Image 2.1's key_valid)
+    tokens: bool = False  # one entry per token that the block's own code reads (Bria FIBO 2's noise_mask picks each
+    # token's modulation), not an attention mask: token reuse with keys="cached" takes the recomputed tokens' entries
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,11 @@ class Target:
             to the grid); asking to merge it is an error that gives the reason.
         per_head: its output is per attention head, ``(B, N, heads, head_dim)`` (Lumina-Next's attention): unmerged
             as ``(B, N, heads * head_dim)``.
+        reuse: a reason token reuse (``apply_reuse``) cannot run this sub-module on some tokens' rows alone (e.g.
+            an attention that computes a feed-forward of every token inside its call); such a block is refused.
+        query: for ``SELF``/``JOINT``: the attention's query projection, a sub-module (``to_q`` in diffusers) called
+            on the rows of its ``hidden_states``: token reuse computes it for the recomputed tokens only (their
+            queries are the only ones attended). Where the module has none (fused projections), nothing changes.
     """
 
     attr: str
@@ -150,6 +157,8 @@ class Target:
     same: tuple[str, ...] = ()
     refuse: str | None = None
     per_head: bool = False
+    reuse: str | None = None
+    query: str | None = "to_q"
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,9 @@ class Blocks:
         chunk_attr: the block attribute that chunks its feed-forward over the tokens (diffusers'
             ``BasicTransformerBlock._chunk_size``): while ``ff`` is merged, the block runs it whole (chunks of merged
             tokens cannot be merged on their own).
+        pointwise: token-wise sub-modules of the block outside its targets, each as a ``Target`` of kind ``MLP``
+            (its ``text``: where text rows sit in its input), e.g. Flux's single-stream ``proj_mlp`` and
+            ``proj_out``. ToMe leaves them alone; token reuse runs them on the recomputed tokens' rows only.
     """
 
     attr: str
@@ -185,6 +197,7 @@ class Blocks:
     seq_first: bool = False
     inner: str = ""
     chunk_attr: str | None = None
+    pointwise: tuple[Target, ...] = ()
 
     def __post_init__(self):
         if self.seq_first and self.whole is not None:
@@ -246,6 +259,7 @@ class BlockSite:
     refuse_if: tuple[tuple[str, str], ...] = ()
     seq_first: bool = False
     chunk_attr: str | None = None
+    pointwise: tuple[Target, ...] = ()
 
     @property
     def downsample(self) -> int:
@@ -405,7 +419,9 @@ class Family:
                 where = f"{spec.attr}.{i}" + (f".{spec.inner}" if spec.inner else "")
                 targets = tuple(t for t in spec.targets if isinstance(getattr(block, t.attr, None), nn.Module))
                 sites.append(BlockSite(f"{path}.{where}" if path else where, block, 0, targets, spec.text, spec.whole,
-                                       spec.refuse_if, spec.seq_first, spec.chunk_attr))
+                                       spec.refuse_if, spec.seq_first, spec.chunk_attr,
+                                       tuple(t for t in spec.pointwise
+                                             if isinstance(getattr(block, t.attr, None), nn.Module))))
         return sites
 
 

@@ -141,7 +141,8 @@ OMNIGEN = Family(
     & takes("input_ids", "input_img_latents"),
     grid=LatentGrid(patch=("patch_size", "patch_size")),
     blocks=(Blocks("layers", (Target("self_attn", JOINT, text=TEXT_BEFORE, rotary=_O_ROTARY, mask=_O_MASK,
-                                     keys=TEXT_BEFORE, same=("encoder_hidden_states",)),
+                                     keys=TEXT_BEFORE, same=("encoder_hidden_states",),
+                                     reuse="its attention reshapes its output to its input's token count"),
                               Target("mlp", MLP, text=TEXT_BEFORE)),
                    text=TEXT_BEFORE, requires=("self_attn", "mlp"), whole=Whole(rotary=_O_ROTARY, mask=_O_MASK)),),
     timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise (its scheduler's num_train_timesteps is 1)
@@ -171,9 +172,9 @@ BRIA_FIBO2 = Family(
     match=has("perceiver", "x_embedder") & has_list("noise_refiner", "layers") & takes("context_latents"),
     grid=LatentGrid(patch=("patch_size", "patch_size"), refs=Arg("context_latents")),
     blocks=(Blocks("noise_refiner", _F_REFINER, requires=("attention", "feed_forward"),
-                   whole=Whole(rotary=_F_REFINER[0].rotary, mask=Mask("noise_mask"))),
+                   whole=Whole(rotary=_F_REFINER[0].rotary, mask=Mask("noise_mask", tokens=True))),
             Blocks("layers", _F_LAYERS, text=TEXT_BEFORE, requires=("attention", "feed_forward"),
-                   whole=Whole(rotary=_F_ROTARY, mask=Mask("noise_mask", text=TEXT_BEFORE)),
+                   whole=Whole(rotary=_F_ROTARY, mask=Mask("noise_mask", text=TEXT_BEFORE, tokens=True)),
                    refuse_if=_F_GIST_LAST)),
     timestep=Arg("timestep", scale=1000.0),  # 0..1, 1 = noise
     batch_pattern=True,

@@ -92,7 +92,8 @@ HUNYUAN_VIDEO = Family(
     blocks=(Blocks("transformer_blocks", (_HUNYUAN_ATTN, Target("ff", MLP)), requires=("attn", "ff"),
                    whole=_hunyuan_whole("freqs_cis")),
             Blocks("single_transformer_blocks", (_HUNYUAN_ATTN,), requires=("attn", "proj_mlp"),
-                   whole=_hunyuan_whole("image_rotary_emb"))),
+                   whole=_hunyuan_whole("image_rotary_emb"),
+                   pointwise=(Target("proj_mlp", MLP, text=TEXT_AFTER), Target("proj_out", MLP, text=TEXT_AFTER)))),
     batch_pattern=True,
     description="HunyuanVideo 1.0 (T2V, I2V, token-replace I2V), Motif-Video",
     examples=("hunyuan-video", "hunyuan-video-i2v", "hunyuan-video-i2v-token-replace", "motif-video"),
@@ -136,7 +137,9 @@ MOCHI = Family(
     grid=LatentGrid(rank=3, patch=(1, "patch_size", "patch_size")),
     blocks=(Blocks("transformer_blocks", (
         Target("attn1", JOINT, rotary=Rotary("image_rotary_emb", token_axis=0, text=TEXT_NONE),
-               mask=Mask("attention_mask", image=False), keys=TEXT_AFTER),
+               mask=Mask("attention_mask", image=False), keys=TEXT_AFTER,
+               reuse="its attention splits its output at its input's video token count (per sample, "
+                     "[video | valid text])"),
         Target("ff", MLP)), requires=("attn1", "ff"),
         whole=Whole(output=0, rotary=Rotary("image_rotary_emb", token_axis=0, text=TEXT_NONE))),),
     timestep=Arg("timestep", reverse=True),

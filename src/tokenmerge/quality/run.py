@@ -70,8 +70,11 @@ def linear_work(pipe):
     def hook(module, args, output):
         count[0] += output.numel() * module.in_features
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)] \
-        if isinstance(model, torch.nn.Module) else []
+    # first among the module's forward hooks: it counts the rows the layer computed, before a patch's own hook on
+    # the layer gives its output back at full size (token reuse's per-token layers)
+    modules = model.modules() if isinstance(model, torch.nn.Module) else ()
+    layers = [m for m in modules if isinstance(m, torch.nn.Linear)]
+    handles = [m.register_forward_hook(hook, prepend=True) for m in layers]
     try:
         yield count
     finally:

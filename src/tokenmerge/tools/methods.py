@@ -26,7 +26,14 @@ METHODS = {
     "todo": "token downsampling of self-attention keys/values; VALUE = factor per side (default 2), or one per "
             "axis: 1x2x2 (each video frame), 2x2x2 (frames too)",
     "tomesd": "the reference tomesd package, on the same blocks as ours; VALUE = ratio (default 0.5)",
+    "reuse": "token reuse (apply_reuse): after warmup full steps, each step recomputes a moving share of the image "
+             "tokens in every block, the others keep their cached block residual; VALUE = that share (default 0.5); "
+             "options warmup=, every=, order=, seed=",
 }
+# methods whose state carries across steps: the bench times their steady partial step after a full one
+STATEFUL = ("reuse",)
+# reuse options that do not change a step's work (the schedule, which tokens): the bench's record omits them
+SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end")
 # Speed references for the bench only: their outputs are meaningless as images.
 BENCH_METHODS = {
     "limit": "ToMe's zero-overhead limit: attention on the merged token count, merge = a slice, unmerge = a repeat; "
@@ -129,6 +136,24 @@ class MethodSpec:
         return None
 
     @property
+    def stateful(self) -> bool:
+        """Whether the method keeps state across steps (token reuse): one step alone does not show its cost."""
+        return self.name in STATEFUL
+
+    def steady(self) -> "MethodSpec":
+        """The same method with the options that change no step's work left out (token reuse's schedule and
+        order): what the bench times, and how the frontier finds it."""
+        if not self.stateful:
+            return self
+        return MethodSpec(self.name, self.value, tuple((k, v) for k, v in self.options if k not in SCHEDULE_OPTIONS))
+
+    def reuse_config(self):
+        """The ``ReuseConfig`` of a token-reuse spec (its schedule: which steps are full)."""
+        from ..reuse import ReuseConfig
+
+        return ReuseConfig(fraction=self.value, **self.kwargs())
+
+    @property
     def is_cache(self) -> bool:
         return self.name in CACHES
 
@@ -151,6 +176,8 @@ class MethodSpec:
             ToMeConfig(ratio=self.value, **self.kwargs())
         elif self.name in _FACTOR_METHODS:
             ToDoConfig(downsample=self.value, **self.kwargs())
+        elif self.name == "reuse":
+            self.reuse_config()
         elif self.name == "tomesd":
             ToMeConfig(ratio=self.value)
             unknown = set(self.kwargs()) - {"sx", "sy", "use_rand", "merge_attn", "merge_crossattn", "merge_mlp",
@@ -177,6 +204,8 @@ class MethodSpec:
             tokenmerge.apply_config(model, ToMeConfig(ratio=self.value, **self.kwargs()), code_paths=code_paths)
         elif self.name == "todo":
             tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()), code_paths=code_paths)
+        elif self.name == "reuse":
+            tokenmerge.apply_reuse(model, fraction=self.value, **self.kwargs())
         elif self.name == "limit":
             from .limits import slice_match  # the engine's N-D matcher signature
 
@@ -284,7 +313,7 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
         caches = sum(p.is_cache for p in parts)
         if len(parts) != 2 or caches != 1 or any(p.name == "vanilla" for p in parts):
             raise ValueError(f"method spec {quote(text)}: a combination is one token reduction (tome, todo, "
-                             "tomesd) and one cache (fbc, taylorseer, pab), e.g. tome:0.5+fbc:0.05")
+                             "tomesd, reuse) and one cache (fbc, taylorseer, pab), e.g. tome:0.5+fbc:0.05")
         return Combined(tuple(sorted(parts, key=lambda p: p.is_cache)))  # the patch first, then the cache
     head, *pairs = [part.strip() for part in _split(text)]
     name, _, value = head.partition(":")

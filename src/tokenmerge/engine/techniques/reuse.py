@@ -1,0 +1,707 @@
+"""Token reuse (``tokenmerge.apply_reuse``): one technique, in one file, with its hooks.
+
+A partial step of one block reads merge -> work -> unmerge as:
+
+    block pre-hook        keep x, the block's image input                                     # (B, N, C)
+    attention targets     every token goes in (fresh keys and values of all N tokens); inside the
+                          attention call (SDPA) only the query rows of the recomputed tokens S
+                          are kept, so the attention and its output projection run on S      # (B, |S|, C) out
+                          -> scattered back to N rows (zeros elsewhere)
+    per-token targets     cross-attention, feed-forward, the block's pointwise layers: the
+                          rows of S in, scattered back out                                    # (B, |S|, C)
+    block post-hook       y = x + R, where R[S] = (out - x)[S] and R is this block's cache    # (B, N, C)
+
+A full step (the first ``warmup`` steps, every ``every``-th after) runs the block untouched and stores
+``R = out - x``. So the recomputed tokens see every token in attention, and the others carry their own last
+computed block residual: one stored tensor of the block's image output size per block (and per branch of a step:
+guidance run as two calls keeps two). Everything the technique knows about a family comes from its records: the
+blocks' targets and their kinds (``SELF``/``JOINT`` attention, ``CROSS``/``MLP`` per-token), where text sits beside
+the image (``sides``), where a block returns its image stream (``Whole.output``) and its per-token layers outside
+the targets (``Blocks.pointwise``).
+
+Steps are told apart on the host from the timestep (one read per denoiser call, as ToMe's schedules do): the same
+timestep as the last call's is another branch of the same step, an earlier (noisier) one a new generation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ...families.spec import JOINT, MLP, SELF, TEXT_NONE, TEXT_STREAM, Arg, BlockSite
+from ...merge.plan import TABLES, Tables, arange
+from ..caches import REGISTRY_ATTR, bad_hook, cache_message, unwatch, watch_registries
+from ..call import host_timestep, image_part, join, sides, take_mask, take_rotary
+from ..compiled import compiled_in_place, forget_compiled, regional_message
+from ..discover import DenoiserSite
+from ..grids import GridReader, NoGrid
+from ..planner import coarsen
+from .around import ChainHook
+
+__all__ = ["ReusePatch", "QueryRows", "BLOCK", "select", "COMPILE_REFUSED"]
+
+BLOCK = -1  # the "target" index of a block's own hooks (what caches.route calls them by)
+_HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
+_SDPA = F.scaled_dot_product_attention
+_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+COMPILE_REFUSED = ("tokenmerge: token reuse (apply_reuse) does not run under torch.compile yet: its step schedule "
+                   "and caches are host-side state read at every call; run the model eagerly")
+
+
+class QueryRows(TorchFunctionMode):
+    """While active, every SDPA call keeps only the query rows of the recomputed image tokens (and every text or
+    reference row); keys and values pass whole. A mask with a row per query keeps the same rows.
+
+    Args:
+        image: image tokens in the sequence; index: ``(|S|,)`` the recomputed ones, sorted;
+        keys: where text sits in the attention call's sequence (``Target.keys``); trailing: reference tokens.
+    """
+
+    def __init__(self, image: int, index: torch.Tensor, keys: str, trailing: int, tables: Tables = TABLES):
+        self.image, self.index, self.keys, self.trailing, self.tables = image, index, keys, trailing, tables
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is not _SDPA:
+            return func(*args, **kwargs)
+        for i, name in enumerate(_NAMES[: len(args)]):
+            kwargs[name] = args[i]
+        query = kwargs["query"]  # (B, H, L, D)
+        rows = self._rows(query.shape[-2], query.device)
+        if rows is None:  # not a call over the image's queries (e.g. a second attention over other tokens)
+            return func(**kwargs)
+        self.calls += 1
+        kwargs["query"] = query.index_select(-2, rows)
+        mask = kwargs.get("attn_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-2] == query.shape[-2] > 1:
+            kwargs["attn_mask"] = mask.index_select(-2, rows)
+        return func(**kwargs)
+
+    def _rows(self, length: int, device) -> torch.Tensor | None:
+        if length < self.image:
+            return None
+        before, after = sides(length, self.image, self.keys or TEXT_NONE, self.trailing)
+        return _rows(before, self.image, after, self.index, self.tables)
+
+
+class CachedKeys(TorchFunctionMode):
+    """``keys="cached"``: while active, the SDPA call over the image's keys keeps (at a full step, ``index`` None)
+    a copy of the image rows of its keys and values in ``slot``, or (at a partial step: the block runs on the
+    ``index`` tokens alone) writes their fresh rows into the kept ones and attends to all of them.
+
+    Args: as ``QueryRows``; slot: a list holding this attention's kept ``[keys, values]`` (B, H, N, D).
+    """
+
+    def __init__(self, image: int, index: torch.Tensor | None, keys: str, trailing: int, slot: list,
+                 tables: Tables = TABLES):
+        self.image, self.index, self.keys, self.trailing, self.slot = image, index, keys, trailing, slot
+        self.tables = tables
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is not _SDPA:
+            return func(*args, **kwargs)
+        for i, name in enumerate(_NAMES[: len(args)]):
+            kwargs[name] = args[i]
+        key, value = kwargs["key"], kwargs["value"]
+        count = self.image if self.index is None else self.index.shape[0]
+        before, after = _sides_or_none(key.shape[-2], count, self.keys or TEXT_NONE, self.trailing)
+        if before is None or self.calls:  # not the call over the image's keys (or a second one): untouched
+            return func(**kwargs)
+        self.calls += 1
+        rows_k, rows_v = key.narrow(-2, before, count), value.narrow(-2, before, count)
+        if self.index is None:
+            self.slot[:] = [rows_k.contiguous().clone(), rows_v.contiguous().clone()]
+            return func(**kwargs)
+        mask = kwargs.get("attn_mask")  # a mask made by the model over every token: its key columns fit the spliced
+        if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] > 1:  # keys, its rows the queries
+            total = before + self.image + after
+            if mask.shape[-1] != total:
+                raise ValueError("tokenmerge: token reuse with keys='cached' got an attention mask over the keys of "
+                                 "the recomputed tokens only, which it cannot extend; use keys='fresh'")
+            if mask.shape[-2] == total:
+                kwargs["attn_mask"] = mask.index_select(-2, _rows(before, self.image, after, self.index, self.tables))
+        kept_k, kept_v = self.slot
+        axis = kept_k.dim() - 2
+        kept_k.index_copy_(axis, self.index, rows_k)
+        kept_v.index_copy_(axis, self.index, rows_v)
+        kwargs["key"] = _splice(key, kept_k, before, after)
+        kwargs["value"] = _splice(value, kept_v, before, after)
+        return func(**kwargs)
+
+
+def _splice(x: torch.Tensor, image: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """``x`` (..., L, D) with its image rows (between ``before`` and ``after`` others) replaced by ``image``."""
+    if not (before or after):
+        return image
+    parts = ([x.narrow(-2, 0, before)] if before else []) + [image] + \
+        ([x.narrow(-2, x.shape[-2] - after, after)] if after else [])
+    return torch.cat(parts, -2)
+
+
+def _rows(before: int, image: int, after: int, index: torch.Tensor, tables: Tables) -> torch.Tensor:
+    """Row indices of ``[before | image[index] | after]`` in a sequence of ``before + image + after`` rows."""
+    if not (before or after):
+        return index
+    device = index.device
+    return torch.cat([tables.get(arange, before, device), index + before,
+                      tables.get(arange, after, device) + before + image])
+
+
+class _Call:
+    """One block's call in flight: its image input, whether it is partial, its level's image token count and
+    recomputed tokens, and the query modes of its attention targets."""
+
+    __slots__ = ("x", "partial", "ran", "image", "index", "grid", "modes", "rows")
+
+    def __init__(self, x: torch.Tensor, partial: bool, image: int, index: torch.Tensor | None, grid: tuple):
+        self.x, self.partial, self.ran, self.image, self.index, self.grid = x, partial, False, image, index, grid
+        self.modes: dict[int, QueryRows] = {}
+        self.rows: dict[int, tuple[int, int]] = {}  # target -> (text before, after) of its gathered input
+
+    def close(self) -> None:
+        while self.modes:
+            self.modes.popitem()[1].__exit__(None, None, None)
+
+
+class _State:
+    """A thread's run state: the step bookkeeping and the caches (which outlive calls), and the call in flight."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None  # the last call's denoising progress
+        self.step, self.branch = 0, 0
+        self.caches: dict[tuple[int, int], torch.Tensor] = {}  # (branch, block) -> (B, N, C) block residual
+        self.kv: dict[tuple[int, int, int], list] = {}  # keys="cached": (branch, block, target) -> [keys, values]
+        self.first: float | None = None  # the progress of the generation's first partial step
+        self.offsets: dict[int, int] = {}  # level -> tokens of its order walked so far (round-robin)
+        self.counted = -1  # the step whose recomputed tokens the offsets last advanced past
+        self.reset()
+
+    def reset(self) -> None:
+        for call in getattr(self, "blocks", {}).values():
+            call.close()
+        self.active = False
+        self.trailing, self.partial = 0, False
+        self.levels: dict[int, tuple[int, torch.Tensor | None, tuple]] = {}  # level -> (tokens, recomputed, grid)
+        self.blocks: dict[int, _Call] = {}
+        self.taken: list = []  # keys="cached": (rotary value, its rows at the recomputed tokens) of this call
+
+    def forget(self) -> None:
+        """A new generation: nothing to reuse."""
+        self.caches.clear()
+        self.kv.clear()
+        self.offsets.clear()
+        self.step = self.branch = 0
+        self.first, self.counted = None, -1
+
+
+class _Hook:
+    """``patch.<method>(block, target, module, *hook_args)``: an object, so that deepcopy and pickle follow it."""
+
+    __slots__ = ("patch", "method", "block", "target")
+
+    def __init__(self, patch, method: str, block: int = BLOCK, target: int = BLOCK):
+        self.patch, self.method, self.block, self.target = patch, method, block, target
+
+    def __call__(self, module, *hook_args):
+        return getattr(self.patch, self.method)(self.block, self.target, module, *hook_args)
+
+
+class _Site:
+    """A hooked sub-module of a block: its spec (a ``Target``), its input argument, whether it is attention, and
+    whether it is optional (an attention's query projection: a call whose rows are not laid out as the attention's
+    input passes untouched)."""
+
+    __slots__ = ("spec", "arg", "attention", "optional")
+
+    def __init__(self, spec, arg, attention: bool, optional: bool = False):
+        self.spec, self.arg, self.attention, self.optional = spec, arg, attention, optional
+
+
+class ReusePatch:
+    """The installed token reuse of one denoiser (see the module docstring).
+
+    Args:
+        site: the denoiser and its family. config: a ``ReuseConfig``. blocks: the blocks to patch.
+    """
+
+    def __init__(self, site: DenoiserSite, config, blocks: list[BlockSite]):
+        self.site, self.config, self.blocks = site, config, blocks
+        self.family = site.family
+        self._local = threading.local()
+        self._handles: list = []
+        self.target_handles: dict = {}  # (block, BLOCK) -> the block's torch hooks' handles (caches.route)
+        self.technique = self  # what caches.route asks for the hooks it moves into a diffusers hook chain
+        self.registries: list = []  # diffusers hook registries watched (caches.py)
+        self.tables = Tables()  # the recomputed tokens' indices and row tables, released at removal
+        self._targets: list[list[_Site]] = []
+        self._inputs: list = []
+        self._outputs: list = []  # per block: where its output holds the image stream (Whole.output)
+        self._grid_reader = GridReader(site.family.grid, site.module)
+        self._levels = sorted({b.level for b in blocks})
+        self.cached = config.keys == "cached"
+        self._wholes: list = []  # keys="cached": per block, its bound (rotary, mask, per-token, refuse_if) arguments
+        self._refusals: list = []  # per block, its (bound argument, reason) pairs that refuse a call
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    @property
+    def state(self) -> _State:
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = _State()
+        return state
+
+    # ---- installation -------------------------------------------------------------------------------------
+    @staticmethod
+    def check(site: DenoiserSite, blocks: list[BlockSite]) -> None:
+        """Refuse, with the reason, a denoiser whose blocks this technique cannot follow."""
+        name = f"{site.path or type(site.module).__name__} ({site.family.name})"
+        if site.timestep is None:
+            raise TypeError(f"tokenmerge: {name} takes no timestep argument, which token reuse needs to tell the "
+                            "denoising steps apart")
+        for block in blocks:
+            if block.whole is None:
+                raise ValueError(f"tokenmerge: token reuse needs to know where {block.path} returns its image tokens "
+                                 f"(its family {site.family.name} declares no whole-block layout), so it cannot "
+                                 "patch this model")
+            if block.seq_first:
+                raise ValueError(f"tokenmerge: token reuse does not support the sequence-first blocks of {name}")
+            if not any(t.kind in (SELF, JOINT) for t in block.targets):
+                raise ValueError(f"tokenmerge: {block.path} declares no attention over its image tokens, which token "
+                                 "reuse needs")
+            for spec in block.targets:
+                if spec.refuse is not None:  # a sub-module that mixes tokens (a convolution over the grid, MoE routing)
+                    raise ValueError(f"tokenmerge: token reuse cannot patch {block.path}: its {spec.attr} mixes tokens "
+                                     f"outside attention ({spec.refuse})")
+                if spec.reuse is not None:
+                    raise ValueError(f"tokenmerge: token reuse cannot patch {block.path}: {spec.reuse}")
+
+    def check_hooks(self) -> None:
+        """Refuse what would be wrong before anything is installed: a block compiled in place, a diffusers hook that
+        returns kept outputs on a module inside a block (it would see only the recomputed tokens)."""
+        inside = [(f"{b.path}.{n}", m) for b in self.blocks for n, m in b.module.named_modules() if n]
+        regional = compiled_in_place([(b.path, b.module) for b in self.blocks] + inside)
+        if regional is not None:
+            raise ValueError(regional_message(regional, later=False))
+        for path, module in inside:
+            registry = module.__dict__.get(REGISTRY_ATTR)
+            what = bad_hook(registry) if registry is not None else None
+            if what is not None:
+                raise ValueError(cache_message(path, what, self.config, later=False, why=""))
+
+    def chain_hook(self, index: int, t: int) -> ChainHook:
+        """The block's hooks as a diffusers hook, run below a cache's hook on the block (``caches.route``)."""
+        return ChainHook(self, index, t)
+
+    def target_pre(self, index: int, t: int, module, args, kwargs):
+        return self._merge_input(index, t, module, args, kwargs)
+
+    def target_post(self, index: int, t: int, module, args, output):
+        return self._unmerge_output(index, t, module, args, output)
+
+    def _watch(self) -> None:
+        """Watch diffusers' hook registries: a cache on a block (First Block Cache, MagCache) runs outside the
+        reuse (its hooks are lifted above the block's, in either order of enabling); one on a module inside a
+        block is refused at its registration."""
+        region = [(f"{b.path}.{n}" if n else b.path, m) for b in self.blocks for n, m in b.module.named_modules()]
+        watch_registries(self, region, {id(b.module): (i, BLOCK) for i, b in enumerate(self.blocks)})
+
+    def install(self) -> None:
+        try:
+            denoiser = self.site.module
+            self._handles.append(denoiser.register_forward_pre_hook(_Hook(self, "_denoiser_pre"), with_kwargs=True))
+            self._handles.append(denoiser.register_forward_hook(_Hook(self, "_denoiser_post"), always_call=True))
+            for index, block in enumerate(self.blocks):
+                self._install_block(index, block)
+            from ..install import PATCH_ATTR
+
+            setattr(denoiser, PATCH_ATTR, self)
+            self._watch()
+        except BaseException:
+            self.remove()
+            raise
+        forget_compiled(denoiser, _Hook.__call__.__code__)
+
+    def _install_block(self, index: int, site: BlockSite) -> None:
+        block = site.module
+        sites = []
+        for spec in (*site.targets, *site.pointwise):
+            sub = _sub(block, spec.attr)
+            if sub is None:
+                continue
+            attention = spec.kind in (SELF, JOINT) and spec in site.targets
+            if self.cached and not attention:  # the whole block runs on the recomputed tokens: nothing to gather
+                continue
+            sites.append(_Site(spec, _HIDDEN.bind(sub), attention))
+            if self.cached:
+                continue
+            query = _sub(sub, spec.query) if attention and spec.query else None
+            if query is not None:  # the queries of the tokens that are not recomputed are never attended
+                sites.append(_Site(dataclasses.replace(spec, attr=f"{spec.attr}.{spec.query}", kind=MLP),
+                                   _HIDDEN.bind(query), False, optional=True))
+        self._targets.append(sites)
+        self._inputs.append(_HIDDEN.bind(block))
+        self._outputs.append(site.whole.output)
+        self._refusals.append(tuple((b, reason) for b, reason in ((Arg(n).bind(block), r) for n, r in site.refuse_if)
+                                    if b is not None))
+        whole = site.whole
+        self._wholes.append((
+            Arg(whole.rotary.kwarg, also=whole.rotary.also).bind(block) if whole.rotary is not None else None,
+            Arg(whole.mask.kwarg).bind(block) if whole.mask is not None else None,
+            tuple((b, p) for b, p in ((Arg(p.name).bind(block), p) for p in whole.per_token) if b is not None),
+            tuple(b for b in (Arg(n).bind(block) for n in whole.refuse_if) if b is not None)))
+        pre = block.register_forward_pre_hook(_Hook(self, "_merge_input", index, BLOCK), with_kwargs=True)
+        post = block.register_forward_hook(_Hook(self, "_unmerge_output", index, BLOCK), always_call=True)
+        self.target_handles[(index, BLOCK)] = (pre, post)
+        self._handles += [pre, post]
+        for t, hooked in enumerate(sites):
+            sub = _sub(block, hooked.spec.attr)
+            handles = (sub.register_forward_pre_hook(_Hook(self, "_merge_input", index, t), with_kwargs=True),
+                       sub.register_forward_hook(_Hook(self, "_unmerge_output", index, t)))
+            self._handles += handles
+
+    def remove(self) -> None:
+        from ..install import PATCH_ATTR
+
+        unwatch(self)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.target_handles.clear()
+        self._targets.clear()
+        self._inputs.clear()
+        self._outputs.clear()
+        self._wholes.clear()
+        self._refusals.clear()
+        self.state.reset()
+        self.state.forget()
+        if getattr(self.site.module, PATCH_ATTR, None) is self:
+            delattr(self.site.module, PATCH_ATTR)
+        self.tables.clear()
+        forget_compiled(self.site.module, _Hook.__call__.__code__)
+
+    # ---- denoiser: which step, which tokens ---------------------------------------------------------------
+    def _denoiser_pre(self, _b, _t, module, args, kwargs):
+        if torch.compiler.is_compiling():
+            raise ValueError(COMPILE_REFUSED)
+        state, cfg = self.state, self.config
+        state.reset()
+        try:
+            grid, device, state.trailing = self._grid_reader.read(args, kwargs)
+        except NoGrid:
+            return None  # a call whose grid cannot be read runs untouched (and is not counted as a step)
+        t = host_timestep(self.site.timestep.read(args, kwargs))
+        if t is None:
+            raise TypeError(f"tokenmerge: token reuse needs the timestep to tell the steps apart, and "
+                            f"{type(module).__name__}.forward got none")
+        progress = self.site.timestep.progress(t, 1000)
+        if state.last is None or progress < state.last:  # the first call, or the progress went back: a generation
+            state.forget()
+        elif progress == state.last:  # the same step again: guidance's other branch (called separately)
+            state.branch += 1
+        else:
+            state.step += 1
+            state.branch = 0
+        state.last = progress
+        state.active = True
+        state.partial = cfg.partial_at(state.step)
+        if state.partial and state.first is None:
+            state.first = progress
+        fraction = cfg.fraction_at(progress, state.first) if state.partial else 1.0
+        advance = state.partial and state.counted != state.step  # a step's other branch takes the same tokens
+        for level in self._levels:  # one grid for transformers; a UNet's levels halve it
+            level_grid = coarsen(tuple(grid), level)
+            image = math.prod(level_grid)
+            index = None
+            if state.partial:
+                count = _recomputed(fraction, image)
+                if advance:
+                    state.offsets[level] = state.offsets.get(level, -count) + count
+                index = select(level_grid, cfg.order, count, cfg.effective_seed, state.offsets[level], device,
+                               self.tables)
+            state.levels[level] = (image, index, level_grid)
+        if advance:
+            state.counted = state.step
+        return None
+
+    def _denoiser_post(self, _b, _t, module, args, output):
+        self.state.reset()
+        return None
+
+    # ---- hooks: a block (t == BLOCK) or one of its sub-modules -------------------------------------------
+    def _merge_input(self, index: int, t: int, module, args, kwargs):
+        if t == BLOCK:
+            return self._block_pre(index, args, kwargs)
+        call = self.state.blocks.get(index)
+        if call is None:
+            return None
+        call.ran = True
+        site, state = self._targets[index][t], self.state
+        if self.cached:  # keep every token's keys and values (full step), or splice the kept ones in (partial)
+            slot = state.kv.setdefault((state.branch, index, t), [])
+            mode = CachedKeys(call.image, call.index if call.partial else None, site.spec.keys, state.trailing, slot,
+                              self.tables)
+            call.modes[t] = mode
+            mode.__enter__()
+            return None
+        if not call.partial:
+            return None
+        if site.attention:  # every token in; only the recomputed tokens' queries inside the attention call
+            mode = QueryRows(call.image, call.index, site.spec.keys, state.trailing, self.tables)
+            call.modes[t] = mode
+            mode.__enter__()
+            return None
+        x = site.arg.read(args, kwargs)  # a per-token sub-module: the recomputed rows in
+        if site.optional:
+            if not isinstance(x, torch.Tensor) or x.dim() != 3:
+                return None
+            before, after = _sides_or_none(x.shape[1], call.image, _layout(site.spec.text), state.trailing)
+            if before is None:
+                return None
+        else:
+            before, after = sides(x.shape[1], call.image, _layout(site.spec.text), state.trailing)
+        call.rows[t] = (before, after)
+        rows = image_part(x, call.image, before).index_select(1, call.index)
+        return site.arg.replace(args, kwargs, join(x, rows, before, after))
+
+    def _unmerge_output(self, index: int, t: int, module, args, output):
+        if t == BLOCK:
+            return self._block_post(index, output)
+        call = self.state.blocks.get(index)
+        if call is None:
+            return None
+        site = self._targets[index][t]
+        mode = call.modes.pop(t, None)
+        if mode is not None:
+            mode.__exit__(None, None, None)
+            if mode.calls == 0:
+                raise ValueError(
+                    f"tokenmerge: token reuse found no scaled_dot_product_attention call over the image tokens in "
+                    f"{self.blocks[index].path}.{site.spec.attr}: its attention backend computes attention another "
+                    "way (token reuse works with PyTorch's SDPA, diffusers' default 'native' backend)")
+        if self.cached or not call.partial:
+            return None
+        if not site.attention and call.rows.pop(t, None) is None:  # an optional one that passed untouched
+            return None
+        return self._scatter(index, site, call, output)
+
+    def _scatter(self, index: int, site: _Site, call: _Call, output):
+        """The sub-module's output with its image rows (the recomputed tokens') scattered back to all N rows."""
+        state, spec = self.state, site.spec
+        which = None
+        seq = output
+        if isinstance(output, (tuple, list)):
+            which = spec.output_image
+            seq = output[which]
+        if not isinstance(seq, torch.Tensor) or seq.dim() < 3:
+            raise TypeError(f"tokenmerge: {self.blocks[index].path}.{spec.attr} returned a "
+                            f"{type(seq).__name__}, not the (batch, tokens, channels) tensor token reuse expects")
+        count = call.index.shape[0]
+        before, after = _sides_or_none(seq.shape[1], count, _layout(spec.text), state.trailing)
+        if before is None:
+            raise ValueError(f"tokenmerge: {self.blocks[index].path}.{spec.attr} returned {seq.shape[1]} tokens for "
+                             f"{count} recomputed image tokens: it lays its output out in a way token reuse cannot "
+                             "follow (e.g. an attention that splits its output at its input's token count)")
+        rows = image_part(seq, count, before)
+        full = rows.new_zeros(rows.shape[0], call.image, *rows.shape[2:])
+        full.index_copy_(1, call.index, rows)
+        seq = join(seq, full, before, after)
+        if which is None:
+            return seq
+        parts = list(output)
+        parts[which] = seq
+        return type(output)(parts)
+
+    def _block_pre(self, index: int, args, kwargs):
+        state = self.state
+        if not state.active:
+            return None
+        site = self.blocks[index]
+        image, chosen, grid = state.levels[site.level]
+        x = self._inputs[index].read(args, kwargs)
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise TypeError(f"tokenmerge: {site.path} got hidden states that are not a (batch, tokens, channels) "
+                            "tensor, which token reuse needs")
+        if x.shape[1] < image:
+            raise ValueError(f"tokenmerge: block {site.path} got {x.shape[1]} tokens, but the call's grid has "
+                             f"{image} image tokens at its level")
+        for bound, reason in self._refusals[index]:
+            if bound.read(args, kwargs) is not None:
+                raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}: {reason}")
+        full = x
+        before, after = sides(x.shape[1], image, site.text, state.trailing)
+        x = image_part(x, image, before)
+        cache = state.caches.get((state.branch, index))
+        fits = cache is not None and cache.shape == x.shape and cache.dtype == x.dtype and cache.device == x.device
+        if self.cached:
+            for t, hooked in enumerate(self._targets[index]):
+                kept = state.kv.get((state.branch, index, t))
+                fits = fits and bool(kept) and kept[0].shape[0] == x.shape[0] and kept[0].shape[-2] == image
+        state.blocks[index] = call = _Call(x, state.partial and fits, image, chosen, grid)
+        if not (self.cached and call.partial):
+            return None
+        # keys="cached": the whole block on the recomputed tokens (text and reference rows whole), rotary rows too
+        rotary, mask, per_token, refuse_if = self._wholes[index]
+        for bound in refuse_if:
+            if bound.read(args, kwargs) is not None:
+                raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}, which a block run on some tokens would "
+                                 "make wrong; use keys='fresh'")
+        for bound, per in per_token:
+            if per.holds(bound.read(args, kwargs), image, full.shape[1]):
+                raise ValueError(f"tokenmerge: {site.path} got a per-token {bound.name!r}, which token reuse with "
+                                 "keys='cached' does not follow; use keys='fresh'")
+        args, kwargs = self._inputs[index].replace(args, kwargs, join(full, x.index_select(1, chosen), before, after))
+        value = rotary.read(args, kwargs) if rotary is not None else None
+        if value is not None:
+            args, kwargs = rotary.replace(args, kwargs, self._rotary_rows(site, value, image, chosen))
+        value = mask.read(args, kwargs) if mask is not None else None
+        if isinstance(value, torch.Tensor) and site.whole.mask.tokens:  # per-token entries: the tokens' own
+            args, kwargs = mask.replace(args, kwargs, take_mask(site.whole.mask, value, image, chosen, state.trailing))
+        return args, kwargs  # an attention mask stays whole: the keys are spliced back to every token's
+
+    def _rotary_rows(self, site: BlockSite, value, image: int, chosen: torch.Tensor):
+        """The rotary table ``value`` at the recomputed tokens' rows, once per table and call (Flux passes one
+        table to every block)."""
+        state = self.state
+        for seen, spec, taken in state.taken:
+            if seen is value and spec is site.whole.rotary:
+                return taken
+        taken = take_rotary(site.whole.rotary, value, image, chosen, state.trailing)
+        state.taken.append((value, site.whole.rotary, taken))
+        return taken
+
+    def _block_post(self, index: int, output):
+        state = self.state
+        call = state.blocks.pop(index, None)
+        if call is None:
+            return None
+        call.close()
+        if not call.ran or output is None:  # its forward did not run (a cache hook returned without it): untouched
+            return None
+        which = self._outputs[index]
+        seq = output if which is None or isinstance(output, torch.Tensor) else output[which]
+        x, key, chosen = call.x, (state.branch, index), call.index
+        ran_on = chosen.shape[0] if self.cached and call.partial else call.image  # the image rows the block returns
+        before, after = sides(seq.shape[1], ran_on, self.blocks[index].text, state.trailing)
+        out = image_part(seq, ran_on, before)
+        if not call.partial:
+            state.caches[key] = out - x  # the block residual of every token
+            return None
+        cache = state.caches[key]
+        fresh = (out if self.cached else out.index_select(1, chosen)) - x.index_select(1, chosen)
+        if self.config.spread:  # the recomputed tokens' change since their last computation, given to their neighbours
+            change = fresh - cache.index_select(1, chosen)
+            cache.index_copy_(1, chosen, fresh)
+            cache.add_(_spread(change, chosen, call.grid, call.image), alpha=self.config.spread)
+        else:
+            cache.index_copy_(1, chosen, fresh)
+        seq = join(seq, x + cache, before, after)
+        if which is None or isinstance(output, torch.Tensor):
+            return seq
+        parts = list(output)
+        parts[which] = seq
+        return type(output)(parts)
+
+
+def _spread(change: torch.Tensor, chosen: torch.Tensor, grid: tuple, image: int) -> torch.Tensor:
+    """``(B, N, C)``: for each token not recomputed, the mean ``change`` of the recomputed tokens in its 3x3 (video:
+    3x3x3) neighbourhood of the grid (zero where it has none); zero on the recomputed tokens themselves."""
+    b, _, c = change.shape
+    full = change.new_zeros(b, image, c)
+    full.index_copy_(1, chosen, change)
+    mask = change.new_zeros(1, image, 1)
+    mask.index_fill_(1, chosen, 1.0)
+    total = _box(full.reshape(b, *grid, c)).reshape(b, image, c)
+    count = _box(mask.reshape(1, *grid, 1)).reshape(1, image, 1)
+    return total / count.clamp_min(1.0) * (1 - mask)
+
+
+def _box(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(B, *grid, C)`` summed over each token's 3 x ... x 3 neighbourhood (the grid's edges padded with 0)."""
+    for axis in range(1, x.dim() - 1):
+        n = x.shape[axis]
+        padded = F.pad(x, [0, 0] * (x.dim() - 1 - axis) + [1, 1])
+        x = padded.narrow(axis, 0, n) + padded.narrow(axis, 1, n) + padded.narrow(axis, 2, n)
+    return x
+
+
+# ---- which tokens -------------------------------------------------------------------------------------------
+def _recomputed(fraction: float, image: int) -> int:
+    return min(image, max(1, round(fraction * image)))
+
+
+def select(grid: tuple[int, ...], order: str, count: int, seed: int, start: int, device,
+           tables: Tables = TABLES) -> torch.Tensor:
+    """``(count,)`` sorted indices of image tokens to recompute: the ``count`` tokens of the order from position
+    ``start`` on (round-robin: each partial step starts where the last one ended, so every token is recomputed
+    once every ``ceil(N / count)`` partial steps)."""
+    n = math.prod(grid)
+    return tables.get(_window, grid, order, count, seed, start % n, torch.device(device))
+
+
+def _window(grid: tuple[int, ...], order: str, count: int, seed: int, start: int, device) -> torch.Tensor:
+    n = math.prod(grid)
+    walk = _order(grid, order, count, seed)
+    picked = walk[(torch.arange(count) + start) % n]
+    return picked.sort().values.to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _order(grid: tuple[int, ...], order: str, count: int, seed: int) -> torch.Tensor:
+    """A permutation of the ``N`` image tokens (raster order over ``grid``) whose consecutive windows of ``count``
+    are each spread over the image."""
+    n = math.prod(grid)
+    i = torch.arange(n)
+    if order == "random":
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    if order == "strided":  # every c-th token in raster order, c = N / count: the residues one after another
+        c = max(1, round(n / count))
+        return torch.argsort((i % c) * n + i)
+    # grid: each token's rank inside its 2x2 window (a Bayer pattern; on a video grid, frames in pairs too), then the
+    # window's index, so that a window of the order holds the same ranks of every window of the grid
+    coords = torch.stack(torch.meshgrid(*[torch.arange(g) for g in grid], indexing="ij"), -1).reshape(n, -1)
+    rank = torch.tensor([[0, 2], [3, 1]])[coords[:, -2] % 2, coords[:, -1] % 2]
+    halved = {len(grid) - 1, len(grid) - 2}
+    if len(grid) > 2:
+        rank = rank * 2 + coords[:, -3] % 2
+        halved.add(len(grid) - 3)
+    windows = torch.zeros(n, dtype=torch.long)
+    for axis, size in enumerate(grid):
+        s = 2 if axis in halved else 1
+        windows = windows * -(-size // s) + coords[:, axis] // s
+    return torch.argsort(rank * n + windows)
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------
+def _sub(block: nn.Module, attr: str) -> nn.Module | None:
+    sub = block
+    for part in attr.split("."):
+        sub = getattr(sub, part, None)
+    return sub if isinstance(sub, nn.Module) else None
+
+
+def _layout(text: str) -> str:
+    """A target's text layout as ``sides`` reads it (a separate text stream: none beside the image)."""
+    return TEXT_NONE if text == TEXT_STREAM else text
+
+
+def _sides_or_none(total: int, image: int, text: str, trailing: int):
+    try:
+        return sides(total, image, text, trailing)
+    except ValueError:
+        return None, None

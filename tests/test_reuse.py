@@ -1,0 +1,464 @@
+"""Token reuse (``apply_reuse``): the property it promises on every family it accepts, its refusals elsewhere,
+exactness of full steps and of removal, steps and branches told apart by the timestep, the order of recomputed
+tokens, diffusers' caches beside it, and the command line's spec, bench and frontier for it.
+
+The property (checked against the unpatched block on the very same input): at a partial step, a patched block's
+recomputed tokens leave it exactly as the unpatched block computes them (they attend to fresh keys and values of
+every token), and every other token leaves it as its input plus the block residual cached for it."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_denoisers import CATALOGUE, available
+from tiny_models import later_step
+
+import tokenmerge
+from tokenmerge.engine.call import image_part, sides
+from tokenmerge.engine.techniques.reuse import select
+from tokenmerge.families import BUILTIN
+from tokenmerge.reuse import ReuseConfig
+
+pytestmark = pytest.mark.usefixtures("fast_cpu")
+
+# every catalogue entry a built-in family matches
+ENTRIES = sorted({example for f in BUILTIN for example in f.examples} & set(CATALOGUE))
+# entries token reuse refuses at apply time, each with a word of its reason: no declared layout of the block's output
+# (scope="block" is not declared), an attention that lays out its output by its input's token count or computes a
+# feed-forward inside its call, or a family-wide refusal
+LAYOUT = "image tokens"
+REFUSED = {
+    "flux2": "fused", "flux2-klein": "fused", "flux2-klein-ref": "fused", "mochi": "splits", "omnigen": "reshapes",
+    **{name: LAYOUT for name in (
+        "sana", "sana-sprint", "sana-controlnet", "sana-video", "hidream", "hunyuan-video-1.5", "hunyuan-video-1.5-i2v",
+        "ltx2", "allegro", "easyanimate", "cosmos", "cosmos-v2w", "cosmos-predict2", "sd3", "sd3.5", "sd3-controlnet",
+        "hunyuan-dit", "hunyuan-dit-controlnet", "qwen-image-2.1", "cogview3plus", "cogview4", "aura-flow",
+        "hunyuan-image-2.1", "prx", "nucleus-moe-image", "kandinsky5", "krea2", "glm-image", "joyimage-edit",
+        "joyimage-edit-plus", "ernie-image", "flux3", "flux3-ref")},
+}
+
+
+def _skip(name):
+    reason = available(name)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _tensors(out) -> list:
+    """Every tensor of a model's output (a ControlNet's residuals of every level too)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [t for o in out for t in _tensors(o)] if isinstance(out, (list, tuple)) else []
+
+
+def _run(model, calls):
+    """Each call's outputs, every tensor of them flattened into one."""
+    with torch.no_grad():
+        return [torch.cat([t.flatten().float() for t in _tensors(model(**c))]) for c in calls]
+
+
+def _steps(model, inputs, n):
+    calls = [inputs]
+    for _ in range(n - 1):
+        calls.append(later_step(model, calls[-1]))
+    return calls
+
+
+@pytest.mark.parametrize("name", ENTRIES)
+def test_every_family_keeps_the_recomputed_tokens_exact_and_the_others_cached(name):
+    _skip(name)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    if name in REFUSED:
+        with pytest.raises((ValueError, TypeError), match=REFUSED[name]):
+            tokenmerge.apply_reuse(model, 0.5, warmup=1)
+        assert tokenmerge.describe_patch(model) is None  # nothing left installed
+        return
+    calls = _steps(model, entry.inputs(batch=2), 2)
+    tokenmerge.apply_reuse(model, 0.5, warmup=1, blocks=[-1], spread=0.0)
+    patch = model._tokenmerge_patch
+    site = patch.blocks[0]
+    seen = {}
+
+    def grab(module, args, kwargs):  # before the patch's own hook: the block's plain input
+        seen["args"], seen["kwargs"] = args, dict(kwargs)
+        seen["image"], seen["index"], _ = patch.state.levels[site.level]
+        seen["trailing"] = patch.state.trailing
+
+    handles = [site.module.register_forward_pre_hook(grab, with_kwargs=True, prepend=True),
+               site.module.register_forward_hook(lambda m, a, out: seen.__setitem__("out", out))]
+    with torch.no_grad():
+        model(**calls[0])  # a full step: fills the cache
+        cache = patch.state.caches[(0, 0)].clone()
+        model(**calls[1])  # a partial step
+    for handle in handles:
+        handle.remove()
+    tokenmerge.remove_patch(model)
+    with torch.no_grad():
+        expected = site.module(*seen["args"], **seen["kwargs"])  # the unpatched block on the same input
+    n, index, trailing = seen["image"], seen["index"], seen["trailing"]
+    assert index is not None and 0 < len(index) < n
+    where = site.whole.output
+    got = seen["out"] if isinstance(seen["out"], torch.Tensor) else seen["out"][where]
+    want = expected if isinstance(expected, torch.Tensor) else expected[where]
+    before, after = sides(got.shape[1], n, site.text, trailing)
+    x = seen["kwargs"].get("hidden_states", seen["kwargs"].get("x", seen["args"][0] if seen["args"] else None))
+    x = image_part(x, n, sides(x.shape[1], n, site.text, trailing)[0])
+    others = torch.ones(n, dtype=torch.bool)
+    others[index] = False
+    got_image, want_image = image_part(got, n, before), image_part(want, n, before)
+    torch.testing.assert_close(got_image[:, index], want_image[:, index], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_image[:, others], (x + cache)[:, others], rtol=0, atol=0)
+    assert not torch.allclose(got_image[:, others], want_image[:, others])  # they are really reused
+    if before or after:  # text or reference rows beside the image: as computed
+        rest = torch.cat([got[:, :before], got[:, got.shape[1] - after:]], 1)
+        torch.testing.assert_close(rest, torch.cat([want[:, :before], want[:, want.shape[1] - after:]], 1),
+                                   rtol=1e-4, atol=1e-5)
+    if not isinstance(expected, torch.Tensor):  # the other streams (text) too
+        for i, (a, b) in enumerate(zip(seen["out"], expected)):
+            if i != where and isinstance(a, torch.Tensor):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["flux", "wan"])
+def test_spread_gives_the_others_their_recomputed_neighbours_mean_change(name):
+    """``spread``: each token not recomputed gets ``spread`` x the mean, over the recomputed tokens of its 3x3 (video:
+    3x3x3) neighbourhood, of their residual's change since they were last computed (checked by a loop over the
+    grid, apart from the library's pooling)."""
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 2)
+    runs, seen = {}, []
+    for spread in (0.0, 0.5):
+        tokenmerge.apply_reuse(model, 0.5, warmup=1, blocks=[-1], spread=spread)
+        patch = model._tokenmerge_patch
+        hook = patch.blocks[0].module.register_forward_pre_hook(lambda m, a: seen.append(patch.state.levels[0]))
+        with torch.no_grad():
+            model(**calls[0])
+            before = patch.state.caches[(0, 0)].clone()
+            model(**calls[1])
+            runs[spread] = patch.state.caches[(0, 0)].clone()
+        hook.remove()
+        tokenmerge.remove_patch(model)
+    _, chosen, grid = seen[-1]
+    change = runs[0.0] - before  # nonzero on the recomputed tokens only
+    coords = list(torch.cartesian_prod(*[torch.arange(g) for g in grid]).reshape(-1, len(grid)).tolist())
+    picked = set(chosen.tolist())
+    expected = runs[0.0].clone()
+    for i, c in enumerate(coords):
+        if i in picked:
+            continue
+        near = [j for j, d in enumerate(coords) if j in picked and max(abs(a - b) for a, b in zip(c, d)) <= 1]
+        if near:
+            expected[:, i] += 0.5 * change[:, near].mean(1)
+    torch.testing.assert_close(runs[0.5], expected, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(runs[0.5], runs[0.0])
+
+
+@pytest.mark.parametrize("name", ["flux", "wan", "pixart", "hunyuan-video", "qwen-image", "unet-sdxl"])
+def test_full_steps_are_exact_partial_steps_change_and_removal_is_bit_identical(name):
+    _skip(name)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 4)
+    vanilla = _run(model, calls)
+    tokenmerge.apply_reuse(model, 0.5, warmup=2)
+    reused = _run(model, calls)
+    for k in (0, 1):  # the warm-up: every token computed
+        assert torch.equal(reused[k], vanilla[k])
+    for k in (2, 3):  # partial steps: finite, and not vanilla
+        assert torch.isfinite(reused[k]).all()
+        assert not torch.allclose(reused[k], vanilla[k])
+    tokenmerge.remove_patch(model)
+    assert tokenmerge.describe_patch(model) is None
+    for got, want in zip(_run(model, calls), vanilla):
+        assert torch.equal(got, want)
+
+
+def test_fraction_one_recomputes_every_token_exactly():
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    vanilla = _run(model, calls)
+    tokenmerge.apply_reuse(model, 1.0, warmup=1)
+    for got, want in zip(_run(model, calls), vanilla):
+        assert torch.equal(got, want)
+
+
+def test_guidance_branches_keep_their_own_caches_and_a_new_generation_starts_over():
+    entry = CATALOGUE["wan"]
+    model = entry.build()
+    cond = entry.inputs(batch=1, seed=0)
+    uncond = dict(cond, encoder_hidden_states=torch.randn_like(cond["encoder_hidden_states"]))
+    steps = 3
+    conds, unconds = _steps(model, cond, steps), _steps(model, uncond, steps)
+    tokenmerge.apply_reuse(model, 0.5, warmup=1)
+    with torch.no_grad():  # guidance as two calls per step: cond, then uncond, with the same timestep
+        both = [model(**c).sample.flatten() for k in range(steps) for c in (conds[k], unconds[k])]
+        alone = [model(**u).sample.flatten() for u in unconds]  # the uncond branch as a generation of its own
+    tokenmerge.remove_patch(model)
+    vanilla = _run(model, unconds)
+    for k in range(steps):
+        assert torch.equal(both[2 * k + 1], alone[k])  # the cond call's cache never reached the uncond's
+    assert torch.equal(alone[0], vanilla[0])  # the second generation started over with a full step
+    assert not torch.equal(alone[2], vanilla[2])
+
+
+@pytest.mark.parametrize("order", ["strided", "grid", "random"])
+@pytest.mark.parametrize("grid,count", [((8, 8), 16), ((8, 8), 32), ((4, 6, 6), 36), ((5, 7), 7)])
+def test_each_order_recomputes_every_token_once_a_round(order, grid, count):
+    n = math.prod(grid)
+    rounds = n // count
+    picked = torch.cat([select(grid, order, count, 0, k * count, "cpu") for k in range(rounds)])
+    assert sorted(picked.tolist()) == list(range(n))  # a round of partial steps covers the image once
+    first = select(grid, order, count, 0, 0, "cpu")
+    assert len(first) == count and torch.equal(first, first.sort().values)
+    assert not torch.equal(first, select(grid, order, count, 0, count, "cpu"))  # it moves
+
+
+def test_grid_order_spreads_each_step_over_the_image():
+    first = select((8, 8), "grid", 16, 0, 0, "cpu")  # a quarter: one token of every 2x2 window
+    windows = {(int(i) // 8 // 2, int(i) % 8 // 2) for i in first}
+    assert len(windows) == 16
+
+
+def test_a_ramp_recomputes_more_tokens_early():
+    cfg = ReuseConfig(0.6, warmup=2, fraction_end=0.2)
+    schedule = cfg.schedule(10)
+    assert schedule[:2] == [None, None] and schedule[2] == pytest.approx(0.6)
+    assert schedule[-1] == pytest.approx(0.2 + 0.4 * (1 - 0.9) / 0.8)
+    assert all(a > b for a, b in zip(schedule[2:], schedule[3:]))
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 4)
+    tokenmerge.apply_reuse(model, 0.75, warmup=1, fraction_end=0.25)
+    counts = []
+    block = model.transformer_blocks[0]
+    hook = block.register_forward_pre_hook(lambda m, a: counts.append(model._tokenmerge_patch.state.levels[0][1]))
+    _run(model, calls)
+    hook.remove()
+    sizes = [len(c) for c in counts if c is not None]
+    assert len(sizes) == 3 and sizes[0] > sizes[1] > sizes[2]
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(fraction=0), "fraction"), (dict(fraction=1.5), "fraction"), (dict(warmup=0), "warmup"),
+    (dict(every=-1), "every"), (dict(order="spiral"), "order"), (dict(fraction_end=0), "fraction_end"),
+    (dict(blocks=[]), "blocks"), (dict(seed=1.5), "seed")])
+def test_bad_settings_are_refused(kwargs, words):
+    model = CATALOGUE["flux"].build()
+    with pytest.raises(ValueError, match=words):
+        tokenmerge.apply_reuse(model, **kwargs)
+    assert tokenmerge.describe_patch(model) is None
+
+
+def test_fullgraph_compile_is_refused_with_the_reason():
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    tokenmerge.apply_reuse(model, 0.5, warmup=1)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    try:
+        with pytest.raises(Exception, match="does not run under torch.compile"):
+            with torch.no_grad():
+                compiled(**entry.inputs(batch=2))
+    finally:
+        torch.compiler.reset()
+
+
+def test_attention_cache_is_refused_and_block_cache_runs_outside_the_reuse():
+    pytest.importorskip("diffusers")
+    from diffusers.hooks import FirstBlockCacheConfig, PyramidAttentionBroadcastConfig
+
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    tokenmerge.apply_reuse(model, 0.5, warmup=1)
+    with pytest.raises(ValueError, match="token reuse"):  # on the attention modules inside the blocks
+        model.enable_cache(PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2,
+                                                           current_timestep_callback=lambda: 500))
+    tokenmerge.remove_patch(model)
+    model.disable_cache() if getattr(model, "is_cache_enabled", False) else None
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    for cache_first in (False, True):  # both orders
+        if cache_first:
+            model.enable_cache(FirstBlockCacheConfig(threshold=0.0))  # 0: never skips, every block computed
+            tokenmerge.apply_reuse(model, 0.5, warmup=1)
+        else:
+            tokenmerge.apply_reuse(model, 0.5, warmup=1)
+            model.enable_cache(FirstBlockCacheConfig(threshold=0.0))
+        registry = model.transformer_blocks[0]._diffusers_hook
+        order = list(registry._hook_order)
+        assert order.index("tokenmerge_chain_hook") < order.index("fbc_leader_block_hook")  # reuse inside
+        with model.cache_context("predict"):
+            with_cache = _run(model, calls)
+        model.disable_cache()
+        tokenmerge.remove_patch(model)
+        tokenmerge.apply_reuse(model, 0.5, warmup=1)
+        alone = _run(model, calls)
+        tokenmerge.remove_patch(model)
+        for a, b in zip(with_cache, alone):  # a cache that skips nothing changes nothing
+            assert torch.equal(a, b)
+
+
+def test_describe_patched_and_the_method_spec():
+    from tokenmerge.tools.methods import parse_spec
+
+    entry = CATALOGUE["wan"]
+    model = entry.build()
+    tokenmerge.apply_patch(model, 0.5)
+    with tokenmerge.patched(model, 0.35, method="reuse", warmup=3):
+        info = tokenmerge.describe_patch(model)
+        text = str(info)
+        assert isinstance(info.config, ReuseConfig) and "token reuse: fraction=0.35" in text and "warmup=3" in text
+        assert any("keeps one tensor" in note for note in info.notes)
+    assert isinstance(tokenmerge.describe_patch(model).config, tokenmerge.ToMeConfig)  # the ToMe patch is back
+    tokenmerge.remove_patch(model)
+    spec = parse_spec("reuse:0.35,warmup=3,order=grid,fraction_end=0.2")
+    assert spec.stateful and spec.steady().text == "reuse:0.35"
+    assert spec.reuse_config() == ReuseConfig(0.35, warmup=3, order="grid", fraction_end=0.2)
+    with spec.applied(model):
+        assert tokenmerge.describe_patch(model).config.order == "grid"
+    assert tokenmerge.describe_patch(model) is None
+    with pytest.raises(ValueError, match="fraction"):
+        parse_spec("reuse:0")
+    assert parse_spec("reuse:0.5+fbc:0.1").name == "reuse+fbc"
+
+
+def test_the_bench_times_a_full_and_a_partial_step(tmp_path):
+    import json
+
+    from tokenmerge.cli import main
+
+    out = tmp_path / "res"
+    assert main(["bench", "--preset", "tiny-wan", "--resolutions", "256", "--frames", "9", "--modes", "vanilla",
+                 "--methods", "reuse:0.25,warmup=4", "--repeats", "1", "--warmup", "0", "--out", str(out),
+                 "--no-progress"]) == 0
+    records = {r["spec"]: r for r in map(json.loads, (out / "bench.jsonl").open())}
+    reuse = records["reuse:0.25,warmup=4"]
+    assert reuse["status"] == "ok" and reuse["step_timed"] == "partial"
+    assert reuse["full_median_s"] > reuse["median_s"] > 0 and reuse["full_speedup"] > 0
+    assert "full step" in (out / "bench.md").read_text()
+
+
+def test_frontier_averages_the_measured_steps_over_the_schedule():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "frontier.py"
+    loader = importlib.util.spec_from_file_location("frontier", path)
+    frontier = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(frontier)
+    from tokenmerge.tools.methods import parse_spec
+
+    bench = [{"spec": "reuse:0.5", "status": "ok", "speedup": 2.0, "full_speedup": 1.0},
+             {"spec": "reuse:0.3", "status": "ok", "speedup": 4.0, "full_speedup": 0.8}]
+    table = frontier._reuse_table(bench)
+    speed, how = frontier._reuse_speed(table, parse_spec("reuse:0.5,warmup=4"), 20)
+    full = (1 / 1.0 + 1 / 0.8) / 2
+    assert speed == pytest.approx(20 / (4 * full + 16 * 0.5)) and "4 full + 16 partial" in how
+    speed, how = frontier._reuse_speed(table, parse_spec("reuse:0.4,warmup=4"), 20)  # between two fractions
+    assert speed == pytest.approx(20 / (4 * full + 16 * (0.5 + 0.25) / 2)) and "interpolated" in how
+    assert frontier._reuse_speed(table, parse_spec("reuse:0.2,warmup=4"), 20) == (None, "")  # not measured
+
+
+# ---- keys="cached": the block on the recomputed tokens, the others' keys and values kept ---------------------
+# catalogue entries whose calls keys="cached" refuses at its first partial step (per-token arguments, masks made for
+# the recomputed tokens alone, token counts), with a word of the reason
+CACHED_REFUSED = {"qwen-image": "mask", "qwen-image-edit": "mask", "qwen-image-layered": "mask",
+                  "qwen-image-controlnet": "mask", "qwen-image-edit-2511": "per-token", "wan-ti2v": "per-token",
+                  "skyreels-v2-df": "per-token", "ltx-i2v": "per-token",
+                  "hunyuan-video-i2v-token-replace": "num_tokens"}
+# where the timestep enters each of these models (zeroed below: a model whose blocks do not depend on the step)
+TIME_EMBEDDING = {"flux": "time_text_embed.timestep_embedder.linear_2", "hunyuan-video":
+                  "time_text_embed.timestep_embedder.linear_2", "wan": "condition_embedder.time_embedder.linear_2"}
+
+
+@pytest.mark.parametrize("name", [n for n in ENTRIES if n not in REFUSED])
+def test_cached_keys_run_or_refuse_on_every_family(name):
+    _skip(name)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    vanilla = _run(model, calls)
+    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached")
+    if name in CACHED_REFUSED:
+        with pytest.raises(ValueError, match=CACHED_REFUSED[name]):
+            _run(model, calls)
+    else:
+        reused = _run(model, calls)
+        assert torch.equal(reused[0], vanilla[0])
+        for got, want in zip(reused[1:], vanilla[1:]):
+            assert torch.isfinite(got).all() and not torch.equal(got, want)
+    tokenmerge.remove_patch(model)
+    for got, want in zip(_run(model, calls), vanilla):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(TIME_EMBEDDING))
+def test_cached_keys_are_the_fresh_ones_when_nothing_changes_between_steps(name):
+    """With a model whose blocks ignore the timestep and the same latent at every step, the other tokens' kept keys
+    and values are exactly this step's: keys="cached" must then give what keys="fresh" gives (which the property
+    test checks against the unpatched blocks); with the real timestep embedding they differ."""
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    runs = {}
+    for still in (False, True):
+        if still:
+            torch.nn.init.zeros_(model.get_submodule(TIME_EMBEDDING[name]).weight)
+            torch.nn.init.zeros_(model.get_submodule(TIME_EMBEDDING[name]).bias)
+        for keys in ("fresh", "cached"):
+            tokenmerge.apply_reuse(model, 0.5, warmup=1, keys=keys)
+            runs[still, keys] = _run(model, calls)
+            tokenmerge.remove_patch(model)
+    for a, b in zip(runs[True, "fresh"], runs[True, "cached"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(runs[False, "fresh"][2], runs[False, "cached"][2])
+
+
+def test_cached_keys_run_the_block_on_the_recomputed_tokens():
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 2)
+    seen = []
+    model.single_transformer_blocks[0].proj_mlp.register_forward_hook(lambda m, a, out: seen.append(a[0].shape[1]))
+    model.single_transformer_blocks[0].attn.to_q.register_forward_hook(lambda m, a, out: seen.append(a[0].shape[1]))
+    for keys in ("cached", "fresh"):
+        tokenmerge.apply_reuse(model, 0.25, warmup=1, keys=keys)
+        _run(model, calls)
+        tokenmerge.remove_patch(model)
+    n, text = calls[0]["hidden_states"].shape[1], calls[0]["encoder_hidden_states"].shape[1]
+    # cached: every projection on text + a quarter of the image; fresh: queries and the MLP on those rows only
+    assert seen == [text + n] * 2 + [text + n // 4] * 2 + [text + n] * 2 + [text + n // 4] * 2
+
+
+def test_the_quality_tools_linear_work_counts_the_rows_computed():
+    """``tokenmerge quality``'s count of nn.Linear work sees what each layer computed, not the full-size output a
+    reuse hook on the layer gives back (checked against the layers' inputs as they enter, after the patch's hooks)."""
+    import types
+
+    from tokenmerge.quality.run import linear_work
+
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 2)
+    tokenmerge.apply_reuse(model, 0.25, warmup=1)
+    entered = [0]
+
+    def count(module, args):
+        entered[0] += args[0].shape[:-1].numel() * module.in_features * module.out_features
+
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    handles = [m.register_forward_pre_hook(count) for m in layers]  # after the patch's: the rows each layer gets
+    with torch.no_grad():
+        model(**calls[0])
+        entered[0] = 0
+        with linear_work(types.SimpleNamespace(transformer=model)) as work:
+            model(**calls[1])
+    for handle in handles:
+        handle.remove()
+    assert work[0] == entered[0] > 0
