@@ -9,15 +9,15 @@ from .api import (
     PatchInfo,
     apply_config,
     apply_patch,
+    apply_reuse,
     apply_todo,
     describe_patch,
     observe,
     patched,
     remove_patch,
 )
-from .config import ToDoConfig, ToMeConfig
+from .config import ReuseConfig, ToDoConfig, ToMeConfig
 from .families import Family, register_family, registered_families, unregister_family
-from .reuse import ReuseConfig, apply_reuse
 
 __version__ = "0.1.0"
 

@@ -1,11 +1,12 @@
-"""Frozen, validated configuration of a token-merging patch."""
+"""Frozen, validated configuration of a patch: ToMe, ToDo and token reuse."""
 
 from __future__ import annotations
 
 import numbers
 from dataclasses import KW_ONLY, asdict, dataclass
 
-__all__ = ["ToMeConfig", "ToDoConfig", "DEFAULT_SEED", "POOL_MODES", "CUDA_MIN_SIZE", "min_size_on"]
+__all__ = ["ToMeConfig", "ToDoConfig", "ReuseConfig", "DEFAULT_SEED", "POOL_MODES", "CUDA_MIN_SIZE", "min_size_on",
+           "ORDERS", "KEYS"]
 
 POOL_MODES = ("nearest-exact", "avg", "bilinear", "trilinear")
 # "attention": merge around the attention (and, if asked, cross-attention / feed-forward) of each block;
@@ -292,3 +293,109 @@ class ToDoConfig(_WhenAndReuse):
                                  f"token grid has {rank} axes ({'frames, ' if rank == 3 else ''}height, width)")
             return self.downsample
         return (1,) * (rank - 2) + (self.downsample, self.downsample)
+
+
+# how the recomputed tokens are chosen at each step (each is a fixed order of the image tokens, walked round-robin:
+# every token is recomputed once every ceil(1 / fraction) partial steps)
+ORDERS = ("strided", "grid", "random")
+# where the other tokens' keys and values come from at a partial step: "fresh" (every token goes through the
+# block's projections: exact attention for the recomputed tokens), "cached" (the block runs on the recomputed tokens
+# alone and the others' keys and values are the ones kept from their last computation: less work, less faithful,
+# two more stored tensors per block)
+KEYS = ("fresh", "cached")
+
+
+@dataclass(frozen=True)
+class ReuseConfig:
+    """Settings of ``apply_reuse`` (validated when made; see its docstring).
+
+    Example:
+        >>> ReuseConfig(fraction=0.35, warmup=4).partial_at(10)
+        True
+    """
+
+    fraction: float = 0.5
+    warmup: int = 4
+    every: int = 0
+    order: str = "grid"
+    seed: int | None = None
+    blocks: tuple[int, ...] | None = None
+    fraction_end: float | None = None
+    spread: float = 0.3
+    keys: str = "fresh"
+
+    # what the other patches' configs say, read by the shared lifecycle (api.py) and guards
+    max_downsample = None
+    method_name = "token reuse"
+
+    def __post_init__(self):
+        f = self.fraction
+        if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.0 < float(f) <= 1.0:
+            raise ValueError(f"fraction must be a number in (0, 1] (the share of image tokens recomputed at a "
+                             f"partial step; 1 recomputes every token: no reuse); got {f!r}")
+        object.__setattr__(self, "fraction", float(f))
+        end = self.fraction_end
+        if end is not None:
+            if isinstance(end, bool) or not isinstance(end, numbers.Real) or not 0.0 < float(end) <= 1.0:
+                raise ValueError(f"fraction_end must be None or a number in (0, 1]; got {end!r}")
+            object.__setattr__(self, "fraction_end", float(end))
+        sp = self.spread
+        if isinstance(sp, bool) or not isinstance(sp, numbers.Real) or not 0.0 <= float(sp) <= 1.0:
+            raise ValueError(f"spread must be a number in [0, 1]; got {sp!r}")
+        object.__setattr__(self, "spread", float(sp))
+        for name, low in (("warmup", 1), ("every", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}; got {value!r}" + (
+                    " (the first step fills the caches: it is always a full step)" if name == "warmup" else ""))
+            object.__setattr__(self, name, int(value))
+        if self.keys not in KEYS:
+            raise ValueError(f"keys must be one of {', '.join(KEYS)}; got {self.keys!r}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}; got {self.order!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
+            raise ValueError(f"seed must be None or an integer; got {self.seed!r}")
+        if self.blocks is not None:
+            try:
+                picked = tuple(self.blocks)
+            except TypeError:
+                picked = None
+            if not picked or not all(isinstance(i, int) and not isinstance(i, bool) for i in picked):
+                raise ValueError("blocks must be None (every block) or a non-empty sequence of block indices, e.g. "
+                                 f"range(2, 19); got {self.blocks!r}")
+            object.__setattr__(self, "blocks", picked)
+
+    @property
+    def effective_seed(self) -> int:
+        return 0 if self.seed is None else int(self.seed)
+
+    @property
+    def reuses(self) -> bool:
+        """Whether any token is ever reused (``fraction=1`` recomputes every token: an exact no-op)."""
+        return self.fraction < 1.0 or (self.fraction_end is not None and self.fraction_end < 1.0)
+
+    def fraction_at(self, progress: float, first: float) -> float:
+        """The share recomputed at a partial step at denoising ``progress`` (0 = noise, 1 = the end), the
+        generation's first partial step having been at ``first``: ``fraction`` there, moving linearly to
+        ``fraction_end`` at the end."""
+        if self.fraction_end is None or first >= 1.0:
+            return self.fraction
+        a = min(1.0, max(0.0, (progress - first) / (1.0 - first)))
+        return self.fraction + (self.fraction_end - self.fraction) * a
+
+    def schedule(self, steps: int) -> list[float | None]:
+        """The share recomputed at each of ``steps`` steps whose timesteps fall linearly from noise (progress
+        ``k / steps``, as the embedded models' sampler): ``None`` for a full step."""
+        partial = [k for k in range(steps) if self.partial_at(k)]
+        first = partial[0] / steps if partial else 0.0
+        return [self.fraction_at(k / steps, first) if self.partial_at(k) else None for k in range(steps)]
+
+    def partial_at(self, step: int) -> bool:
+        """Whether step ``step`` (0 = the generation's first denoising step) is a partial one."""
+        if not self.reuses or step < self.warmup:
+            return False
+        return not (self.every and (step - self.warmup + 1) % self.every == 0)
+
+    def full_steps(self, steps: int) -> int:
+        """How many of a generation's ``steps`` steps are full (every token recomputed)."""
+        return sum(not self.partial_at(k) for k in range(steps))

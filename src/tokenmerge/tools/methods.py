@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from ..config import ToDoConfig, ToMeConfig
+from ..config import ReuseConfig, ToDoConfig, ToMeConfig
 from .caches import CACHES, DEFAULTS
 from .text import cap_message, quote
 
@@ -149,8 +149,6 @@ class MethodSpec:
 
     def reuse_config(self):
         """The ``ReuseConfig`` of a token-reuse spec (its schedule: which steps are full)."""
-        from ..reuse import ReuseConfig
-
         return ReuseConfig(fraction=self.value, **self.kwargs())
 
     @property
