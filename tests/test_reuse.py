@@ -266,11 +266,44 @@ def test_fullgraph_compile_is_refused_with_the_reason():
     tokenmerge.apply_reuse(model, 0.5, warmup=1)
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     try:
-        with pytest.raises(Exception, match="does not run under torch.compile"):
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="token reuse .* without fullgraph=True"):
             with torch.no_grad():
                 compiled(**entry.inputs(batch=2))
     finally:
+        tokenmerge.remove_patch(model)
         torch.compiler.reset()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["flux", "wan"])
+def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name):
+    """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: the only graph
+    breaks), the blocks' full and partial calls compile once, and a second generation compiles nothing more."""
+    from torch._dynamo.utils import counters
+
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 6)
+    vanilla = _run(model, calls)
+    tokenmerge.apply_reuse(model, 0.5, warmup=2)
+    eager = _run(model, calls)
+    torch.compiler.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager")
+    try:
+        got = _run(compiled, calls)
+        frames = counters["frames"]["total"]
+        again = _run(compiled, calls)
+        assert counters["frames"]["total"] == frames, "a second generation compiled again"
+        breaks = list(counters["graph_break"])
+    finally:
+        tokenmerge.remove_patch(model)
+        torch.compiler.reset()
+    assert breaks and all("token reuse" in reason for reason in breaks), breaks
+    for run in (got, again):
+        for a, b in zip(run, eager):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(eager[-1], vanilla[-1]), "the reuse acted"
 
 
 def test_attention_cache_is_refused_and_block_cache_runs_outside_the_reuse():

@@ -44,6 +44,7 @@ from ..discover import DenoiserSite
 from ..grids import GridReader, NoGrid
 from ..planner import coarsen
 from .around import ChainHook
+from .todo import other_function
 
 __all__ = ["ReusePatch", "QueryRows", "BLOCK", "select", "COMPILE_REFUSED"]
 
@@ -51,8 +52,18 @@ BLOCK = -1  # the "target" index of a block's own hooks (what caches.route calls
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 _SDPA = F.scaled_dot_product_attention
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-COMPILE_REFUSED = ("tokenmerge: token reuse (apply_reuse) does not run under torch.compile yet: its step schedule "
-                   "and caches are host-side state read at every call; run the model eagerly")
+COMPILE_REFUSED = ("tokenmerge: token reuse (apply_reuse) decides at each denoiser call, on the host, whether the step "
+                   "is full or partial and which tokens it recomputes (from the timestep): compile the denoiser "
+                   "without fullgraph=True (this decision is its one graph break, at the call's start), or run it "
+                   "eagerly")
+
+
+def _on_host(fn):
+    """``fn`` run eagerly under torch.compile: a graph break with ``COMPILE_REFUSED`` as its reason."""
+    try:
+        return torch.compiler.disable(fn, reason=COMPILE_REFUSED)
+    except TypeError:  # a torch without the reason argument
+        return torch.compiler.disable(fn)
 
 
 class QueryRows(TorchFunctionMode):
@@ -71,7 +82,7 @@ class QueryRows(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is not _SDPA:
-            return func(*args, **kwargs)
+            return other_function(func, args, kwargs)
         for i, name in enumerate(_NAMES[: len(args)]):
             kwargs[name] = args[i]
         query = kwargs["query"]  # (B, H, L, D)
@@ -109,7 +120,7 @@ class CachedKeys(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is not _SDPA:
-            return func(*args, **kwargs)
+            return other_function(func, args, kwargs)
         for i, name in enumerate(_NAMES[: len(args)]):
             kwargs[name] = args[i]
         key, value = kwargs["key"], kwargs["value"]
@@ -238,6 +249,7 @@ class ReusePatch:
         self.site, self.config, self.blocks = site, config, blocks
         self.family = site.family
         self._local = threading.local()
+        self._current = _State()  # the state of the call in flight, for the block hooks' compiled code
         self._handles: list = []
         self.target_handles: dict = {}  # (block, BLOCK) -> the block's torch hooks' handles (caches.route)
         self.technique = self  # what caches.route asks for the hooks it moves into a diffusers hook chain
@@ -261,6 +273,10 @@ class ReusePatch:
 
     @property
     def state(self) -> _State:
+        """This thread's state; in compiled code, the state of the call in flight (which the denoiser's hooks,
+        run on the host, keep in ``_current``)."""
+        if torch.compiler.is_compiling():
+            return self._current
         state = getattr(self._local, "state", None)
         if state is None:
             state = self._local.state = _State()
@@ -396,10 +412,10 @@ class ReusePatch:
         forget_compiled(self.site.module, _Hook.__call__.__code__)
 
     # ---- denoiser: which step, which tokens ---------------------------------------------------------------
+    @_on_host
     def _denoiser_pre(self, _b, _t, module, args, kwargs):
-        if torch.compiler.is_compiling():
-            raise ValueError(COMPILE_REFUSED)
         state, cfg = self.state, self.config
+        self._current = state
         state.reset()
         try:
             grid, device, state.trailing = self._grid_reader.read(args, kwargs)
@@ -439,6 +455,7 @@ class ReusePatch:
             state.counted = state.step
         return None
 
+    @_on_host
     def _denoiser_post(self, _b, _t, module, args, output):
         self.state.reset()
         return None

@@ -33,7 +33,7 @@ except ImportError:  # an older torch: sizes are concrete wherever its compile r
     def _known_true(b) -> bool:
         return bool(b)
 
-__all__ = ["PoolKeys", "PoolInAttention"]
+__all__ = ["PoolKeys", "PoolInAttention", "other_function"]
 
 _SDPA = F.scaled_dot_product_attention
 
@@ -128,9 +128,7 @@ class PoolInAttention(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is not _SDPA:
-            if func is torch.Tensor.unflatten:  # written in Python with super(), which dynamo cannot follow from
-                return torch.unflatten(*args, **kwargs)  # inside a mode: its functional form, the same operation
-            return func(*args, **kwargs)
+            return other_function(func, args, kwargs)
         self.calls += 1
         for i, name in enumerate(_NAMES[: len(args)]):  # everything by keyword, as SDPA's signature names it
             kwargs[name] = args[i]
@@ -190,3 +188,11 @@ def _some(n) -> bool:
     symbolic size under torch.compile, e.g. Mochi's valid prompt tokens) is kept, as a part of possibly none."""
     return not _known_true(n == 0)
 
+
+def other_function(func, args, kwargs):
+    """What a mode that watches SDPA calls does with every other function: call it (``Tensor.unflatten``, written
+    in Python with super(), which dynamo cannot follow from inside a mode, in its functional form: the same
+    operation)."""
+    if func is torch.Tensor.unflatten:
+        return torch.unflatten(*args, **kwargs)
+    return func(*args, **kwargs)
