@@ -199,6 +199,18 @@ def edges(tokenmerge, parallel, ContextParallelConfig, out_dir, rank, world):
     inside.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world), cp_plan=plan)
     rec["split_inside"] = refusal(lambda: tokenmerge.apply_patch(inside, ratio=0.5))
     rec["split_inside_block1"] = refusal(lambda: tokenmerge.apply_patch(inside, ratio=0.5, blocks=[1]))
+    # token reuse does not run under context parallelism yet: refused when parallelism comes first, untouched calls
+    # with one warning when it comes after the patch
+    rec["reuse_enable_first"] = refusal(lambda: tokenmerge.apply_reuse(parallel(wan.build()), 0.5, warmup=1))
+    inputs = even_text("wan", wan.inputs(batch=2, grid=(4, 4, 4)))
+    model = parallel(wan.build())
+    vanilla = run(model, "wan", inputs, wan)
+    model = wan.build()
+    tokenmerge.apply_reuse(model, 0.5, warmup=1)
+    parallel(model)
+    calls = [run(model, "wan", inputs, wan) for _ in range(2)]
+    tokenmerge.remove_patch(model)
+    rec["reuse_patch_first"] = {"vanilla": vanilla, "calls": calls, "removed": run(model, "wan", inputs, wan)}
     torch.save(rec, out_dir / f"+edges.rank{rank}.pt")
 
 

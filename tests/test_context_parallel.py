@@ -258,6 +258,20 @@ def test_refused_at_apply_when_it_cannot_be_right(ranks):
     assert rec["split_inside_block1"] is None
 
 
+@pytest.mark.processes
+def test_token_reuse_is_refused_or_runs_untouched_under_context_parallelism(ranks):
+    """Token reuse does not follow a rank's slice yet: refused at apply_reuse when parallelism is on, and when it
+    is enabled after the patch every call runs untouched (the vanilla context-parallel output) with one warning."""
+    rec = ranks["+edges"][0]
+    assert rec["reuse_enable_first"] is not None and "context parallelism" in rec["reuse_enable_first"]
+    later = rec["reuse_patch_first"]
+    for call in later["calls"]:
+        assert torch.equal(call["out"], later["vanilla"]["out"])
+    assert [len(c["warnings"]) for c in later["calls"]] == [1, 0]
+    assert "context parallelism" in later["calls"][0]["warnings"][0]
+    assert torch.equal(later["removed"]["out"], later["vanilla"]["out"])
+
+
 # ---- the bench under torchrun -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("env, args, words", [
     ({}, [], "torchrun"),

@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import math
 import threading
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,7 @@ from ..call import host_timestep, image_part, join, sides, take_mask, take_rotar
 from ..compiled import compiled_in_place, forget_compiled, regional_message
 from ..discover import DenoiserSite
 from ..grids import GridReader, NoGrid
+from ..parallel import PARALLEL_ATTR
 from ..planner import coarsen
 from .around import ChainHook
 from .todo import other_function
@@ -52,6 +54,9 @@ BLOCK = -1  # the "target" index of a block's own hooks (what caches.route calls
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 _SDPA = F.scaled_dot_product_attention
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+PARALLEL_REFUSED = ("token reuse does not run under diffusers' context parallelism yet (each rank would hold a "
+                    "slice of the tokens whose cached residuals and recomputed rows the all-to-all attention does "
+                    "not follow): use apply_patch or apply_todo there, or run the model on one GPU")
 COMPILE_REFUSED = ("tokenmerge: token reuse (apply_reuse) decides at each denoiser call, on the host, whether the step "
                    "is full or partial and which tokens it recomputes (from the timestep): compile the denoiser "
                    "without fullgraph=True (this decision is its one graph break, at the call's start), or run it "
@@ -263,6 +268,7 @@ class ReusePatch:
         self.cached = config.keys == "cached"
         self._wholes: list = []  # keys="cached": per block, its bound (rotary, mask, per-token, refuse_if) arguments
         self._refusals: list = []  # per block, its (bound argument, reason) pairs that refuse a call
+        self._warned = False  # a call ran untouched, and the user was told (once per patch)
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k != "_local"}
@@ -338,6 +344,9 @@ class ReusePatch:
         watch_registries(self, region, {id(b.module): (i, BLOCK) for i, b in enumerate(self.blocks)})
 
     def install(self) -> None:
+        if getattr(self.site.module, PARALLEL_ATTR, None) is not None:  # enabled before the patch: refused here
+            raise ValueError(f"tokenmerge: {PARALLEL_REFUSED} (parallelism is enabled on "
+                             f"{type(self.site.module).__name__})")
         try:
             denoiser = self.site.module
             self._handles.append(denoiser.register_forward_pre_hook(_Hook(self, "_denoiser_pre"), with_kwargs=True))
@@ -417,6 +426,9 @@ class ReusePatch:
         state, cfg = self.state, self.config
         self._current = state
         state.reset()
+        if getattr(module, PARALLEL_ATTR, None) is not None:  # enabled after the patch: runs untouched, one warning
+            self._warn_once(PARALLEL_REFUSED)
+            return None
         try:
             grid, device, state.trailing = self._grid_reader.read(args, kwargs)
         except NoGrid:
@@ -454,6 +466,15 @@ class ReusePatch:
         if advance:
             state.counted = state.step
         return None
+
+    def _warn_once(self, reason: str) -> None:
+        """Warn, once per patch, that calls run untouched (no tokens reused), and why."""
+        if self._warned:
+            return
+        self._warned = True
+        name = self.site.path or type(self.site.module).__name__
+        warnings.warn(f"tokenmerge: {name}: {reason}. The generation goes on with every token computed; later calls "
+                      "run so too, without another warning", RuntimeWarning, stacklevel=4)
 
     @_on_host
     def _denoiser_post(self, _b, _t, module, args, output):
