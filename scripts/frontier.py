@@ -1,7 +1,7 @@
 """Speed versus fidelity: one family's bench table (speed at a real width) joined with the quality table of the
 trained embedded model of that family (fidelity), its Pareto frontier marked. Writes STEM.md and STEM.png.
 
-    python scripts/frontier.py --bench benchmarks/results/perf/cpu-flux-2+4-1024-scope.jsonl \
+    python scripts/frontier.py --bench benchmarks/results/perf/cpu-flux-2+4-1024-scope.jsonl [MORE.jsonl] \
         --quality benchmarks/results/quality/quality-fashion-dit-caches.json --out benchmarks/results/frontier \
         --stem frontier-dit --title "Flux.1-style DiT"
 
@@ -135,9 +135,13 @@ def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
     return sorted(out, key=lambda p: p["speedup"]), notes
 
 
-def markdown(pts, notes, bench_cmd: str, quality_cmd: str, title: str) -> str:
+def markdown(pts, notes, bench_cmds, quality_cmd: str, title: str) -> str:
+    if isinstance(bench_cmds, str):
+        bench_cmds = [bench_cmds]
+    speed = " and ".join(f"`{c}`" for c in bench_cmds)
     lines = [f"### Speed versus fidelity: {title}", "",
-             f"Speed: `{bench_cmd}` (random weights at real widths; caches: counted on the trained model, see below).",
+             f"Speed: {speed} (random weights at real widths, each setting against vanilla in its own table; "
+             "caches: counted on the trained model, see below).",
              f"Fidelity: `{quality_cmd}` (the trained embedded model).", "",
              "| setting | kind | speed-up | how | PSNR (dB) | SSIM | linear work | frontier |",
              "|---|---|---|---|---|---|---|---|"]
@@ -190,19 +194,22 @@ def plot(pts, path: Path, title: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench", type=Path, required=True, help="a tokenmerge bench JSONL file")
+    p.add_argument("--bench", type=Path, nargs="+", required=True,
+                   help="tokenmerge bench JSONL files (a setting in several: the last file's record)")
     p.add_argument("--quality", type=Path, required=True, help="a tokenmerge quality JSON file")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--stem", required=True, help="file name stem: STEM.md, STEM.png")
     p.add_argument("--title", required=True)
     a = p.parse_args(argv)
-    bench = [json.loads(line) for line in a.bench.read_text().splitlines() if line.strip()]
+    files = [[json.loads(line) for line in path.read_text().splitlines() if line.strip()] for path in a.bench]
+    bench = [r for records in files for r in records]  # later files' records override earlier ones (points)
     quality = json.loads(a.quality.read_text())
     pts, notes = points(bench, quality)
     if not pts:
         p.error("no quality method has a speed: run the bench with the same specs")
     a.out.mkdir(parents=True, exist_ok=True)
-    md = markdown(pts, notes, bench[0].get("command", "?"), quality.get("command", "?"), a.title)
+    commands = [records[0].get("command", "?") if records else "?" for records in files]
+    md = markdown(pts, notes, commands, quality.get("command", "?"), a.title)
     tmp = a.out / f"{a.stem}.md.tmp"
     tmp.write_text(md)
     tmp.replace(a.out / f"{a.stem}.md")

@@ -399,6 +399,36 @@ def test_frontier_averages_the_measured_steps_over_the_schedule():
     assert frontier._reuse_speed(table, parse_spec("reuse:0.2,warmup=4"), 20) == (None, "")  # not measured
 
 
+def test_frontier_joins_several_bench_tables_the_last_one_winning(tmp_path):
+    """Settings timed in another sitting join the table: each against vanilla in its own table; a setting in
+    both takes the later file's record, and both commands are named."""
+    import json
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "frontier.py"
+    loader = importlib.util.spec_from_file_location("frontier", path)
+    frontier = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(frontier)
+    old = [{"spec": "tome:0.5", "status": "ok", "speedup": 1.3, "command": "bench one"},
+           {"spec": "todo:2", "status": "ok", "speedup": 1.1, "command": "bench one"}]
+    new = [{"spec": "tome:0.5", "status": "ok", "speedup": 1.5, "command": "bench two"},
+           {"spec": "reuse:0.5", "status": "ok", "speedup": 2.0, "full_speedup": 1.0, "command": "bench two"}]
+    methods = [{"spec": spec, "label": spec, "psnr_mean": psnr, "ssim_mean": 0.9, "linear_work": 0.5}
+               for spec, psnr in (("vanilla", "inf"), ("tome:0.5", 12.0), ("todo:2", 11.0),
+                                  ("reuse:0.5,warmup=4", 33.0))]
+    files = []
+    for name, records in (("one.jsonl", old), ("two.jsonl", new), ("q.json", None)):
+        files.append(tmp_path / name)
+        files[-1].write_text("\n".join(json.dumps(r) for r in records) if records else
+                             json.dumps({"methods": methods, "command": "quality", "steps": 20}))
+    assert frontier.main(["--bench", str(files[0]), str(files[1]), "--quality", str(files[2]), "--out",
+                          str(tmp_path / "out"), "--stem", "f", "--title", "t"]) == 0
+    md = (tmp_path / "out" / "f.md").read_text()
+    assert "`bench one` and `bench two`" in md
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[2] for line in md.splitlines() if " | " in line}
+    assert rows["tome:0.5"] == "1.50x" and rows["todo:2"] == "1.10x"
+    assert rows["reuse:0.5,warmup=4"] == f"{20 / (4 + 16 * 0.5):.2f}x"
+
+
 # ---- keys="cached": the block on the recomputed tokens, the others' keys and values kept ---------------------
 # catalogue entries whose calls keys="cached" refuses at its first partial step (per-token arguments, masks made for
 # the recomputed tokens alone, token counts), with a word of the reason
