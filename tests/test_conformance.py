@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny_denoisers import CATALOGUE as _CATALOGUE
-from tiny_denoisers import TinyDenoiser, output_tensor
+from tiny_denoisers import TinyDenoiser, all_tensors, output_tensor
 from tiny_denoisers import available as _available
 from tiny_models import ToyVideoDiT, ldm_unet, permuting_matcher, toy_video_family, toy_video_inputs
 
@@ -68,21 +68,11 @@ def _skip_unavailable(name):
         pytest.skip(reason)
 
 
-def _tensors(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    if isinstance(out, dict):
-        out = list(out.values())
-    return [t for o in out for t in _tensors(o)] if isinstance(out, (list, tuple)) else []
-
-
 @torch.no_grad()
 def _run(model, inputs):
     """Every output tensor, flattened into one (a ControlNet's residuals too)."""
     out = model(**inputs)
-    return torch.cat([t.reshape(-1) for t in _tensors(out)]) if not isinstance(out, torch.Tensor) else out.clone()
+    return torch.cat([t.reshape(-1) for t in all_tensors(out)]) if not isinstance(out, torch.Tensor) else out.clone()
 
 
 def _setup(name, batch=2, grid=None):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_denoisers import CATALOGUE, available
+from tiny_denoisers import CATALOGUE, all_tensors, available
 from tiny_models import later_step
 
 import tokenmerge
@@ -48,21 +48,10 @@ def _skip(name):
         pytest.skip(reason)
 
 
-def _tensors(out) -> list:
-    """Every tensor of a model's output (a ControlNet's residuals of every level too)."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    if isinstance(out, dict):
-        out = list(out.values())
-    return [t for o in out for t in _tensors(o)] if isinstance(out, (list, tuple)) else []
-
-
 def _run(model, calls):
     """Each call's outputs, every tensor of them flattened into one."""
     with torch.no_grad():
-        return [torch.cat([t.flatten().float() for t in _tensors(model(**c))]) for c in calls]
+        return [torch.cat([t.flatten().float() for t in all_tensors(model(**c))]) for c in calls]
 
 
 def _steps(model, inputs, n):

@@ -121,6 +121,22 @@ def available(name: str) -> str | None:
     return None
 
 
+def all_tensors(out) -> list:
+    """Every tensor of a forward call's output, in order (a ControlNet's residuals of every level too).
+
+    Example:
+        >>> [t.shape[0] for t in all_tensors(([torch.zeros(1)], {"b": torch.zeros(2)}))]
+        [1, 2]
+    """
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [t for o in out for t in all_tensors(o)] if isinstance(out, (list, tuple)) else []
+
+
 def output_tensor(out, entry: TinyDenoiser | str | None = None) -> torch.Tensor:
     """The main output of a forward call.
 

@@ -59,6 +59,20 @@ def _check_schedule(cfg) -> None:
     object.__setattr__(cfg, "stop", stop)
 
 
+def _check_blocks(cfg, none_means: str, example: str) -> None:
+    """``cfg.blocks``: ``None`` or a non-empty sequence of block indices, kept as a tuple."""
+    if cfg.blocks is None:
+        return
+    try:
+        picked = tuple(cfg.blocks)
+    except TypeError:
+        picked = None
+    if not picked or not all(isinstance(i, int) and not isinstance(i, bool) for i in picked):
+        raise ValueError(f"blocks must be None ({none_means}) or a non-empty sequence of block indices, e.g. "
+                         f"{example}; got {cfg.blocks!r}")
+    object.__setattr__(cfg, "blocks", picked)
+
+
 def _check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False; got {value!r}")
@@ -83,15 +97,7 @@ class _WhenAndReuse:
     min_size: int | None = None
 
     def _check_when_and_reuse(self, upper: float) -> None:
-        if self.blocks is not None:
-            try:
-                picked = tuple(self.blocks)
-            except TypeError:
-                picked = None
-            if not picked or not all(isinstance(i, int) and not isinstance(i, bool) for i in picked):
-                raise ValueError("blocks must be None (every block the level rule selects) or a non-empty "
-                                 f"sequence of block indices, e.g. range(0, 28, 2); got {self.blocks!r}")
-            object.__setattr__(self, "blocks", picked)
+        _check_blocks(self, "every block the level rule selects", "range(0, 28, 2)")
         if self.ratio_end is not None:
             end = self.ratio_end
             if isinstance(end, bool) or not isinstance(end, numbers.Real) or not (0.0 <= float(end) <= upper):
@@ -355,15 +361,7 @@ class ReuseConfig:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}; got {self.order!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
             raise ValueError(f"seed must be None or an integer; got {self.seed!r}")
-        if self.blocks is not None:
-            try:
-                picked = tuple(self.blocks)
-            except TypeError:
-                picked = None
-            if not picked or not all(isinstance(i, int) and not isinstance(i, bool) for i in picked):
-                raise ValueError("blocks must be None (every block) or a non-empty sequence of block indices, e.g. "
-                                 f"range(2, 19); got {self.blocks!r}")
-            object.__setattr__(self, "blocks", picked)
+        _check_blocks(self, "every block", "range(2, 19)")
 
     @property
     def effective_seed(self) -> int:

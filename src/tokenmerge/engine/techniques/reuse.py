@@ -85,11 +85,9 @@ class QueryRows(TorchFunctionMode):
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
         if func is not _SDPA:
-            return other_function(func, args, kwargs)
-        for i, name in enumerate(_NAMES[: len(args)]):
-            kwargs[name] = args[i]
+            return other_function(func, args, dict(kwargs or {}))
+        kwargs = _bound(args, kwargs)
         query = kwargs["query"]  # (B, H, L, D)
         rows = self._rows(query.shape[-2], query.device)
         if rows is None:  # not a call over the image's queries (e.g. a second attention over other tokens)
@@ -123,11 +121,9 @@ class CachedKeys(TorchFunctionMode):
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
         if func is not _SDPA:
-            return other_function(func, args, kwargs)
-        for i, name in enumerate(_NAMES[: len(args)]):
-            kwargs[name] = args[i]
+            return other_function(func, args, dict(kwargs or {}))
+        kwargs = _bound(args, kwargs)
         key, value = kwargs["key"], kwargs["value"]
         count = self.image if self.index is None else self.index.shape[0]
         before, after = _sides_or_none(key.shape[-2], count, self.keys or TEXT_NONE, self.trailing)
@@ -153,6 +149,11 @@ class CachedKeys(TorchFunctionMode):
         kwargs["key"] = _splice(key, kept_k, before, after)
         kwargs["value"] = _splice(value, kept_v, before, after)
         return func(**kwargs)
+
+
+def _bound(args: tuple, kwargs: dict | None) -> dict:
+    """An SDPA call's arguments, all by name."""
+    return {**dict(zip(_NAMES, args)), **(kwargs or {})}
 
 
 def _splice(x: torch.Tensor, image: torch.Tensor, before: int, after: int) -> torch.Tensor:
@@ -200,6 +201,7 @@ class _State:
         self.first: float | None = None  # the progress of the generation's first partial step
         self.offsets: dict[int, int] = {}  # level -> tokens of its order walked so far (round-robin)
         self.counted = -1  # the step whose recomputed tokens the offsets last advanced past
+        self.read = None  # the generation's (grid, device, trailing), read at its first call
         self.reset()
 
     def reset(self) -> None:
@@ -429,16 +431,22 @@ class ReusePatch:
         if getattr(module, PARALLEL_ATTR, None) is not None:  # enabled after the patch: runs untouched, one warning
             self._warn_once(PARALLEL_REFUSED)
             return None
-        try:
-            grid, device, state.trailing = self._grid_reader.read(args, kwargs)
-        except NoGrid:
-            return None  # a call whose grid cannot be read runs untouched (and is not counted as a step)
         t = host_timestep(self.site.timestep.read(args, kwargs))
         if t is None:
             raise TypeError(f"tokenmerge: token reuse needs the timestep to tell the steps apart, and "
                             f"{type(module).__name__}.forward got none")
         progress = self.site.timestep.progress(t, 1000)
-        if state.last is None or progress < state.last:  # the first call, or the progress went back: a generation
+        new = state.last is None or progress < state.last  # the first call, or the progress went back: a generation
+        if new or state.read is None:  # the grid, read once per generation (position ids: on the host)
+            try:
+                read = self._grid_reader.read(args, kwargs)
+            except NoGrid:
+                return None  # a call whose grid cannot be read runs untouched (and is not counted as a step)
+        else:  # the generation's grid: its cached residuals hold its tokens
+            read = state.read
+        grid, device, state.trailing = read
+        state.read = read
+        if new:
             state.forget()
         elif progress == state.last:  # the same step again: guidance's other branch (called separately)
             state.branch += 1
