@@ -196,8 +196,9 @@ class Planner:
             offsets = offsets[index]
         if observer is not None:
             observer.begin("similarity")
-        if not x.is_contiguous():  # a strided view (PixArt's patch embedding: transposed): the matching gathers rows
-            x = x.contiguous()  # of it many times, each a slow strided copy
+        if not x.is_contiguous() and (self.paths or x.device.type) == "cpu":  # a strided view (PixArt's patch
+            x = x.contiguous()  # embedding: transposed): the CPU's matching gathers rows of it many times, each a
+            # slow strided copy; on CUDA a strided gather costs no more, and a copy is one more kernel
         if self.matcher is not None:
             plan = self.matcher(x, grid, self.windows, r, offsets, self.radius)
         elif r <= 0 or matched.empty:
