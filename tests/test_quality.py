@@ -194,9 +194,9 @@ def test_demo_end_to_end(tmp_path, capsys):
         return
     dit, video = _report(out, "demo-dit"), _report(out, "demo-video")
     assert [m["label"] for m in dit["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 start=0.5",
-                                                     "tome 0.5 scope=block start=0.5", "todo 2"]
-    assert [m["label"] for m in video["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 start=0.5",
-                                                       "tome 0.5 scope=block start=0.5", "todo 1x2x2"]
+                                                     "reuse 0.5 warmup=3 keys=cached", "todo 2"]
+    assert [m["label"] for m in video["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 start=0.5", "reuse 0.3",
+                                                       "todo 1x2x2"]
     assert video["frames"] == 8 and "temporal_psnr_mean" in video["methods"][1]
     assert dit["prompts"] == video["prompts"] == 5
     assert not (out / "demo-speed.md").exists()
@@ -273,6 +273,7 @@ def test_demo_speed_figure_on_a_tiny_preset(tmp_path, capsys, monkeypatch):
     assert main(["demo", "--steps", "1", "--out", str(out), "--no-progress", "--methods", "tome:0.5"]) == 0
     text = (out / "demo-speed.md").read_text()
     assert "tiny-wan" in text and "tokenmerge 0.5 scope=block" in text and "| tokenmerge 0.5 |" in text
+    assert "| reuse 0.3 |" in text and "full step" in text  # token reuse: its partial step, and its full step
     assert "RANDOM weights" in capsys.readouterr().out
 
 

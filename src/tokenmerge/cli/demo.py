@@ -9,14 +9,15 @@ from .common import check_outputs
 from .quality import _check_methods, add_common, embedded, load
 
 HELP = """\
-Generate the same prompts and seeds with the vanilla model and with a few token-merging settings, print a
-timing and fidelity table and write a comparison grid. Offline, no download: by default it runs the three small
+Generate the same prompts and seeds with the vanilla model and with a few token-reduction settings (on the
+transformers, token reuse beside ToMe: the faithful choice there), print a timing and fidelity table and write a
+comparison grid. Offline, no download: by default it runs the three small
 models that ship inside tokenmerge, trained on Fashion-MNIST, on five of its classes: a diffusers UNet (32x32
 images, 1024 tokens at its finest level), a Flux.1-style transformer (256 image tokens beside 4 text tokens) and a
 Wan-style video transformer (8-frame clips, 512 tokens), then times one denoising step of the Wan 2.1 1.3B
 architecture at 480x832 x 9 frames (its real widths with 1 of its 30 blocks and RANDOM weights: a speed figure,
-not images), vanilla against ToMe per attention and whole-block ToMe. With --model it does the first part on a
-real diffusers pipeline you have locally (four Parti prompts).
+not images), vanilla against ToMe per attention, whole-block ToMe and token reuse (its partial step). With --model
+it does the first part on a real diffusers pipeline you have locally (four Parti prompts).
 
 It writes demo.md, demo.json, demo-grid.png and demo-plot.png (and demo-dit.*, demo-video.*, demo-video.gif,
 demo-speed.md for the embedded models) into --out, and caches its images in OUT/cache.
@@ -41,16 +42,15 @@ def add_parser(sub) -> None:
 # five so that the demo stays within a few minutes on 2 cores
 CLASSES = (0, 1, 3, 7, 8)
 # the embedded transformers' parts of the demo: (--model name, output stem, methods)
-# the transformers: ToMe in every step, and in the second half of the steps only (start=0.5), where these small
-# pixel-space models keep their images (benchmarks/results/frontier/)
-TRANSFORMERS = (("fashion-dit", "demo-dit", ("tome:0.5", "tome:0.5,start=0.5", "tome:0.5,scope=block,start=0.5",
+# the transformers: ToMe in every step, and in the second half of the steps only (start=0.5), beside token reuse,
+# the faithful setting on transformers, at a setting of each model's frontier (benchmarks/results/frontier/)
+TRANSFORMERS = (("fashion-dit", "demo-dit", ("tome:0.5", "tome:0.5,start=0.5", "reuse:0.5,warmup=3,keys=cached",
                                              "todo:2")),
-                ("fashion-video", "demo-video", ("tome:0.5", "tome:0.5,start=0.5", "tome:0.5,scope=block,start=0.5",
-                                                 "todo:1x2x2")))
+                ("fashion-video", "demo-video", ("tome:0.5", "tome:0.5,start=0.5", "reuse:0.3", "todo:1x2x2")))
 # the speed figure: one block of the real-width Wan preset is enough for a per-block speed-up (the others are alike)
 # and keeps it under a minute on 2 cores; ToDo's speed-up at this size is small (`tokenmerge bench` gives it)
 SPEED = dict(preset="wan-1b", resolution="480x832", frames=9,
-             methods=("vanilla", "tome:0.5", "tome:0.5,scope=block"), repeats=1)
+             methods=("vanilla", "tome:0.5", "tome:0.5,scope=block", "reuse:0.3"), repeats=1)
 
 
 def _outputs(args):
