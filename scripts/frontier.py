@@ -178,8 +178,9 @@ def plot(pts, path: Path, title: str) -> None:
                               "combined": "both"}[kind], zorder=3)
     front = sorted((p for p in pts if p["frontier"]), key=lambda p: p["speedup"])
     ax.plot([p["speedup"] for p in front], [p["psnr"] for p in front], "k--", lw=1, label="frontier", zorder=2)
-    for p in pts:
-        ax.annotate(p["label"], (p["speedup"], p["psnr"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    for p in pts:  # the frontier's points and the other methods' named; the many reuse settings off it are not
+        if p["frontier"] or not p["label"].startswith("reuse"):
+            ax.annotate(p["label"], (p["speedup"], p["psnr"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("speed-up over vanilla")
     ax.set_ylabel("PSNR to vanilla (dB), trained model")
     ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
