@@ -122,6 +122,7 @@ def test_spread_gives_the_others_their_recomputed_neighbours_mean_change(name):
     """``spread``: each token not recomputed gets ``spread`` x the mean, over the recomputed tokens of its 3x3 (video:
     3x3x3) neighbourhood, of their residual's change since they were last computed (checked by a loop over the
     grid, apart from the library's pooling)."""
+    _skip(name)
     entry = CATALOGUE[name]
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 2)
@@ -173,6 +174,7 @@ def test_full_steps_are_exact_partial_steps_change_and_removal_is_bit_identical(
 
 
 def test_fraction_one_recomputes_every_token_exactly():
+    _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 3)
@@ -183,6 +185,7 @@ def test_fraction_one_recomputes_every_token_exactly():
 
 
 def test_guidance_branches_keep_their_own_caches_and_a_new_generation_starts_over():
+    _skip("wan")
     entry = CATALOGUE["wan"]
     model = entry.build()
     cond = entry.inputs(batch=1, seed=0)
@@ -225,6 +228,7 @@ def test_a_ramp_recomputes_more_tokens_early():
     assert schedule[:2] == [None, None] and schedule[2] == pytest.approx(0.6)
     assert schedule[-1] == pytest.approx(0.2 + 0.4 * (1 - 0.9) / 0.8)
     assert all(a > b for a, b in zip(schedule[2:], schedule[3:]))
+    _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 4)
@@ -243,6 +247,7 @@ def test_a_ramp_recomputes_more_tokens_early():
     (dict(every=-1), "every"), (dict(order="spiral"), "order"), (dict(fraction_end=0), "fraction_end"),
     (dict(blocks=[]), "blocks"), (dict(seed=1.5), "seed")])
 def test_bad_settings_are_refused(kwargs, words):
+    _skip("flux")
     model = CATALOGUE["flux"].build()
     with pytest.raises(ValueError, match=words):
         tokenmerge.apply_reuse(model, **kwargs)
@@ -250,6 +255,7 @@ def test_bad_settings_are_refused(kwargs, words):
 
 
 def test_fullgraph_compile_is_refused_with_the_reason():
+    _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
     tokenmerge.apply_reuse(model, 0.5, warmup=1)
@@ -270,6 +276,7 @@ def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name):
     breaks), the blocks' full and partial calls compile once, and a second generation compiles nothing more."""
     from torch._dynamo.utils import counters
 
+    _skip(name)
     entry = CATALOGUE[name]
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 6)
@@ -296,9 +303,10 @@ def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name):
 
 
 def test_attention_cache_is_refused_and_block_cache_runs_outside_the_reuse():
-    pytest.importorskip("diffusers")
+    pytest.importorskip("diffusers.hooks", reason="this diffusers has no cache hooks (diffusers.hooks)")
     from diffusers.hooks import FirstBlockCacheConfig, PyramidAttentionBroadcastConfig
 
+    _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
     tokenmerge.apply_reuse(model, 0.5, warmup=1)
@@ -332,6 +340,7 @@ def test_attention_cache_is_refused_and_block_cache_runs_outside_the_reuse():
 def test_describe_patched_and_the_method_spec():
     from tokenmerge.tools.methods import parse_spec
 
+    _skip("wan")
     entry = CATALOGUE["wan"]
     model = entry.build()
     tokenmerge.apply_patch(model, 0.5)
@@ -358,6 +367,7 @@ def test_the_bench_times_a_full_and_a_partial_step(tmp_path):
 
     from tokenmerge.cli import main
 
+    _skip("wan")
     out = tmp_path / "res"
     assert main(["bench", "--preset", "tiny-wan", "--resolutions", "256", "--frames", "9", "--modes", "vanilla",
                  "--methods", "reuse:0.25,warmup=4", "--repeats", "1", "--warmup", "0", "--out", str(out),
@@ -456,6 +466,7 @@ def test_cached_keys_are_the_fresh_ones_when_nothing_changes_between_steps(name)
     """With a model whose blocks ignore the timestep and the same latent at every step, the other tokens' kept keys
     and values are exactly this step's: keys="cached" must then give what keys="fresh" gives (which the property
     test checks against the unpatched blocks); with the real timestep embedding they differ."""
+    _skip(name)
     entry = CATALOGUE[name]
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 3)
@@ -474,6 +485,7 @@ def test_cached_keys_are_the_fresh_ones_when_nothing_changes_between_steps(name)
 
 
 def test_cached_keys_run_the_block_on_the_recomputed_tokens():
+    _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 2)
@@ -496,6 +508,7 @@ def test_the_quality_tools_linear_work_counts_the_rows_computed():
 
     from tokenmerge.quality.run import linear_work
 
+    _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 2)
