@@ -22,6 +22,11 @@
 #                  and says so; each part runs under `timeout`. RESULTS_COPY=DIR: after every part, a tarball of
 #                  benchmarks/results/gpu (DIR/gpu-results.tgz) and the log so far are left there, so a lease that
 #                  ends early still keeps what was measured.
+#   next15         the next 15-minute lease, as quick15 (same budget and RESULTS_COPY): check, the smoke, token
+#                  reuse's full and partial steps on flux1-dev-1024 and wan2.1-1.3b-480p (REUSE_METHODS, default
+#                  "reuse:0.5,keys=cached reuse:0.4,keys=cached reuse:0.3"; files tagged -reuse), then the rows
+#                  not yet measured: wan2.1-14b-480p hunyuan-video-720p flux1-dev-2048 sdxl-2048 (eager), one
+#                  compiled row with CUDA graphs (pixart-alpha-1024, whole-block, reduce-overhead), the summary.
 # ROW: the rows of `tokenmerge bench --gpu` (all when none is named): sd15-512 sd15-1024 sdxl-1024 sdxl-2048
 #   pixart-alpha-1024 flux1-dev-1024 flux1-dev-2048 wan2.1-1.3b-480p wan2.1-14b-480p hunyuan-video-720p
 #
@@ -49,9 +54,9 @@ PART=${1:-}
 shift || true
 ROWS=("$@")
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//' >&2; }
 case "$PART" in
-  check|lane|lane-compile|quick|quick15|bench|compiled|summary|all) ;;
+  check|lane|lane-compile|quick|quick15|next15|bench|compiled|summary|all) ;;
   "") usage; exit 2 ;;
   *) echo "gpu_lane.sh: unknown part '$PART'" >&2; usage; exit 2 ;;
 esac
@@ -170,7 +175,9 @@ summary() {
 # quick15's parts: the smallest time (s) each needs to be started, in the issue's order
 QUICK15=(smoke:60 flux1-dev-1024:110 sdxl-1024:80 pixart-alpha-1024:70 sd15-512:50 wan2.1-1.3b-480p:150
          compiled-pixart-alpha-1024:150 summary:10)
-save() {  # leave what was measured so far in $RESULTS_COPY (quick15)
+NEXT15=(smoke:60 reuse-flux1-dev-1024:120 reuse-wan2.1-1.3b-480p:150 wan2.1-14b-480p:200 hunyuan-video-720p:200
+        flux1-dev-2048:150 sdxl-2048:100 compiled-ro-pixart-alpha-1024:150 summary:10)
+save() {  # leave what was measured so far in $RESULTS_COPY (quick15, next15)
   [ -n "${RESULTS_COPY:-}" ] || return 0
   tar czf "$RESULTS_COPY/gpu-results.tgz" "$OUT" 2>/dev/null
   return 0
@@ -180,12 +187,13 @@ in_time() {  # in_time SECONDS FUNCTION ARGS...: a function of this script under
   shift 2
   timeout "$seconds" bash -c "$(declare -f "$fn"); PY='$PY' OUT='$OUT'; $fn \"\$@\"" "$fn" "$@"
 }
-quick15() {
-  local budget=${QUICK_BUDGET:-480} start part name need left
+quick15() {  # quick15 [PART:SECONDS...]: the parts of one lease (default QUICK15), each while the budget lasts
+  local budget=${QUICK_BUDGET:-480} start part name need left parts=("$@")
+  [ ${#parts[@]} -gt 0 ] || parts=("${QUICK15[@]}")
   start=$(date +%s)
   export BENCH_ARGS="${BENCH_ARGS:---repeats 5}" GPU_METHODS="${GPU_METHODS:-}" TAG="${TAG:-}"
   timed check check
-  for part in "${QUICK15[@]}"; do
+  for part in "${parts[@]}"; do
     name=${part%%:*} need=${part##*:}
     left=$(( start + budget - $(date +%s) ))
     if [ "$left" -lt "$need" ]; then
@@ -196,19 +204,24 @@ quick15() {
       smoke) timed smoke timeout "$left" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_lane.py -x -rfEs \
         -m "cuda and not compile" \
         -k "flux-tome-block or flux-tome-local or wan-tome-local or unet-sd-todo or pixart-tome-local" ;;
+      compiled-ro-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-ro-} reduce-overhead" \
+        in_time "$left" bench_row "${name#compiled-ro-}" compiled reduce-overhead ;;
       compiled-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-} default" \
         in_time "$left" bench_row "${name#compiled-}" compiled default ;;
+      reuse-*) GPU_METHODS="${REUSE_METHODS:-reuse:0.5,keys=cached reuse:0.4,keys=cached reuse:0.3}" TAG=reuse \
+        timed "bench ${name#reuse-} (token reuse)" in_time "$left" bench_row "${name#reuse-}" eager ;;
       summary) timed summary summary ;;
       *) timed "bench $name" in_time "$left" bench_row "$name" eager ;;
     esac
     save
   done
-  echo "== quick15: $(( $(date +%s) - start )) s"
+  echo "== $PART: $(( $(date +%s) - start )) s"
 }
 
 run_part() {
   case $1 in
     quick15) quick15 ;;
+    next15) quick15 "${NEXT15[@]}" ;;
     check) timed check check ;;
     lane) timed lane lane ;;
     lane-compile) timed lane-compile lane_compile ;;
