@@ -349,12 +349,9 @@ class ReuseConfig:
         if isinstance(sp, bool) or not isinstance(sp, numbers.Real) or not 0.0 <= float(sp) <= 1.0:
             raise ValueError(f"spread must be a number in [0, 1]; got {sp!r}")
         object.__setattr__(self, "spread", float(sp))
-        for name, low in (("warmup", 1), ("every", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}; got {value!r}" + (
-                    " (the first step fills the caches: it is always a full step)" if name == "warmup" else ""))
-            object.__setattr__(self, name, int(value))
+        object.__setattr__(self, "warmup", _check_int("warmup", self.warmup, 1, "an integer >= 1 (the first step "
+                                                      "fills the caches: it is always a full step)"))
+        object.__setattr__(self, "every", _check_int("every", self.every, 0, "an integer >= 0"))
         if self.keys not in KEYS:
             raise ValueError(f"keys must be one of {', '.join(KEYS)}; got {self.keys!r}")
         if self.order not in ORDERS:
@@ -365,7 +362,7 @@ class ReuseConfig:
 
     @property
     def effective_seed(self) -> int:
-        return 0 if self.seed is None else int(self.seed)
+        return DEFAULT_SEED if self.seed is None else int(self.seed)
 
     @property
     def reuses(self) -> bool:

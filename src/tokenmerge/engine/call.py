@@ -96,12 +96,14 @@ def image_part(x: torch.Tensor, image: int, before: int) -> torch.Tensor:
     return x if x.shape[1] == image else x[:, before: before + image]
 
 
-def join(whole: torch.Tensor, image: torch.Tensor, before: int, after: int) -> torch.Tensor:
-    """``whole`` with its image part replaced by ``image`` (of any length): the rest passes untouched."""
+def join(whole: torch.Tensor, image: torch.Tensor, before: int, after: int, dim: int = 1) -> torch.Tensor:
+    """``whole`` with its image part (along ``dim``: the tokens of ``(B, S, C)``) replaced by ``image`` (of any
+    length): the rest passes untouched."""
     if not (before or after):
         return image
-    parts = ([whole[:, :before]] if before else []) + [image] + ([whole[:, whole.shape[1] - after:]] if after else [])
-    return torch.cat(parts, 1)
+    parts = ([whole.narrow(dim, 0, before)] if before else []) + [image] + \
+        ([whole.narrow(dim, whole.shape[dim] - after, after)] if after else [])
+    return torch.cat(parts, dim)
 
 
 def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: int = 0, tables: Tables = TABLES):

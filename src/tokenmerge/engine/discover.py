@@ -11,7 +11,7 @@ from ..families import Family, match_family, refusal_for
 from ..families.spec import BlockSite
 from .call import BoundArg
 
-__all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS"]
+__all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS", "resolve"]
 
 SUPPORTED = (
     "a diffusers pipeline (every denoiser in its components: unet, transformer, controlnet, ...), a bare denoiser "
@@ -36,7 +36,8 @@ class DenoiserSite:
     blocks: list[BlockSite] = field(default_factory=list)
 
 
-def _resolve(obj, dotted: str):
+def resolve(obj, dotted: str):
+    """``obj.<dotted path>``, or ``None`` where a part of the path is missing."""
     for part in dotted.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
@@ -72,7 +73,7 @@ def _in_module(module: nn.Module, path: str) -> list[DenoiserSite]:
         return [s for i, net in enumerate(nets) for s in _in_module(net, f"{path}.nets.{i}" if path else f"nets.{i}")]
     found = []
     for where in HOLDER_PATHS:
-        inner = _resolve(module, where)
+        inner = resolve(module, where)
         if isinstance(inner, nn.Module):
             found += _in_module(inner, f"{path}.{where}" if path else where)
     return found

@@ -203,7 +203,7 @@ class MethodSpec:
         elif self.name == "todo":
             tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()), code_paths=code_paths)
         elif self.name == "reuse":
-            tokenmerge.apply_reuse(model, fraction=self.value, **self.kwargs())
+            tokenmerge.apply_config(model, self.reuse_config())
         elif self.name == "limit":
             from .limits import slice_match  # the engine's N-D matcher signature
 

@@ -41,19 +41,18 @@ from ...merge.plan import TABLES, Tables, arange
 from ..caches import REGISTRY_ATTR, bad_hook, cache_message, unwatch, watch_registries
 from ..call import host_timestep, image_part, join, sides, take_mask, take_rotary
 from ..compiled import compiled_in_place, forget_compiled, regional_message
-from ..discover import DenoiserSite
+from ..discover import DenoiserSite, resolve
 from ..grids import GridReader, NoGrid
 from ..parallel import PARALLEL_ATTR
 from ..planner import coarsen
 from .around import ChainHook
-from .todo import other_function
+from .todo import other_function, sdpa_arguments
 
 __all__ = ["ReusePatch", "QueryRows", "BLOCK", "select", "COMPILE_REFUSED"]
 
 BLOCK = -1  # the "target" index of a block's own hooks (what caches.route calls them by)
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 _SDPA = F.scaled_dot_product_attention
-_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 PARALLEL_REFUSED = ("token reuse does not run under diffusers' context parallelism yet (each rank would hold a "
                     "slice of the tokens whose cached residuals and recomputed rows the all-to-all attention does "
                     "not follow): use apply_patch or apply_todo there, or run the model on one GPU")
@@ -87,7 +86,7 @@ class QueryRows(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is not _SDPA:
             return other_function(func, args, dict(kwargs or {}))
-        kwargs = _bound(args, kwargs)
+        kwargs = sdpa_arguments(args, kwargs)
         query = kwargs["query"]  # (B, H, L, D)
         rows = self._rows(query.shape[-2], query.device)
         if rows is None:  # not a call over the image's queries (e.g. a second attention over other tokens)
@@ -123,7 +122,7 @@ class CachedKeys(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is not _SDPA:
             return other_function(func, args, dict(kwargs or {}))
-        kwargs = _bound(args, kwargs)
+        kwargs = sdpa_arguments(args, kwargs)
         key, value = kwargs["key"], kwargs["value"]
         count = self.image if self.index is None else self.index.shape[0]
         before, after = _sides_or_none(key.shape[-2], count, self.keys or TEXT_NONE, self.trailing)
@@ -146,23 +145,9 @@ class CachedKeys(TorchFunctionMode):
         axis = kept_k.dim() - 2
         kept_k.index_copy_(axis, self.index, rows_k)
         kept_v.index_copy_(axis, self.index, rows_v)
-        kwargs["key"] = _splice(key, kept_k, before, after)
-        kwargs["value"] = _splice(value, kept_v, before, after)
+        kwargs["key"] = join(key, kept_k, before, after, dim=-2)
+        kwargs["value"] = join(value, kept_v, before, after, dim=-2)
         return func(**kwargs)
-
-
-def _bound(args: tuple, kwargs: dict | None) -> dict:
-    """An SDPA call's arguments, all by name."""
-    return {**dict(zip(_NAMES, args)), **(kwargs or {})}
-
-
-def _splice(x: torch.Tensor, image: torch.Tensor, before: int, after: int) -> torch.Tensor:
-    """``x`` (..., L, D) with its image rows (between ``before`` and ``after`` others) replaced by ``image``."""
-    if not (before or after):
-        return image
-    parts = ([x.narrow(-2, 0, before)] if before else []) + [image] + \
-        ([x.narrow(-2, x.shape[-2] - after, after)] if after else [])
-    return torch.cat(parts, -2)
 
 
 def _rows(before: int, image: int, after: int, index: torch.Tensor, tables: Tables) -> torch.Tensor:
@@ -735,9 +720,7 @@ def _order(grid: tuple[int, ...], order: str, count: int, seed: int) -> torch.Te
 
 # ---- helpers ------------------------------------------------------------------------------------------------
 def _sub(block: nn.Module, attr: str) -> nn.Module | None:
-    sub = block
-    for part in attr.split("."):
-        sub = getattr(sub, part, None)
+    sub = resolve(block, attr)
     return sub if isinstance(sub, nn.Module) else None
 
 

@@ -33,7 +33,7 @@ except ImportError:  # an older torch: sizes are concrete wherever its compile r
     def _known_true(b) -> bool:
         return bool(b)
 
-__all__ = ["PoolKeys", "PoolInAttention", "other_function"]
+__all__ = ["PoolKeys", "PoolInAttention", "other_function", "sdpa_arguments"]
 
 _SDPA = F.scaled_dot_product_attention
 
@@ -126,12 +126,10 @@ class PoolInAttention(TorchFunctionMode):
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
         if func is not _SDPA:
-            return other_function(func, args, kwargs)
+            return other_function(func, args, dict(kwargs or {}))
         self.calls += 1
-        for i, name in enumerate(_NAMES[: len(args)]):  # everything by keyword, as SDPA's signature names it
-            kwargs[name] = args[i]
+        kwargs = sdpa_arguments(args, kwargs)
         key = kwargs["key"]
         before, after = sides(key.shape[-2] // self.segments, self.image, self.keys, self.trailing)
         kwargs["key"] = self._each(self._pool, key, -2, before, after)
@@ -187,6 +185,11 @@ def _some(n) -> bool:
     """Whether a part of ``n`` tokens may be non-empty: a number of tokens that is only known at run time (a
     symbolic size under torch.compile, e.g. Mochi's valid prompt tokens) is kept, as a part of possibly none."""
     return not _known_true(n == 0)
+
+
+def sdpa_arguments(args: tuple, kwargs: dict | None) -> dict:
+    """A ``scaled_dot_product_attention`` call's arguments, all by keyword, as its signature names them."""
+    return {**dict(zip(_NAMES, args)), **(kwargs or {})}
 
 
 def other_function(func, args, kwargs):
