@@ -28,7 +28,7 @@ METHODS = {
     "tomesd": "the reference tomesd package, on the same blocks as ours; VALUE = ratio (default 0.5)",
     "reuse": "token reuse (apply_reuse): after warmup full steps, each step recomputes a moving share of the image "
              "tokens in every block, the others keep their cached block residual; VALUE = that share (default 0.5); "
-             "options warmup=, every=, order=, seed=",
+             "options warmup=, fraction_end=, keys=cached, text=true, spread=, every=, order=, seed=, blocks=(i,j,...)",
 }
 # methods whose state carries across steps: the bench times their steady partial step after a full one
 STATEFUL = ("reuse",)
@@ -64,14 +64,15 @@ def _value(text: str):
 
 
 def _factors(text: str) -> tuple[int, ...] | None:
-    """``"2x2x2"``, ``"(1, 2, 2)"`` or ``"[2,2]"`` -> a tuple of 2 or 3 integers; None if it is not one."""
+    """``"2x2x2"`` -> a tuple of 2 or 3 integers; ``"(1, 2, 2)"`` or ``"[2,3,4,5]"`` (a factor per axis, or block
+    indices) -> a tuple of its integers; None if it is not one."""
     inner = text.strip()
     if len(inner) >= 2 and (inner[0], inner[-1]) in (("(", ")"), ("[", "]")):
-        parts = inner[1:-1].split(",")
+        parts, most = inner[1:-1].rstrip().rstrip(",").split(","), 1024
     else:
-        parts = inner.lower().split("x")
+        parts, most = inner.lower().split("x"), 3
     parts = [p.strip() for p in parts]
-    if not 2 <= len(parts) <= 3 or not all(p.isdigit() and len(p) <= 6 for p in parts):
+    if not 2 - (most > 3) <= len(parts) <= most or not all(p.isdigit() and len(p) <= 6 for p in parts):
         return None
     return tuple(int(p) for p in parts)
 
