@@ -24,7 +24,8 @@
 #                  ends early still keeps what was measured.
 #   next15         the next 15-minute lease, as quick15 (same budget and RESULTS_COPY): check, the smoke, token
 #                  reuse's full and partial steps on flux1-dev-1024 and wan2.1-1.3b-480p (REUSE_METHODS, default
-#                  "reuse:0.5,keys=cached reuse:0.4,keys=cached reuse:0.3"; files tagged -reuse), then the rows
+#                  on Flux "reuse:0.5,keys=cached,text=true reuse:0.4,keys=cached,text=true reuse:0.4,keys=cached",
+#                  on Wan "reuse:0.4 reuse:0.3 reuse:0.4,keys=cached"; files tagged -reuse), then the rows
 #                  not yet measured: wan2.1-14b-480p hunyuan-video-720p flux1-dev-2048 sdxl-2048 (eager), one
 #                  compiled row with CUDA graphs (pixart-alpha-1024, whole-block, reduce-overhead), the summary.
 # ROW: the rows of `tokenmerge bench --gpu` (all when none is named): sd15-512 sd15-1024 sdxl-1024 sdxl-2048
@@ -208,7 +209,9 @@ quick15() {  # quick15 [PART:SECONDS...]: the parts of one lease (default QUICK1
         in_time "$left" bench_row "${name#compiled-ro-}" compiled reduce-overhead ;;
       compiled-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-} default" \
         in_time "$left" bench_row "${name#compiled-}" compiled default ;;
-      reuse-*) GPU_METHODS="${REUSE_METHODS:-reuse:0.5,keys=cached reuse:0.4,keys=cached reuse:0.3}" TAG=reuse \
+      reuse-flux*) GPU_METHODS="${REUSE_METHODS:-reuse:0.5,keys=cached,text=true reuse:0.4,keys=cached,text=true reuse:0.4,keys=cached}" TAG=reuse \
+        timed "bench ${name#reuse-} (token reuse)" in_time "$left" bench_row "${name#reuse-}" eager ;;
+      reuse-*) GPU_METHODS="${REUSE_METHODS:-reuse:0.4 reuse:0.3 reuse:0.4,keys=cached}" TAG=reuse \
         timed "bench ${name#reuse-} (token reuse)" in_time "$left" bench_row "${name#reuse-}" eager ;;
       summary) timed summary summary ;;
       *) timed "bench $name" in_time "$left" bench_row "$name" eager ;;

@@ -360,6 +360,10 @@ def test_describe_patched_and_the_method_spec():
     with pytest.raises(ValueError, match="fraction"):
         parse_spec("reuse:0")
     assert parse_spec("reuse:0.5+fbc:0.1").name == "reuse+fbc"
+    # block indices of any count (a factor per axis takes 2 or 3), and the text stream's reuse
+    assert parse_spec("reuse:0.4,blocks=(1,2,3,4,5)").reuse_config().blocks == (1, 2, 3, 4, 5)
+    assert parse_spec("reuse:0.4,blocks=[0,]").reuse_config().blocks == (0,)
+    assert parse_spec("reuse:0.4,keys=cached,text=true").reuse_config().text is True
 
 
 def test_the_bench_times_a_full_and_a_partial_step(tmp_path):
@@ -528,3 +532,105 @@ def test_the_quality_tools_linear_work_counts_the_rows_computed():
     for handle in handles:
         handle.remove()
     assert work[0] == entered[0] > 0
+
+
+# ---- text=True: the text stream's tokens reused too (keys="cached") -------------------------------------------
+def test_text_reuse_is_the_plain_reuse_when_nothing_changes_between_steps():
+    """With blocks that ignore the timestep and the same latent at every step, the kept text residuals, keys and
+    values are exactly this step's: text=True must give what text=False gives; with the timestep they differ."""
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 4)
+    runs = {}
+    for still in (False, True):
+        if still:
+            for name in ("weight", "bias"):
+                torch.nn.init.zeros_(getattr(model.get_submodule(TIME_EMBEDDING["flux"]), name))
+        for text in (False, True):
+            tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached", text=text)
+            runs[still, text] = _run(model, calls)
+            tokenmerge.remove_patch(model)
+    for a, b in zip(runs[True, False], runs[True, True]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert torch.equal(runs[False, False][0], runs[False, True][0])  # the full step
+    assert not torch.allclose(runs[False, False][3], runs[False, True][3])
+
+
+def test_text_reuse_runs_the_block_on_the_recomputed_text_tokens_and_keeps_the_others():
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    block = model.transformer_blocks[0]
+    seen, outs = [], []
+    model.single_transformer_blocks[0].proj_mlp.register_forward_hook(lambda m, a, out: seen.append(a[0].shape[1]))
+    inputs = []
+    block.register_forward_pre_hook(lambda m, a, kw: inputs.append(kw["encoder_hidden_states"]), with_kwargs=True,
+                                    prepend=True)
+    tokenmerge.apply_reuse(model, 0.25, warmup=1, keys="cached", text=True)
+    block.register_forward_hook(lambda m, a, out: outs.append(out))  # after the patch's: the block's final output
+    patch = model._tokenmerge_patch
+    kept = []
+    with torch.no_grad():
+        for i, c in enumerate(calls):
+            model(**c)
+            kept.append(patch.state.text_caches[(0, 0)].clone())
+    tokenmerge.remove_patch(model)
+    n, text = calls[0]["hidden_states"].shape[1], calls[0]["encoder_hidden_states"].shape[1]
+    taken = round(0.25 * text)
+    assert seen == [text + n, taken + n // 4, taken + n // 4]
+    # at each partial step, the text tokens not recomputed leave the block as their input plus their kept residual;
+    # round-robin: the two steps recompute different text tokens
+    changed = []
+    for step in (1, 2):
+        out_text = outs[step][0]
+        same = (out_text == inputs[step] + kept[step - 1]).all(-1).all(0)
+        assert int(same.sum()) >= text - taken
+        changed.append(~same)
+    assert not torch.equal(changed[0], changed[1])
+
+
+@pytest.mark.parametrize("name,kwargs,words", [
+    ("flux", dict(text=True), "keys='cached'"), ("flux", dict(keys="cached", text="yes"), "True or False"),
+    ("wan", dict(keys="cached", text=True), "text=False"), ("pixart", dict(keys="cached", text=True), "text=False")])
+def test_text_reuse_is_refused_where_it_cannot_work(name, kwargs, words):
+    _skip(name)
+    model = CATALOGUE[name].build()
+    with pytest.raises(ValueError, match=words):
+        tokenmerge.apply_reuse(model, 0.5, **kwargs)
+    assert tokenmerge.describe_patch(model) is None
+
+
+def test_text_reuse_with_an_attention_mask_recomputes_every_text_token():
+    _skip("chroma")
+    entry = CATALOGUE["chroma"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    if calls[0].get("attention_mask") is None:
+        pytest.skip("this diffusers' Chroma takes no attention mask")
+    runs = []
+    for text in (False, True):
+        tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached", text=text)
+        runs.append(_run(model, calls))
+        tokenmerge.remove_patch(model)
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_kept_keys_take_a_call_whose_text_changed_length():
+    from tokenmerge.engine.techniques.reuse import _splice
+
+    kept = torch.randn(1, 2, 3 + 8, 4)  # 3 text rows, 8 image rows
+    index = torch.tensor([1, 4, 6])
+    for text_rows, text in ((3, None), (5, None), (2, torch.tensor([0, 2])), (4, torch.tensor([0, 2]))):
+        fresh = torch.randn(1, 2, text_rows + 3, 4)
+        got = _splice(kept.clone(), fresh, text_rows, 8, 0, index, text)
+        image = kept[..., 3:, :].clone()
+        image[..., index, :] = fresh[..., text_rows:, :]
+        if text is not None and text_rows == 2:  # the kept text, its recomputed rows fresh
+            lead = kept[..., :3, :].clone()
+            lead[..., text, :] = fresh[..., :2, :]
+        else:  # every text row fresh
+            lead = fresh[..., :text_rows, :]
+        torch.testing.assert_close(got, torch.cat([lead, image], -2), rtol=0, atol=0)

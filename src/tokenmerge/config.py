@@ -329,6 +329,7 @@ class ReuseConfig:
     fraction_end: float | None = None
     spread: float = 0.3
     keys: str = "fresh"
+    text: bool = False
 
     # what the other patches' configs say, read by the shared lifecycle (api.py) and guards
     max_downsample = None
@@ -354,6 +355,11 @@ class ReuseConfig:
         object.__setattr__(self, "every", _check_int("every", self.every, 0, "an integer >= 0"))
         if self.keys not in KEYS:
             raise ValueError(f"keys must be one of {', '.join(KEYS)}; got {self.keys!r}")
+        if not isinstance(self.text, bool):
+            raise ValueError(f"text must be True or False; got {self.text!r}")
+        if self.text and self.keys != "cached":
+            raise ValueError("text=True needs keys='cached' (the text tokens that are not recomputed keep their keys "
+                             "and values from their last computation, as the image's do)")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}; got {self.order!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):

@@ -67,7 +67,8 @@ MMDIT = Family(
 
 _FLUX_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
 _FLUX_MASK = Mask("attention_mask", text=TEXT_BEFORE)  # Chroma, Bria-Fibo: (B, 1, S, S) over [text, image]
-_FLUX_WHOLE = Whole(output=1, rotary=_FLUX_ROTARY, mask=_FLUX_MASK)  # blocks return (text, image)
+_FLUX_WHOLE = Whole(output=1, rotary=_FLUX_ROTARY, mask=_FLUX_MASK,  # blocks return (text, image)
+                    text="encoder_hidden_states", text_output=0)
 FLUX = Family(
     "diffusers-flux",
     match=has("x_embedder", "single_transformer_blocks", "transformer_blocks") & takes("img_ids")

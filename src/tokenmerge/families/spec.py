@@ -233,6 +233,9 @@ class Whole:
             such as Wan 2.2 TI2V's ``temb``: a call where they do is refused (their merge is not declared).
         refuse_if: arguments that, when given, make the call refuse it (HunyuanVideo's token-replace
             ``first_frame_num_tokens``: a count of tokens the merge would change).
+        text: the block's separate text-stream argument (Flux.1's ``encoder_hidden_states``), whose tokens token
+            reuse's ``text=True`` recomputes in part; its rows lead the attention's keys and the rotary table.
+        text_output: the index of that stream in the block's output tuple.
     """
 
     output: int | None = None
@@ -240,6 +243,8 @@ class Whole:
     mask: "Mask | None" = None
     per_token: tuple = ()
     refuse_if: tuple[str, ...] = ()  # arguments whose presence (not None) refuses it (counts of tokens, ...)
+    text: str | None = None
+    text_output: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "per_token", tuple(p if isinstance(p, PerToken) else PerToken(p)

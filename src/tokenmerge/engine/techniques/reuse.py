@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ...families.spec import JOINT, MLP, SELF, TEXT_NONE, TEXT_STREAM, Arg, BlockSite
+from ...families.spec import JOINT, MLP, SELF, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, BlockSite
 from ...merge.plan import TABLES, Tables, arange
 from ..caches import REGISTRY_ATTR, bad_hook, cache_message, unwatch, watch_registries
 from ..call import host_timestep, image_part, join, sides, take_mask, take_rotary
@@ -107,16 +107,18 @@ class QueryRows(TorchFunctionMode):
 
 class CachedKeys(TorchFunctionMode):
     """``keys="cached"``: while active, the SDPA call over the image's keys keeps (at a full step, ``index`` None)
-    a copy of the image rows of its keys and values in ``slot``, or (at a partial step: the block runs on the
-    ``index`` tokens alone) writes their fresh rows into the kept ones and attends to all of them.
+    a copy of its keys and values in ``slot``, or (at a partial step: the block runs on the ``index`` tokens alone)
+    writes their fresh rows (and the text's, whole) into the kept ones, in place, and attends to all of them.
 
-    Args: as ``QueryRows``; slot: a list holding this attention's kept ``[keys, values]`` (B, H, N, D).
+    Args: as ``QueryRows``; slot: a list holding this attention's kept ``[keys, values]`` (B, H, L, D), every row
+    of the call's sequence (text, image and reference rows); text: ``reuse text``: the recomputed text tokens
+    (sorted indices; ``None``: every text row is fresh).
     """
 
     def __init__(self, image: int, index: torch.Tensor | None, keys: str, trailing: int, slot: list,
-                 tables: Tables = TABLES):
+                 tables: Tables = TABLES, text: torch.Tensor | None = None):
         self.image, self.index, self.keys, self.trailing, self.slot = image, index, keys, trailing, slot
-        self.tables = tables
+        self.tables, self.text = tables, text
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -129,25 +131,45 @@ class CachedKeys(TorchFunctionMode):
         if before is None or self.calls:  # not the call over the image's keys (or a second one): untouched
             return func(**kwargs)
         self.calls += 1
-        rows_k, rows_v = key.narrow(-2, before, count), value.narrow(-2, before, count)
         if self.index is None:
-            self.slot[:] = [rows_k.contiguous().clone(), rows_v.contiguous().clone()]
+            self.slot[:] = [key.contiguous().clone(), value.contiguous().clone()]
             return func(**kwargs)
+        total = before + self.image + after
         mask = kwargs.get("attn_mask")  # a mask made by the model over every token: its key columns fit the spliced
         if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] > 1:  # keys, its rows the queries
-            total = before + self.image + after
             if mask.shape[-1] != total:
                 raise ValueError("tokenmerge: token reuse with keys='cached' got an attention mask over the keys of "
                                  "the recomputed tokens only, which it cannot extend; use keys='fresh'")
             if mask.shape[-2] == total:
                 kwargs["attn_mask"] = mask.index_select(-2, _rows(before, self.image, after, self.index, self.tables))
-        kept_k, kept_v = self.slot
-        axis = kept_k.dim() - 2
-        kept_k.index_copy_(axis, self.index, rows_k)
-        kept_v.index_copy_(axis, self.index, rows_v)
-        kwargs["key"] = join(key, kept_k, before, after, dim=-2)
-        kwargs["value"] = join(value, kept_v, before, after, dim=-2)
+        kwargs["key"], kwargs["value"] = (_splice(kept, fresh, before, self.image, after, self.index, self.text)
+                                          for kept, fresh in zip(self.slot, (key, value)))
         return func(**kwargs)
+
+
+def _splice(kept: torch.Tensor, fresh: torch.Tensor, before: int, image: int, after: int,
+            index: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
+    """The kept keys (or values) ``kept`` (..., L, D) with ``fresh``'s rows written in: its image rows at ``index``,
+    its text rows (``before`` them) whole or at ``text``, its reference rows (``after``) whole. In place where the
+    kept sequence has this call's layout (else a new one, with every text row fresh: the text's length changed)."""
+    axis = fresh.dim() - 2
+    count = index.shape[0]
+    kept_before = before if text is None else kept.shape[axis] - image - after
+    if kept.shape[axis] != kept_before + image + after or kept.shape[:axis] != fresh.shape[:axis] or (
+            text is not None and text.shape[0] != before):
+        image_rows = kept.narrow(axis, kept.shape[axis] - image - after, image).index_copy(
+            axis, index, fresh.narrow(axis, before, count))
+        return join(fresh, image_rows, before, after, dim=axis)
+    if text is not None:
+        kept.narrow(axis, 0, kept_before).index_copy_(axis, text, fresh.narrow(axis, 0, before))
+        before = kept_before
+    elif before:
+        kept.narrow(axis, 0, before).copy_(fresh.narrow(axis, 0, before))
+    fresh_before = fresh.shape[axis] - count - after
+    if after:
+        kept.narrow(axis, before + image, after).copy_(fresh.narrow(axis, fresh_before + count, after))
+    kept.narrow(axis, before, image).index_copy_(axis, index, fresh.narrow(axis, fresh_before, count))
+    return kept
 
 
 def _rows(before: int, image: int, after: int, index: torch.Tensor, tables: Tables) -> torch.Tensor:
@@ -163,10 +185,12 @@ class _Call:
     """One block's call in flight: its image input, whether it is partial, its level's image token count and
     recomputed tokens, and the query modes of its attention targets."""
 
-    __slots__ = ("x", "partial", "ran", "image", "index", "grid", "modes", "rows")
+    __slots__ = ("x", "partial", "ran", "image", "index", "grid", "modes", "rows", "text", "text_index")
 
     def __init__(self, x: torch.Tensor, partial: bool, image: int, index: torch.Tensor | None, grid: tuple):
         self.x, self.partial, self.ran, self.image, self.index, self.grid = x, partial, False, image, index, grid
+        self.text: torch.Tensor | None = None  # reuse text: the block's text-stream input (B, T, C)
+        self.text_index: torch.Tensor | None = None  # reuse text, a partial step: the recomputed text tokens
         self.modes: dict[int, QueryRows] = {}
         self.rows: dict[int, tuple[int, int]] = {}  # target -> (text before, after) of its gathered input
 
@@ -182,6 +206,7 @@ class _State:
         self.last: float | None = None  # the last call's denoising progress
         self.step, self.branch = 0, 0
         self.caches: dict[tuple[int, int], torch.Tensor] = {}  # (branch, block) -> (B, N, C) block residual
+        self.text_caches: dict[tuple[int, int], torch.Tensor] = {}  # reuse text: (branch, block) -> (B, T, C)
         self.kv: dict[tuple[int, int, int], list] = {}  # keys="cached": (branch, block, target) -> [keys, values]
         self.first: float | None = None  # the progress of the generation's first partial step
         self.offsets: dict[int, int] = {}  # level -> tokens of its order walked so far (round-robin)
@@ -196,11 +221,14 @@ class _State:
         self.trailing, self.partial = 0, False
         self.levels: dict[int, tuple[int, torch.Tensor | None, tuple]] = {}  # level -> (tokens, recomputed, grid)
         self.blocks: dict[int, _Call] = {}
+        self.advance = False  # this call starts a step (its recomputed tokens move on)
+        self.text_rows: dict[int, torch.Tensor] = {}  # reuse text: text tokens -> the recomputed ones, this call
         self.taken: list = []  # keys="cached": (rotary value, its rows at the recomputed tokens) of this call
 
     def forget(self) -> None:
         """A new generation: nothing to reuse."""
         self.caches.clear()
+        self.text_caches.clear()
         self.kv.clear()
         self.offsets.clear()
         self.step = self.branch = 0
@@ -254,6 +282,7 @@ class ReusePatch:
         self._levels = sorted({b.level for b in blocks})
         self.cached = config.keys == "cached"
         self._wholes: list = []  # keys="cached": per block, its bound (rotary, mask, per-token, refuse_if) arguments
+        self._texts: list = []  # reuse text: per block, its bound text-stream argument (None: text whole)
         self._refusals: list = []  # per block, its (bound argument, reason) pairs that refuse a call
         self._warned = False  # a call ran untouched, and the user was told (once per patch)
 
@@ -299,6 +328,22 @@ class ReusePatch:
                                      f"outside attention ({spec.refuse})")
                 if spec.reuse is not None:
                     raise ValueError(f"tokenmerge: token reuse cannot patch {block.path}: {spec.reuse}")
+
+    def check_text(self) -> None:
+        """``text=True``: refuse blocks none of which has a separate text stream whose rows lead its rotary table."""
+        if not self.config.text:
+            return
+        streams = [b for b in self.blocks if b.whole is not None and b.whole.text is not None
+                   and Arg(b.whole.text).bind(b.module) is not None]
+        if not streams:
+            raise ValueError(f"tokenmerge: token reuse's text=True recomputes part of a separate text stream, and the "
+                             f"blocks of {self.family.name} have none that it knows of (Flux.1 and its kin do); leave "
+                             "text=False")
+        for b in streams:
+            rotary = b.whole.rotary
+            if rotary is not None and (rotary.layout != "tensor" or rotary.text != TEXT_BEFORE):
+                raise ValueError(f"tokenmerge: token reuse's text=True cannot follow the rotary table of {b.path} "
+                                 "(its text rows do not lead one tensor); leave text=False")
 
     def check_hooks(self) -> None:
         """Refuse what would be wrong before anything is installed: a block compiled in place, a diffusers hook that
@@ -372,6 +417,7 @@ class ReusePatch:
         self._refusals.append(tuple((b, reason) for b, reason in ((Arg(n).bind(block), r) for n, r in site.refuse_if)
                                     if b is not None))
         whole = site.whole
+        self._texts.append(Arg(whole.text).bind(block) if self.config.text and whole.text is not None else None)
         self._wholes.append((
             Arg(whole.rotary.kwarg, also=whole.rotary.also).bind(block) if whole.rotary is not None else None,
             Arg(whole.mask.kwarg).bind(block) if whole.mask is not None else None,
@@ -399,6 +445,7 @@ class ReusePatch:
         self._inputs.clear()
         self._outputs.clear()
         self._wholes.clear()
+        self._texts.clear()
         self._refusals.clear()
         self.state.reset()
         self.state.forget()
@@ -443,7 +490,7 @@ class ReusePatch:
         state.partial = cfg.partial_at(state.step)
         if state.partial and state.first is None:
             state.first = progress
-        fraction = cfg.fraction_at(progress, state.first) if state.partial else 1.0
+        fraction = state.fraction = cfg.fraction_at(progress, state.first) if state.partial else 1.0
         advance = state.partial and state.counted != state.step  # a step's other branch takes the same tokens
         for level in self._levels:  # one grid for transformers; a UNet's levels halve it
             level_grid = coarsen(tuple(grid), level)
@@ -458,6 +505,7 @@ class ReusePatch:
             state.levels[level] = (image, index, level_grid)
         if advance:
             state.counted = state.step
+        state.advance = advance
         return None
 
     def _warn_once(self, reason: str) -> None:
@@ -486,7 +534,7 @@ class ReusePatch:
         if self.cached:  # keep every token's keys and values (full step), or splice the kept ones in (partial)
             slot = state.kv.setdefault((state.branch, index, t), [])
             mode = CachedKeys(call.image, call.index if call.partial else None, site.spec.keys, state.trailing, slot,
-                              self.tables)
+                              self.tables, call.text_index)
             call.modes[t] = mode
             mode.__enter__()
             return None
@@ -582,8 +630,16 @@ class ReusePatch:
         if self.cached:
             for t, hooked in enumerate(self._targets[index]):
                 kept = state.kv.get((state.branch, index, t))
-                fits = fits and bool(kept) and kept[0].shape[0] == x.shape[0] and kept[0].shape[-2] == image
+                fits = fits and bool(kept) and kept[0].shape[0] == x.shape[0] and kept[0].shape[-2] >= image
+        text_arg = self._texts[index] if self._texts else None
+        text = text_arg.read(args, kwargs) if text_arg is not None else None
+        if not isinstance(text, torch.Tensor) or text.dim() != 3:
+            text = None
+        if text is not None:
+            kept = state.text_caches.get((state.branch, index))
+            fits = fits and kept is not None and kept.shape == text.shape and kept.dtype == text.dtype
         state.blocks[index] = call = _Call(x, state.partial and fits, image, chosen, grid)
+        call.text = text
         if not (self.cached and call.partial):
             return None
         # keys="cached": the whole block on the recomputed tokens (text and reference rows whole), rotary rows too
@@ -597,24 +653,44 @@ class ReusePatch:
                 raise ValueError(f"tokenmerge: {site.path} got a per-token {bound.name!r}, which token reuse with "
                                  "keys='cached' does not follow; use keys='fresh'")
         args, kwargs = self._inputs[index].replace(args, kwargs, join(full, x.index_select(1, chosen), before, after))
+        value = mask.read(args, kwargs) if mask is not None else None
+        if text is not None and value is None:  # reuse text (a mask over the text keeps every text row fresh)
+            call.text_index = self._text_rows(text.shape[1], text.device)
+            args, kwargs = text_arg.replace(args, kwargs, text.index_select(1, call.text_index))
         value = rotary.read(args, kwargs) if rotary is not None else None
         if value is not None:
-            args, kwargs = rotary.replace(args, kwargs, self._rotary_rows(site, value, image, chosen))
+            args, kwargs = rotary.replace(args, kwargs, self._rotary_rows(site, value, image, chosen, call.text_index))
         value = mask.read(args, kwargs) if mask is not None else None
         if isinstance(value, torch.Tensor) and site.whole.mask.tokens:  # per-token entries: the tokens' own
             args, kwargs = mask.replace(args, kwargs, take_mask(site.whole.mask, value, image, chosen, state.trailing))
         return args, kwargs  # an attention mask stays whole: the keys are spliced back to every token's
 
-    def _rotary_rows(self, site: BlockSite, value, image: int, chosen: torch.Tensor):
-        """The rotary table ``value`` at the recomputed tokens' rows, once per table and call (Flux passes one
-        table to every block)."""
+    def _rotary_rows(self, site: BlockSite, value, image: int, chosen: torch.Tensor, text: torch.Tensor | None):
+        """The rotary table ``value`` at the recomputed tokens' rows (``text``: the recomputed text tokens, whose
+        rows lead the table), once per table and call (Flux passes one table to every block)."""
         state = self.state
-        for seen, spec, taken in state.taken:
-            if seen is value and spec is site.whole.rotary:
+        for seen, spec, rows, taken in state.taken:
+            if seen is value and spec is site.whole.rotary and rows is text:
                 return taken
         taken = take_rotary(site.whole.rotary, value, image, chosen, state.trailing)
-        state.taken.append((value, site.whole.rotary, taken))
+        if text is not None:
+            taken = _lead_rows(taken, site.whole.rotary.token_axis, text, chosen.shape[0] + state.trailing)
+        state.taken.append((value, site.whole.rotary, text, taken))
         return taken
+
+    def _text_rows(self, tokens: int, device) -> torch.Tensor:
+        """``reuse text``: the text tokens recomputed at this call (sorted), the same for each block; round-robin
+        over the text in its order, moving on at each step as the image's do."""
+        state = self.state
+        rows = state.text_rows.get(tokens)
+        if rows is None:
+            count = _recomputed(state.fraction, tokens)
+            key = ("text", tokens)
+            if state.advance or key not in state.offsets:
+                state.offsets[key] = state.offsets.get(key, -count) + count
+            rows = state.text_rows[tokens] = select((tokens,), "strided", count, 0, state.offsets[key], device,
+                                                    self.tables)
+        return rows
 
     def _block_post(self, index: int, output):
         state = self.state
@@ -630,45 +706,87 @@ class ReusePatch:
         ran_on = chosen.shape[0] if self.cached and call.partial else call.image  # the image rows the block returns
         before, after = sides(seq.shape[1], ran_on, self.blocks[index].text, state.trailing)
         out = image_part(seq, ran_on, before)
+        text = self._text_output(index, call, output)
         if not call.partial:
             state.caches[key] = out - x  # the block residual of every token
-            return None
+            return _replace(output, self.blocks[index].whole.text_output, text)
         cache = state.caches[key]
         fresh = (out if self.cached else out.index_select(1, chosen)) - x.index_select(1, chosen)
         if self.config.spread:  # the recomputed tokens' change since their last computation, given to their neighbours
             change = fresh - cache.index_select(1, chosen)
             cache.index_copy_(1, chosen, fresh)
-            cache.add_(_spread(change, chosen, call.grid, call.image), alpha=self.config.spread)
+            _spread(cache, change, chosen, call.grid, call.image, self.config.spread)
         else:
             cache.index_copy_(1, chosen, fresh)
         seq = join(seq, x + cache, before, after)
         if which is None or isinstance(output, torch.Tensor):
             return seq
-        parts = list(output)
-        parts[which] = seq
-        return type(output)(parts)
+        return _replace(_replace(output, which, seq), self.blocks[index].whole.text_output, text)
+
+    def _text_output(self, index: int, call: _Call, output):
+        """``reuse text``: the block's text-stream output for every text token (the recomputed ones' fresh, the
+        others' input plus their cached residual), its residual cache updated; ``None`` where text passes whole."""
+        if call.text is None or isinstance(output, torch.Tensor):
+            return None
+        state, at = self.state, self.blocks[index].whole.text_output
+        out, key, rows = output[at], (self.state.branch, index), call.text_index
+        if rows is None:  # every text token computed (a full step, or a call with a mask): its residuals kept
+            state.text_caches[key] = out - call.text
+            return None
+        cache = state.text_caches[key]
+        cache.index_copy_(1, rows, out - call.text.index_select(1, rows))
+        return call.text + cache
 
 
-def _spread(change: torch.Tensor, chosen: torch.Tensor, grid: tuple, image: int) -> torch.Tensor:
-    """``(B, N, C)``: for each token not recomputed, the mean ``change`` of the recomputed tokens in its 3x3 (video:
-    3x3x3) neighbourhood of the grid (zero where it has none); zero on the recomputed tokens themselves."""
+def _replace(output, at: int | None, value):
+    """``output`` (a tuple or list) with its entry ``at`` replaced by ``value`` (``None``: as it is)."""
+    if value is None or at is None:
+        return output
+    parts = list(output)
+    parts[at] = value
+    return type(output)(parts)
+
+
+def _lead_rows(value, axis: int, text: torch.Tensor, rest: int):
+    """A rotary table (a tensor, or a tuple of them) of ``[text | rest]`` rows along ``axis`` at the rows ``text``
+    of its text and every row of the rest."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_lead_rows(v, axis, text, rest) for v in value)
+    axis = axis % value.dim()
+    lead = value.shape[axis] - rest
+    rows = torch.cat([text, torch.arange(lead, lead + rest, device=text.device)])
+    return value.index_select(axis, rows)
+
+
+def _spread(cache: torch.Tensor, change: torch.Tensor, chosen: torch.Tensor, grid: tuple, image: int,
+            alpha: float) -> None:
+    """Add to ``cache`` ``(B, N, C)``, on each token not recomputed, ``alpha`` times the mean ``change`` of the
+    recomputed tokens in its 3x3 (video: 3x3x3) neighbourhood of the grid (nothing where it has none, nor on the
+    recomputed tokens themselves)."""
     b, _, c = change.shape
     full = change.new_zeros(b, image, c)
     full.index_copy_(1, chosen, change)
     mask = change.new_zeros(1, image, 1)
     mask.index_fill_(1, chosen, 1.0)
-    total = _box(full.reshape(b, *grid, c)).reshape(b, image, c)
-    count = _box(mask.reshape(1, *grid, 1)).reshape(1, image, 1)
-    return total / count.clamp_min(1.0) * (1 - mask)
+    total, count = _box(full, grid), _box(mask, grid)  # both means over the same window: their ratio is the mean
+    weight = torch.where(count > 0, alpha / count.clamp_min(1e-6), 0.0) * (1 - mask)
+    cache.addcmul_(total, weight)
 
 
-def _box(x: torch.Tensor) -> torch.Tensor:
-    """``x`` ``(B, *grid, C)`` summed over each token's 3 x ... x 3 neighbourhood (the grid's edges padded with 0)."""
-    for axis in range(1, x.dim() - 1):
-        n = x.shape[axis]
-        padded = F.pad(x, [0, 0] * (x.dim() - 1 - axis) + [1, 1])
-        x = padded.narrow(axis, 0, n) + padded.narrow(axis, 1, n) + padded.narrow(axis, 2, n)
-    return x
+def _box(x: torch.Tensor, grid: tuple) -> torch.Tensor:
+    """``x`` ``(B, N, C)`` over ``grid``: the mean over each token's 3 x ... x 3 neighbourhood, the grid's edges
+    padded with 0 (a pooling over the last two axes, channels last; the leading ones by shifted sums)."""
+    b, n, c = x.shape
+    h, w = (1, *grid)[-2:]
+    y = F.avg_pool2d(x.reshape(-1, h, w, c).permute(0, 3, 1, 2), 3, stride=1, padding=1).permute(0, 2, 3, 1)
+    y = y.reshape(b, *grid[:-2], h * w, c)
+    for axis in range(1, len(grid) - 1):
+        size = y.shape[axis]
+        out = y.clone()
+        out.narrow(axis, 1, size - 1).add_(y.narrow(axis, 0, size - 1))
+        out.narrow(axis, 0, size - 1).add_(y.narrow(axis, 1, size - 1))
+        y = out / 3
+    return y.reshape(b, n, c)
 
 
 # ---- which tokens -------------------------------------------------------------------------------------------
