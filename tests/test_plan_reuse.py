@@ -52,25 +52,32 @@ def test_shared_plans_equal_recomputed_ones_when_the_plan_cannot_change():
         recomputed = model(**inp)
     assert len(calls) == 2
     calls.clear()
-    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, merge_mlp=True), matcher=counting(calls))
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, merge_mlp=True, share_plans=True),
+                            matcher=counting(calls))
     with torch.no_grad():
-        shared = model(**inp)  # the default: share_plans=True
+        shared = model(**inp)  # one plan for the level
     assert len(calls) == 1  # computed once, used twice
     assert torch.equal(shared, recomputed)
     tokenmerge.remove_patch(model)
 
 
-def test_share_plans_on_a_unet_computes_one_plan_per_level():
+def test_share_plans_on_a_unet_computes_one_plan_per_level_and_a_unet_defaults_to_one_per_block():
     unet = make_unet()
     inp = unet_inputs()
     calls = []
-    tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(max_downsample=2), matcher=counting(calls))
+    tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(max_downsample=2, share_plans=True), matcher=counting(calls))
     with torch.no_grad():
         out = unet(**inp).sample
-    assert len(calls) == 2  # levels 0 and 1, for 6 patched blocks (share_plans=True, the default)
+    assert len(calls) == 2  # levels 0 and 1, for 6 patched blocks
+    calls.clear()
+    tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(max_downsample=2), matcher=counting(calls))
+    with torch.no_grad():
+        default = unet(**inp).sample
+    assert len(calls) == 6  # the default on a UNet (share_plans=None): a plan per block
     tokenmerge.apply_patch(unet, max_downsample=2, share_plans=False)
     with torch.no_grad():
         exact = unet(**inp).sample
+    assert torch.equal(default, exact)
     assert not torch.equal(out, exact)  # a plan per block, from each block's own input, merges other tokens
     tokenmerge.remove_patch(unet)
 

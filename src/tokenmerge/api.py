@@ -35,7 +35,7 @@ def apply_patch(
     stop: float = 1.0,
     ratio_end: float | None = None,
     num_train_timesteps: int = 1000,
-    share_plans: bool = True,
+    share_plans: bool | None = None,
     reuse_steps: int = 1,
     match_radius: int | None = 1,
     blocks=None,
@@ -74,17 +74,18 @@ def apply_patch(
             timestep (progress = 1 - t / num_train_timesteps: 0 is the first, noisiest step, 1 the end).
         ratio_end: the ratio moves linearly from ``ratio`` at ``start`` to ``ratio_end`` at ``stop``.
         num_train_timesteps: the timestep scale of the model (1000 for SD).
-        share_plans: one merge plan per level and call, made at its first block and reused by the level's
-            other blocks (default). ``False``: a plan per block, from its own input (as tomesd; about as
-            faithful, and slower on a GPU: a plan costs about 25 small kernels).
+        share_plans: ``True``: one merge plan per level and call, made at its first block and reused by the
+            level's other blocks; ``False``: a plan per block, from its own input (as tomesd). ``None`` (default):
+            one per level on transformers (as faithful there, and faster on a GPU: a plan costs about 25 small
+            kernels), one per block on UNets (as fast there, and 0.7-3.8 dB more faithful on the embedded UNet).
         min_size: merge a call only where its hidden states hold at least this many elements per sample (tokens
             x channels). ``None`` (default): 4096 x 1024 on CUDA, where smaller calls were no faster merged (SD 1.5
             at 512 and SDXL at 1024 on an H200 run unmerged), 0 elsewhere. 0: merge every call.
         reuse_steps: keep plans for this many consecutive denoiser calls (1, the default: recompute).
         match_radius: an integer R (default 1): each source token is matched only against the destinations of
             the windows at most R windows away, so the matching's cost grows with the token count instead of its
-            square. ``None``: against every destination, as in tomesd (its exact results with ``use_rand=False,
-            share_plans=False``).
+            square. ``None``: against every destination, as in tomesd (its exact results with ``use_rand=False``;
+            on a transformer ``share_plans=False`` too).
         blocks: which of the blocks the level rule selects to patch, by index (negative from the end):
             ``range(0, 28, 2)`` every other block, ``range(4, 20)`` a range. ``None`` (default): all of them.
             For DiT-family transformers (one resolution) this is the way to choose blocks.
@@ -116,7 +117,7 @@ def apply_todo(
     stop: float = 1.0,
     ratio_end: float | None = None,
     num_train_timesteps: int = 1000,
-    share_plans: bool = True,
+    share_plans: bool | None = None,
     reuse_steps: int = 1,
     match_radius: int | None = 1,
     blocks=None,
@@ -462,9 +463,9 @@ NOTE_ATTENTION_ONLY = (
     "gain of this setting grows with the image size")
 NOTE_PLAN_PER_BLOCK = (
     "share_plans=False: each merged block builds its own plan; run eagerly on a GPU, its small kernels cost host "
-    "time that a denoiser step near 1024 px does not hide (H200: Flux.1 1024 1.12x against 1.25x with the default "
-    "share_plans=True, PixArt-alpha 1024 0.74x against 1.17x), or compile the model (torch.compile), which removes "
-    "the launch overhead")
+    "time that a denoiser step near 1024 px does not hide (H200: Flux.1 1024 1.12x against 1.25x with one plan per "
+    "level, the transformers' default, PixArt-alpha 1024 0.74x against 1.17x), or compile the model "
+    "(torch.compile), which removes the launch overhead")
 
 
 NOTE_SMALL_ON_CUDA = (
@@ -515,6 +516,7 @@ def _notes(patches) -> tuple[str, ...]:
                 and getattr(cfg, "scope", "attention") == "attention" and not cfg.merge_mlp \
                 and not isinstance(cfg, ToDoConfig) and NOTE_ATTENTION_ONLY not in notes:
             notes.append(NOTE_ATTENTION_ONLY)
-        if merging and not cfg.share_plans and NOTE_PLAN_PER_BLOCK not in notes:
+        if merging and family.kind == "transformer" and not cfg.plans_shared(family.kind) \
+                and NOTE_PLAN_PER_BLOCK not in notes:
             notes.append(NOTE_PLAN_PER_BLOCK)
     return tuple(notes)

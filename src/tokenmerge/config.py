@@ -89,12 +89,17 @@ class _WhenAndReuse:
     stop: float = 1.0
     ratio_end: float | None = None
     num_train_timesteps: int = 1000
-    share_plans: bool = True
+    share_plans: bool | None = None
     reuse_steps: int = 1
     match_radius: int | None = 1
     blocks: tuple[int, ...] | None = None
     st: int = 1
     min_size: int | None = None
+
+    def plans_shared(self, kind: str) -> bool:
+        """Whether one plan per level and call serves the level's blocks, on a family of ``kind`` ("unet" or
+        "transformer"): ``share_plans``, or where it is ``None`` (the default) on transformers only."""
+        return self.share_plans if self.share_plans is not None else kind != "unet"
 
     def _check_when_and_reuse(self, upper: float) -> None:
         _check_blocks(self, "every block the level rule selects", "range(0, 28, 2)")
@@ -104,7 +109,8 @@ class _WhenAndReuse:
                 raise ValueError(f"ratio_end must be None or a number in [0, {upper:g}]; got {end!r}")
             object.__setattr__(self, "ratio_end", float(end))
         _check_schedule(self)
-        _check_bool("share_plans", self.share_plans)
+        if self.share_plans is not None:
+            _check_bool("share_plans", self.share_plans)
         if self.min_size is not None:
             _check_int("min_size", self.min_size, 0, "None (on CUDA: calls of fewer than 4096 x 1024 tokens x channels "
                        "per sample run unmerged; elsewhere every call merges) or an integer >= 0 (0: merge every call)")
@@ -177,10 +183,13 @@ class ToMeConfig(_WhenAndReuse):
             ``[start, stop]`` (0 = the first, noisiest step; 1 = the end). Default: the whole schedule.
         ratio_end: if set, the ratio moves linearly from ``ratio`` at ``start`` to ``ratio_end`` at ``stop``.
         num_train_timesteps: the scale of the timesteps the denoiser is called with (1000 for SD).
-        share_plans: compute the merge plan once per level and call (at the level's first block) and reuse it
-            in the level's other blocks (the default). False builds a plan in every block, from its own input:
-            about as faithful on the shipped models (UNet 36.3 vs 36.0 dB, DiT 11.6 vs 11.8 dB) and slower on
-            every row of the H200 table (Flux.1 1024: 1.12x vs 1.25x; PixArt 1024: 0.74x vs 1.17x).
+        share_plans: True: compute the merge plan once per level and call (at the level's first block) and reuse
+            it in the level's other blocks; False: a plan in every block, from its own input. ``None`` (default):
+            True on transformers, where it was as faithful on the shipped DiT (11.6 vs 11.8 dB) and faster on
+            every row of the H200 table (Flux.1 1024: 1.25x vs 1.12x; PixArt 1024: 1.17x vs 0.74x); False on
+            UNets, where it was no faster (H200: SD 1.5 512 0.83x both, SDXL 1024 0.91x vs 0.96x; the CPU
+            alike) and one plan per level was 0.7-3.8 dB less faithful on the embedded UNet (seeds 0-4: local
+            matching 36.9 vs 37.5 dB, global 32.3 vs 35.5, whole-block 26.4 vs 30.0).
         min_size: merge a block's call only when its merged hidden states hold at least this many elements per
             sample (tokens x channels); smaller calls run unmerged. ``None`` (default): ``CUDA_MIN_SIZE``
             (4096 x 1024) on CUDA, where smaller calls were no faster merged on the H200 table (SD 1.5 at 512,

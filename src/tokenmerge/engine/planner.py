@@ -2,11 +2,12 @@
 input, shared by the blocks of a level, kept across calls), with which random destinations; the index tables and
 matchings those plans need, owned here and released with the patch.
 
-A plan is made from a block's input (tomesd's metric) on the image tokens of its level's grid; with
-``share_plans=True`` (the default) the first merged block of a level makes it and the level's other blocks of the
-call reuse it; with ``reuse_steps=k`` a plan is kept for ``k`` calls. The destination choice is a pure function of
-(seed, block, timestep) (``merge.match``: every hash constant is there), drawn for every block at once, once per
-call and grid. On CUDA, a call whose hidden states are below ``min_size`` runs unmerged (``config.CUDA_MIN_SIZE``).
+A plan is made from a block's input (tomesd's metric) on the image tokens of its level's grid; with one plan per
+level (``share_plans``; by default on transformers) the first merged block of a level makes it and the level's other
+blocks of the call reuse it; with ``reuse_steps=k`` a plan is kept for ``k`` calls. The destination choice is a
+pure function of (seed, block, timestep) (``merge.match``: every hash constant is there), drawn for every block at
+once, once per call and grid. On CUDA, a call whose hidden states are below ``min_size`` runs unmerged
+(``config.CUDA_MIN_SIZE``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Planner:
         cfg, family = patch.config, patch.site.family
         self.patch, self.config, self.blocks = patch, cfg, patch.blocks
         self.batch_pattern = family.batch_pattern
+        self.shared = cfg.plans_shared(family.kind)  # one plan per level and call (share_plans)
         self.rank = rank = grid_rank(family.grid)
         self.windows, self.radius = cfg.windows(rank), cfg.radius(rank)
         self.choices = math.prod(self.windows)
@@ -158,7 +160,7 @@ class Planner:
                 self.small[site.level] = (grid, x.shape[-1], smallest)
             return None
         batch = 1 if self.batch_pattern else x.shape[0]  # one pattern for the batch: a merged token has one position
-        key = -1 - site.level if self.config.share_plans else index
+        key = -1 - site.level if self.shared else index
         entry = state.level_plans.get(key)
         if entry is None or entry[1] != batch or entry[2] != image:
             entry = state.kept.get(key)
@@ -209,7 +211,7 @@ class Planner:
         if observer is not None:
             observer.end("similarity")
         entry = (plan, batch, image, state.calls, state.ratio)
-        if cfg.share_plans:
+        if self.shared:
             state.level_plans[key] = entry
         if cfg.reuse_steps > 1:
             state.kept[key] = entry
