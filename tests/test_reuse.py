@@ -270,8 +270,8 @@ def test_fullgraph_compile_is_refused_with_the_reason():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name", ["flux", "wan"])
-def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name):
+@pytest.mark.parametrize("name,kwargs", [("flux", {}), ("wan", {}), ("flux", dict(keys="cached", text=True))])
+def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kwargs):
     """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: the only graph
     breaks), the blocks' full and partial calls compile once, and a second generation compiles nothing more."""
     from torch._dynamo.utils import counters
@@ -281,7 +281,7 @@ def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name):
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 6)
     vanilla = _run(model, calls)
-    tokenmerge.apply_reuse(model, 0.5, warmup=2)
+    tokenmerge.apply_reuse(model, 0.5, warmup=2, **kwargs)
     eager = _run(model, calls)
     torch.compiler.reset()
     counters.clear()

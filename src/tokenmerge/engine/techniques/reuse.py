@@ -283,6 +283,7 @@ class ReusePatch:
         self.cached = config.keys == "cached"
         self._wholes: list = []  # keys="cached": per block, its bound (rotary, mask, per-token, refuse_if) arguments
         self._texts: list = []  # reuse text: per block, its bound text-stream argument (None: text whole)
+        self._text_arg = None  # reuse text: the denoiser's argument named as the blocks' text stream
         self._refusals: list = []  # per block, its (bound argument, reason) pairs that refuse a call
         self._warned = False  # a call ran untouched, and the user was told (once per patch)
 
@@ -385,6 +386,8 @@ class ReusePatch:
             self._handles.append(denoiser.register_forward_hook(_Hook(self, "_denoiser_post"), always_call=True))
             for index, block in enumerate(self.blocks):
                 self._install_block(index, block)
+            names = {b.whole.text for b in self.blocks if self.config.text and b.whole is not None and b.whole.text}
+            self._text_arg = Arg(names.pop()).bind(denoiser) if len(names) == 1 else None
             from ..install import PATCH_ATTR
 
             setattr(denoiser, PATCH_ATTR, self)
@@ -446,6 +449,7 @@ class ReusePatch:
         self._outputs.clear()
         self._wholes.clear()
         self._texts.clear()
+        self._text_arg = None
         self._refusals.clear()
         self.state.reset()
         self.state.forget()
@@ -506,6 +510,9 @@ class ReusePatch:
         if advance:
             state.counted = state.step
         state.advance = advance
+        text = self._text_arg.read(args, kwargs) if state.partial and self._text_arg is not None else None
+        if isinstance(text, torch.Tensor) and text.dim() == 3:  # reuse text: its tokens chosen here, on the host
+            self._choose_text(text.shape[1], text.device)
         return None
 
     def _warn_once(self, reason: str) -> None:
@@ -680,16 +687,20 @@ class ReusePatch:
 
     def _text_rows(self, tokens: int, device) -> torch.Tensor:
         """``reuse text``: the text tokens recomputed at this call (sorted), the same for each block; round-robin
-        over the text in its order, moving on at each step as the image's do."""
+        over the text in its order, moving on at each step as the image's do. Chosen on the host at the call's
+        start where the denoiser's own argument of that name shows the text's length (``_denoiser_pre``)."""
+        rows = self.state.text_rows.get(tokens)
+        return rows if rows is not None else self._choose_text(tokens, device)
+
+    @_on_host
+    def _choose_text(self, tokens: int, device) -> torch.Tensor:
         state = self.state
-        rows = state.text_rows.get(tokens)
-        if rows is None:
-            count = _recomputed(state.fraction, tokens)
-            key = ("text", tokens)
-            if state.advance or key not in state.offsets:
-                state.offsets[key] = state.offsets.get(key, -count) + count
-            rows = state.text_rows[tokens] = select((tokens,), "strided", count, 0, state.offsets[key], device,
-                                                    self.tables)
+        count = _recomputed(state.fraction, tokens)
+        key = ("text", tokens)
+        if state.advance or key not in state.offsets:
+            state.offsets[key] = state.offsets.get(key, -count) + count
+        rows = state.text_rows[tokens] = select((tokens,), "strided", count, 0, state.offsets[key], device,
+                                                self.tables)
         return rows
 
     def _block_post(self, index: int, output):
@@ -709,7 +720,7 @@ class ReusePatch:
         text = self._text_output(index, call, output)
         if not call.partial:
             state.caches[key] = out - x  # the block residual of every token
-            return _replace(output, self.blocks[index].whole.text_output, text)
+            return None
         cache = state.caches[key]
         fresh = (out if self.cached else out.index_select(1, chosen)) - x.index_select(1, chosen)
         if self.config.spread:  # the recomputed tokens' change since their last computation, given to their neighbours
