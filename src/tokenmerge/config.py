@@ -187,8 +187,8 @@ class ToMeConfig(_WhenAndReuse):
             it in the level's other blocks; False: a plan in every block, from its own input. ``None`` (default):
             True on transformers, where it was as faithful on the shipped DiT (11.6 vs 11.8 dB) and faster on
             every row of the H200 table (Flux.1 1024: 1.25x vs 1.12x; PixArt 1024: 1.17x vs 0.74x); False on
-            UNets, where it was no faster (H200: SD 1.5 512 0.83x both, SDXL 1024 0.91x vs 0.96x; the CPU
-            alike) and one plan per level was 0.7-3.8 dB less faithful on the embedded UNet (seeds 0-4: local
+            UNets, where it was no faster on the H200 (SD 1.5 512 0.83x both, SDXL 1024 0.91x vs 0.96x) and
+            one plan per level was 0.7-3.8 dB less faithful on the embedded UNet (seeds 0-4: local
             matching 36.9 vs 37.5 dB, global 32.3 vs 35.5, whole-block 26.4 vs 30.0).
         min_size: merge a block's call only when its merged hidden states hold at least this many elements per
             sample (tokens x channels); smaller calls run unmerged. ``None`` (default): ``CUDA_MIN_SIZE``

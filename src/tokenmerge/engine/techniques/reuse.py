@@ -222,6 +222,7 @@ class _State:
         self.levels: dict[int, tuple[int, torch.Tensor | None, tuple]] = {}  # level -> (tokens, recomputed, grid)
         self.blocks: dict[int, _Call] = {}
         self.advance = False  # this call starts a step (its recomputed tokens move on)
+        self.fraction = 1.0  # the share of tokens this call recomputes
         self.text_rows: dict[int, torch.Tensor] = {}  # reuse text: text tokens -> the recomputed ones, this call
         self.taken: list = []  # keys="cached": (rotary value, its rows at the recomputed tokens) of this call
 
@@ -660,16 +661,15 @@ class ReusePatch:
                 raise ValueError(f"tokenmerge: {site.path} got a per-token {bound.name!r}, which token reuse with "
                                  "keys='cached' does not follow; use keys='fresh'")
         args, kwargs = self._inputs[index].replace(args, kwargs, join(full, x.index_select(1, chosen), before, after))
-        value = mask.read(args, kwargs) if mask is not None else None
-        if text is not None and value is None:  # reuse text (a mask over the text keeps every text row fresh)
+        masked = mask.read(args, kwargs) if mask is not None else None
+        if text is not None and masked is None:  # reuse text (a mask over the text keeps every text row fresh)
             call.text_index = self._text_rows(text.shape[1], text.device)
             args, kwargs = text_arg.replace(args, kwargs, text.index_select(1, call.text_index))
         value = rotary.read(args, kwargs) if rotary is not None else None
         if value is not None:
             args, kwargs = rotary.replace(args, kwargs, self._rotary_rows(site, value, image, chosen, call.text_index))
-        value = mask.read(args, kwargs) if mask is not None else None
-        if isinstance(value, torch.Tensor) and site.whole.mask.tokens:  # per-token entries: the tokens' own
-            args, kwargs = mask.replace(args, kwargs, take_mask(site.whole.mask, value, image, chosen, state.trailing))
+        if isinstance(masked, torch.Tensor) and site.whole.mask.tokens:  # per-token entries: the tokens' own
+            args, kwargs = mask.replace(args, kwargs, take_mask(site.whole.mask, masked, image, chosen, state.trailing))
         return args, kwargs  # an attention mask stays whole: the keys are spliced back to every token's
 
     def _rotary_rows(self, site: BlockSite, value, image: int, chosen: torch.Tensor, text: torch.Tensor | None):
@@ -681,7 +681,8 @@ class ReusePatch:
                 return taken
         taken = take_rotary(site.whole.rotary, value, image, chosen, state.trailing)
         if text is not None:
-            taken = _lead_rows(taken, site.whole.rotary.token_axis, text, chosen.shape[0] + state.trailing)
+            taken = _lead_rows(taken, site.whole.rotary.token_axis, text, chosen.shape[0] + state.trailing,
+                               self.tables)
         state.taken.append((value, site.whole.rotary, text, taken))
         return taken
 
@@ -758,15 +759,13 @@ def _replace(output, at: int | None, value):
     return type(output)(parts)
 
 
-def _lead_rows(value, axis: int, text: torch.Tensor, rest: int):
+def _lead_rows(value, axis: int, text: torch.Tensor, rest: int, tables: Tables):
     """A rotary table (a tensor, or a tuple of them) of ``[text | rest]`` rows along ``axis`` at the rows ``text``
     of its text and every row of the rest."""
     if isinstance(value, (tuple, list)):
-        return type(value)(_lead_rows(v, axis, text, rest) for v in value)
+        return type(value)(_lead_rows(v, axis, text, rest, tables) for v in value)
     axis = axis % value.dim()
-    lead = value.shape[axis] - rest
-    rows = torch.cat([text, torch.arange(lead, lead + rest, device=text.device)])
-    return value.index_select(axis, rows)
+    return value.index_select(axis, _rows(0, value.shape[axis] - rest, rest, text, tables))
 
 
 def _spread(cache: torch.Tensor, change: torch.Tensor, chosen: torch.Tensor, grid: tuple, image: int,
