@@ -22,12 +22,15 @@
 #                  and says so; each part runs under `timeout`. RESULTS_COPY=DIR: after every part, a tarball of
 #                  benchmarks/results/gpu (DIR/gpu-results.tgz) and the log so far are left there, so a lease that
 #                  ends early still keeps what was measured.
-#   next15         the next 15-minute lease, as quick15 (same budget and RESULTS_COPY): check, the smoke, token
-#                  reuse's full and partial steps on flux1-dev-1024 and wan2.1-1.3b-480p (REUSE_METHODS, default
-#                  on Flux "reuse:0.5,keys=cached,text=true reuse:0.4,keys=cached,text=true reuse:0.4,keys=cached",
-#                  on Wan "reuse:0.4 reuse:0.3 reuse:0.4,keys=cached"; files tagged -reuse), then the rows
-#                  not yet measured: wan2.1-14b-480p hunyuan-video-720p flux1-dev-2048 sdxl-2048 (eager), one
-#                  compiled row with CUDA graphs (pixart-alpha-1024, whole-block, reduce-overhead), the summary.
+#   next15         the next 15-minute lease, as quick15 (same budget and RESULTS_COPY): check, the smoke (with the
+#                  Triton kernels' tests, tests/test_kernels.py), the Triton kernels against the torch ones
+#                  (KERNELS_METHODS: whole-block and attention ToMe 0.5 with kernels=triton and without, the grid
+#                  limit) on flux1-dev-1024, with token reuse's full and partial steps in the same run (REUSE_METHODS,
+#                  default "reuse:0.5,keys=cached,text=true reuse:0.4,keys=cached,text=true reuse:0.4,keys=cached"),
+#                  and on pixart-alpha-1024 (files tagged -kernels); token reuse on wan2.1-1.3b-480p (REUSE_METHODS,
+#                  default "reuse:0.4 reuse:0.3 reuse:0.4,keys=cached"; tagged -reuse), then the rows not yet
+#                  measured: wan2.1-14b-480p hunyuan-video-720p flux1-dev-2048 sdxl-2048 (eager), one compiled row
+#                  with CUDA graphs (pixart-alpha-1024, whole-block, reduce-overhead), the summary.
 # ROW: the rows of `tokenmerge bench --gpu` (all when none is named): sd15-512 sd15-1024 sdxl-1024 sdxl-2048
 #   pixart-alpha-1024 flux1-dev-1024 flux1-dev-2048 wan2.1-1.3b-480p wan2.1-14b-480p hunyuan-video-720p
 #
@@ -176,8 +179,14 @@ summary() {
 # quick15's parts: the smallest time (s) each needs to be started, in the issue's order
 QUICK15=(smoke:60 flux1-dev-1024:110 sdxl-1024:80 pixart-alpha-1024:70 sd15-512:50 wan2.1-1.3b-480p:150
          compiled-pixart-alpha-1024:150 summary:10)
-NEXT15=(smoke:60 reuse-flux1-dev-1024:120 reuse-wan2.1-1.3b-480p:150 wan2.1-14b-480p:200 hunyuan-video-720p:200
-        flux1-dev-2048:150 sdxl-2048:100 compiled-ro-pixart-alpha-1024:150 summary:10)
+NEXT15=(smoke:75 kernels-flux1-dev-1024:130 kernels-pixart-alpha-1024:60 reuse-wan2.1-1.3b-480p:150
+        wan2.1-14b-480p:200 hunyuan-video-720p:200 flux1-dev-2048:150 sdxl-2048:100 compiled-ro-pixart-alpha-1024:150
+        summary:10)
+# the Triton kernels against the torch ones (kernels=triton), whole-block and around attention, with the grid limit
+KERNELS_METHODS="tome:0.5,scope=block tome:0.5,scope=block,kernels=triton tome:0.5 tome:0.5,kernels=triton"
+KERNELS_METHODS+=" grid-limit:0.5"
+# token reuse's partial and full steps (keys=cached: the others' keys and values kept; text=true: Flux's text too)
+REUSE_FLUX="reuse:0.5,keys=cached,text=true reuse:0.4,keys=cached,text=true reuse:0.4,keys=cached"
 save() {  # leave what was measured so far in $RESULTS_COPY (quick15, next15)
   [ -n "${RESULTS_COPY:-}" ] || return 0
   tar czf "$RESULTS_COPY/gpu-results.tgz" "$OUT" 2>/dev/null
@@ -204,12 +213,19 @@ quick15() {  # quick15 [PART:SECONDS...]: the parts of one lease (default QUICK1
     case $name in
       smoke) timed smoke timeout "$left" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_lane.py -x -rfEs \
         -m "cuda and not compile" \
-        -k "flux-tome-block or flux-tome-local or wan-tome-local or unet-sd-todo or pixart-tome-local" ;;
+        -k "flux-tome-block or flux-tome-local or wan-tome-local or unet-sd-todo or pixart-tome-local"
+        left=$(( start + budget - $(date +%s) ))
+        timed "smoke (Triton kernels)" timeout "$left" "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+          -rfEs -m triton ;;
+      kernels-flux*) GPU_METHODS="${KERNELS_METHODS} ${REUSE_METHODS:-$REUSE_FLUX}" TAG=kernels \
+        timed "bench ${name#kernels-} (Triton kernels, token reuse)" in_time "$left" bench_row "${name#kernels-}" eager ;;
+      kernels-*) GPU_METHODS="${KERNELS_METHODS}" TAG=kernels \
+        timed "bench ${name#kernels-} (Triton kernels)" in_time "$left" bench_row "${name#kernels-}" eager ;;
       compiled-ro-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-ro-} reduce-overhead" \
         in_time "$left" bench_row "${name#compiled-ro-}" compiled reduce-overhead ;;
       compiled-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-} default" \
         in_time "$left" bench_row "${name#compiled-}" compiled default ;;
-      reuse-flux*) GPU_METHODS="${REUSE_METHODS:-reuse:0.5,keys=cached,text=true reuse:0.4,keys=cached,text=true reuse:0.4,keys=cached}" TAG=reuse \
+      reuse-flux*) GPU_METHODS="${REUSE_METHODS:-$REUSE_FLUX}" TAG=reuse \
         timed "bench ${name#reuse-} (token reuse)" in_time "$left" bench_row "${name#reuse-}" eager ;;
       reuse-*) GPU_METHODS="${REUSE_METHODS:-reuse:0.4 reuse:0.3 reuse:0.4,keys=cached}" TAG=reuse \
         timed "bench ${name#reuse-} (token reuse)" in_time "$left" bench_row "${name#reuse-}" eager ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: set up, lint (ruff), run the suite on the installed diffusers, then again on the oldest diffusers we
 # declare supported (pyproject: diffusers>=0.27), installed beside the venv in .venv-oldest (no torch there:
-# the venv's is reused). Extra arguments go to pytest. Exit code 5 (no tests collected) counts as a failure.
+# the venv's is reused); between them the Triton kernels under Triton's interpreter. Extra arguments go to pytest. Exit code 5 (no tests collected) counts as a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -18,6 +18,25 @@ echo "== ruff (pyproject.toml's [tool.ruff])"
 echo "== tests, installed diffusers"
 run .venv/bin/python -m pytest -q "${PARALLEL[@]}" "$@" || exit 1
 bash scripts/docs.sh || exit 1
+# the Triton kernels (kernels="triton") on the CPU, under Triton's interpreter: triton beside the venv in
+# .venv-triton (its wheel alone; a CUDA machine runs them compiled, in the run above)
+TRITON_SPEC="triton==3.6.0"
+if [ "${TOKENMERGE_SKIP_TRITON:-0}" != 1 ]; then
+  if [ ! -f .venv-triton/.done ] || [ "$(cat .venv-triton/.done)" != "$TRITON_SPEC" ]; then
+    rm -rf .venv-triton
+    if .venv/bin/python -m pip install -q --no-deps --target .venv-triton "$TRITON_SPEC"; then
+      echo "$TRITON_SPEC" > .venv-triton/.done
+    else
+      rm -rf .venv-triton
+      echo "== the Triton kernels: skipped (no $TRITON_SPEC wheel for this platform)"
+    fi
+  fi
+  if [ -f .venv-triton/.done ]; then
+    echo "== the Triton kernels on the CPU ($TRITON_SPEC, TRITON_INTERPRET=1)"
+    TRITON_INTERPRET=1 PYTHONPATH="$PWD/.venv-triton" run .venv/bin/python -m pytest -q -p no:cacheprovider \
+      -m triton tests/test_kernels.py || exit 1
+  fi
+fi
 if [ "${TOKENMERGE_SKIP_OLDEST:-0}" != 1 ]; then
   if [ ! -f .venv-oldest/.done ] || [ "$(cat .venv-oldest/.done)" != "$OLDEST" ]; then
     rm -rf .venv-oldest

@@ -42,6 +42,7 @@ def apply_patch(
     st: int = 1,
     scope: str = "attention",
     min_size: int | None = None,
+    kernels: str = "torch",
 ):
     """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
 
@@ -89,6 +90,8 @@ def apply_patch(
         blocks: which of the blocks the level rule selects to patch, by index (negative from the end):
             ``range(0, 28, 2)`` every other block, ``range(4, 20)`` a range. ``None`` (default): all of them.
             For DiT-family transformers (one resolution) this is the way to choose blocks.
+        kernels: ``"torch"`` (default) or ``"triton"``: merge, unmerge and the whole-block update each as one
+            Triton kernel, eager on CUDA (torch operators under ``torch.compile`` and elsewhere); needs triton.
 
     Returns:
         ``model``, patched. Applying again replaces the previous patch. Raises ``ValueError`` for bad
@@ -98,7 +101,7 @@ def apply_patch(
     config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
                         start=start, stop=stop, ratio_end=ratio_end, num_train_timesteps=num_train_timesteps,
                         share_plans=share_plans, reuse_steps=reuse_steps, match_radius=match_radius,
-                        blocks=blocks, st=st, scope=scope, min_size=min_size)
+                        blocks=blocks, st=st, scope=scope, min_size=min_size, kernels=kernels)
     return apply_config(model, config)
 
 
@@ -123,6 +126,7 @@ def apply_todo(
     blocks=None,
     st: int = 1,
     min_size: int | None = None,
+    kernels: str = "torch",
 ):
     """Patch a diffusion model with ToDo (token downsampling, arXiv 2402.13573), in place.
 
@@ -141,6 +145,7 @@ def apply_todo(
         share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``apply_patch``.
         blocks: which blocks, by index, as in ``apply_patch``.
         min_size: the smallest call that is pooled, as in ``apply_patch`` (``None``: 4096 x 1024 on CUDA).
+        kernels: the query merging's kernels, as in ``apply_patch``.
 
     ToDo needs self-attention that takes separate keys/values (UNets, DiT, PixArt); the joint attention of
     SD3 and Flux is refused with a ``ValueError`` that says why.
@@ -150,7 +155,8 @@ def apply_todo(
     """
     config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start=start, stop=stop,
                         ratio_end=ratio_end, num_train_timesteps=num_train_timesteps, share_plans=share_plans,
-                        reuse_steps=reuse_steps, match_radius=match_radius, blocks=blocks, st=st, min_size=min_size)
+                        reuse_steps=reuse_steps, match_radius=match_radius, blocks=blocks, st=st, min_size=min_size,
+                        kernels=kernels)
     return apply_config(model, config)
 
 
@@ -430,6 +436,7 @@ class PatchInfo:
                                         ("mlp", c.merge_mlp)) if on)
             + (f" schedule: {c.start:g}..{c.stop:g}" + (f" ratio -> {c.ratio_end:g}" if c.ratio_end is not None
                                                           else "") if c.scheduled else "")
+            + (f" kernels={c.kernels}" if c.kernels != "torch" else "")
         ]
         for d in self.denoisers:
             by_level: dict[int, int] = {}
@@ -489,6 +496,11 @@ def _on_cuda(module) -> bool:
     return any(t.device.type == "cuda" for t in itertools.chain(module.parameters(), module.buffers()))
 
 
+NOTE_TRITON_OFF_CUDA = (
+    "kernels='triton' runs its kernels on CUDA tensors in eager mode; this model is not on CUDA, so its merges run "
+    "the torch operators (as they do under torch.compile)")
+
+
 NOTE_REUSE_MEMORY = (
     "token reuse keeps one tensor of each patched block's image output (batch x image tokens x width) from the "
     "first step of a generation to its end, per call of a step (guidance run as two calls keeps two)")
@@ -512,6 +524,8 @@ def _notes(patches) -> tuple[str, ...]:
         if cfg.min_size is None and _on_cuda(p.site.module) and NOTE_SMALL_ON_CUDA not in notes:
             notes.append(NOTE_SMALL_ON_CUDA)
         merging = merges(cfg)
+        if merging and cfg.kernels == "triton" and not _on_cuda(p.site.module) and NOTE_TRITON_OFF_CUDA not in notes:
+            notes.append(NOTE_TRITON_OFF_CUDA)
         if merging and family.kind == "transformer" and grid_rank(family.grid) == 2 \
                 and getattr(cfg, "scope", "attention") == "attention" and not cfg.merge_mlp \
                 and not isinstance(cfg, ToDoConfig) and NOTE_ATTENTION_ONLY not in notes:

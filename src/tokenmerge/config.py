@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import KW_ONLY, asdict, dataclass
 
+from .merge.kernels import KERNELS
+
 __all__ = ["ToMeConfig", "ToDoConfig", "ReuseConfig", "DEFAULT_SEED", "POOL_MODES", "CUDA_MIN_SIZE", "min_size_on",
            "ORDERS", "KEYS"]
 
@@ -95,6 +97,7 @@ class _WhenAndReuse:
     blocks: tuple[int, ...] | None = None
     st: int = 1
     min_size: int | None = None
+    kernels: str = "torch"
 
     def plans_shared(self, kind: str) -> bool:
         """Whether one plan per level and call serves the level's blocks, on a family of ``kind`` ("unet" or
@@ -115,6 +118,8 @@ class _WhenAndReuse:
             _check_int("min_size", self.min_size, 0, "None (on CUDA: calls of fewer than 4096 x 1024 tokens x channels "
                        "per sample run unmerged; elsewhere every call merges) or an integer >= 0 (0: merge every call)")
         _check_int("reuse_steps", self.reuse_steps, 1, "an integer >= 1 (1 = recompute the plan at every call)")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(map(repr, KERNELS))}; got {self.kernels!r}")
         if self.match_radius is not None:
             _check_int("match_radius", self.match_radius, 0,
                        "None (match every source with every destination) or an integer >= 0 (windows away)")
@@ -195,6 +200,11 @@ class ToMeConfig(_WhenAndReuse):
             (4096 x 1024) on CUDA, where smaller calls were no faster merged on the H200 table (SD 1.5 at 512,
             SDXL at 1024), and 0 elsewhere. 0 merges every call. ``describe_patch`` lists the calls it left
             unmerged.
+        kernels: ``"torch"`` (default): merge and unmerge are torch operators (1 to 4 kernels each, with the
+            text tokens' join). ``"triton"``: each is one Triton kernel (``merge.kernels``), eager on CUDA; under
+            ``torch.compile`` and on other devices the torch operators run. Its slots' means are float32 sums
+            in a fixed order (deterministic; the torch path sums in the input's dtype with ``index_add``, in any
+            order on CUDA). Needs the triton package. Not yet timed on a GPU: the default stays ``"torch"``.
         reuse_steps: keep each plan for this many consecutive denoiser calls (1: recompute every call, the
             default). A new generation (the timestep going up) always recomputes.
         match_radius: an integer R (default 1): each source token is compared only with the destinations of the
@@ -261,6 +271,7 @@ class ToDoConfig(_WhenAndReuse):
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``ToMeConfig``.
         share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``ToMeConfig``.
         min_size: the smallest call that is pooled and merged, as in ``ToMeConfig``.
+        kernels: the query merging's kernels, as in ``ToMeConfig``.
     """
 
     downsample: int | tuple[int, ...] = 2

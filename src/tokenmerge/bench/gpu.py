@@ -29,7 +29,9 @@ _TOME = ("tome:0.5", "tome:0.5,share_plans=false", "tome:0.5,match_radius=None",
 _UNET = ("vanilla",) + _TOME + ("tome:0.5,min_size=0", "todo:2,min_size=0", "tomesd:0.5", "limit:0.5",
                                 "limit:0.5,min_size=0", "limit:0.5,scope=block", "todo-limit:2",
                                 "todo-limit:2,min_size=0")
-_DIT = ("vanilla",) + _TOME + ("limit:0.5", "grid-limit:0.5", "todo-limit:2")
+# transformers: also the Triton kernels (kernels=triton) of attention and whole-block ToMe
+_DIT = ("vanilla",) + _TOME + ("tome:0.5,kernels=triton", "tome:0.5,scope=block,kernels=triton", "limit:0.5",
+                               "grid-limit:0.5", "todo-limit:2")
 _VIDEO = _DIT + ("todo:2x2x2", "todo-limit:2x2x2")
 
 
@@ -78,7 +80,9 @@ COLUMNS = (("ToMe 0.5", "tokenmerge 0.5"), ("ToMe 0.5 plan per block", "tokenmer
            ("ToMe 0.5 shared", "tokenmerge 0.5 share_plans=True"), ("ToMe 0.5 min_size=0", "tokenmerge 0.5 min_size=0"),
            ("whole-block 0.5", "tokenmerge 0.5 scope=block"),
            ("whole-block 0.5 plan per block", "tokenmerge 0.5 scope=block share_plans=False"),
-           ("whole-block 0.5 shared", "tokenmerge 0.5 scope=block share_plans=True"), ("ToDo 2", "todo 2"),
+           ("whole-block 0.5 shared", "tokenmerge 0.5 scope=block share_plans=True"),
+           ("ToMe 0.5 Triton", "tokenmerge 0.5 kernels=triton"),
+           ("whole-block 0.5 Triton", "tokenmerge 0.5 scope=block kernels=triton"), ("ToDo 2", "todo 2"),
            ("ToDo 2 min_size=0", "todo 2 min_size=0"), ("ToDo 2x2x2", "todo 2x2x2"), ("tomesd 0.5", "tomesd 0.5"),
            ("limit 0.5", "limit 0.5"), ("limit 0.5 min_size=0", "limit 0.5 min_size=0"),
            ("limit 0.5 block", "limit 0.5 scope=block"), ("grid-limit 0.5", "grid-limit 0.5"),

@@ -27,6 +27,7 @@ from dataclasses import asdict
 
 import torch
 
+from ..merge import kernels_failed
 from ..tools.methods import MethodSpec
 from ..tools.timing import sync, timed
 from .cell import Cell, is_oom, record_fields, set_attention, step
@@ -242,6 +243,9 @@ def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels
         if mode.stateful:
             extra.update(full_median_s=statistics.median(fulls[k]) if fulls[k] else None, full_times_s=fulls[k],
                          step_timed="partial")
+        if dict(mode.options).get("kernels") == "triton" and kernels_failed() is not None:  # it ran the torch
+            status[k] = "Triton failed"  # operators (the library's fallback): not a time of the Triton kernels
+            extra["error"] = kernels_failed()
         record = _record(cell, mode, None, status[k], times[k], hosts[k], peak.get(k), extra)
         record["launch_bound"] = _launch_bound(record, device)
         records.append(record)

@@ -25,7 +25,7 @@ import torch
 
 from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
 from ..merge.match import step_key
-from ..merge.plan import TABLES, Tables, arange
+from ..merge.plan import TABLES, Tables, arange, join
 from .caches import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
 from .compiled import regional_message
 from .grids import GridReader, NoGrid
@@ -94,16 +94,6 @@ def sides(total: int, image: int, text: str, trailing: int = 0) -> tuple[int, in
 def image_part(x: torch.Tensor, image: int, before: int) -> torch.Tensor:
     """The ``image`` tokens of ``x`` ``(B, S, C)`` that start at ``before``, as a view."""
     return x if x.shape[1] == image else x[:, before: before + image]
-
-
-def join(whole: torch.Tensor, image: torch.Tensor, before: int, after: int, dim: int = 1) -> torch.Tensor:
-    """``whole`` with its image part (along ``dim``: the tokens of ``(B, S, C)``) replaced by ``image`` (of any
-    length): the rest passes untouched."""
-    if not (before or after):
-        return image
-    parts = ([whole.narrow(dim, 0, before)] if before else []) + [image] + \
-        ([whole.narrow(dim, whole.shape[dim] - after, after)] if after else [])
-    return torch.cat(parts, dim)
 
 
 def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: int = 0, tables: Tables = TABLES):

@@ -208,6 +208,7 @@ class Planner:
         else:
             with torch.no_grad():
                 plan = matched.run(x, r, offsets)
+            plan.kernels = cfg.kernels  # "triton": its merge and unmerge by merge.kernels where they can run
         if observer is not None:
             observer.end("similarity")
         entry = (plan, batch, image, state.calls, state.ratio)

@@ -5,7 +5,8 @@ modules a patch's merged tokens reach (what the guards watch).
 - ToDo on an ``attn1`` that is a cross-attention (``only_cross_attention``, LDM's ``disable_self_attn``): it would
   change nothing;
 - a diffusers cache hook that cannot see whole tokens, on a module the patch merges (``caches.py``): inside a merged
-  target, or with ``scope="block"`` on a block (one on a target is merged around from inside its hook chain).
+  target, or with ``scope="block"`` on a block (one on a target is merged around from inside its hook chain);
+- ``kernels="triton"`` without the triton package.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import nn
 
 from ..config import ToDoConfig
 from ..families.spec import CROSS, JOINT, MLP, SELF
+from ..merge.kernels import missing
 from .caches import REGISTRY_ATTR, bad_hook, cache_message, why_refused
 from .compiled import compiled_in_place, regional_message
 
@@ -69,6 +71,8 @@ def check_apply(model, config, plans) -> None:
 
     ``plans``: ``(site, blocks)`` per denoiser, as ``apply_config`` selected them.
     """
+    if getattr(config, "kernels", "torch") == "triton" and missing() is not None:
+        raise ValueError(f"tokenmerge: kernels='triton' cannot run here: {missing()}; use kernels='torch'")
     for site, blocks in plans:
         if not blocks:
             continue

@@ -22,7 +22,9 @@ from collections import OrderedDict
 
 import torch
 
-__all__ = ["MergePlan", "IdentityPlan", "Tables", "TABLES", "traced_constant", "register"]
+from . import kernels as fused
+
+__all__ = ["MergePlan", "IdentityPlan", "Tables", "TABLES", "traced_constant", "register", "join", "Sided"]
 
 # objects whose methods a traced constant runs (table stores, grid readers), by key
 _REGISTERED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -117,7 +119,33 @@ def _starts(batch: int, num_slots: int, device: torch.device) -> torch.Tensor:
     return (torch.arange(batch) * num_slots).unsqueeze(1).to(device)
 
 
-class IdentityPlan:
+class Sided:
+    """What every plan shares: the calls on a sequence ``(B, before + N + after, C)`` whose ``N`` image tokens (the
+    plan's) have text or reference tokens ``before`` and ``after`` them, which pass as they are.
+
+    A plan's ``merge(x, before=0, after=0)`` gives ``(B, before + M + after, C)`` and its ``unmerge(y, before=0,
+    after=0)`` gives it back at ``before + N + after`` tokens; ``unmerge_update`` is whole-block ToMe's output.
+    """
+
+    kernels = "torch"  # or "triton": MergePlan's calls by merge.kernels where they can run (the planner sets it)
+
+    def unmerge_update(self, y: torch.Tensor, merged: torch.Tensor, x: torch.Tensor, before: int = 0,
+                       after: int = 0) -> torch.Tensor:
+        """Whole-block ToMe's output ``x + unmerge(y - merged)`` on the image tokens, ``y`` on the others: ``y``
+        ``(B, before + M + after, C)`` the block's output, ``merged`` ``(B, M, C)`` its merged image tokens, ``x``
+        ``(B, before + N + after, C)`` its input."""
+        if self.kernels == "triton" and fused.runs(y, merged, x):
+            out = fused.unmerge_update(self, y, merged, x, before, after)
+            if out is not None:
+                return out
+        sided = before or after
+        update = (y[:, before: before + merged.shape[1]] if sided else y) - merged
+        # the unmerged update first: the sum takes its (contiguous) layout, not that of a strided input (PixArt's
+        # patch embedding gives its first block a transposed view), which every later block would inherit
+        return join(y, self.unmerge(update) + (x[:, before: before + self.num_tokens] if sided else x), before, after)
+
+
+class IdentityPlan(Sided):
     """The exact fast path: nothing is merged, inputs pass through untouched (bit for bit).
 
     ``num_tokens`` (and ``num_slots``, the same): the grid's token count when the matcher knows it, else None.
@@ -129,14 +157,14 @@ class IdentityPlan:
     def __init__(self, num_tokens: int | None = None):
         self.num_tokens = self.num_slots = num_tokens
 
-    def merge(self, x: torch.Tensor) -> torch.Tensor:
+    def merge(self, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor:
         return x
 
-    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+    def unmerge(self, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor:
         return x
 
 
-class MergePlan:
+class MergePlan(Sided):
     """A many-to-one map from ``N`` tokens onto ``M`` merged tokens, the same for every channel.
 
     It is stored as one index per token (``dest``: the slot of the merged sequence a token lands in), so
@@ -149,6 +177,9 @@ class MergePlan:
         dest: ``(B, N)`` int64, values in ``[0, M)``; every slot receives at least one token.
         num_slots: ``M``.
         tables: where its small index tables are kept.
+
+    ``kernels``: ``"torch"``, or ``"triton"``: merge, unmerge and ``unmerge_update`` (with the join of the tokens
+    beside the image) each one kernel of ``merge.kernels`` where it can run (the planner sets it from the config).
 
     Example:
         >>> plan = MergePlan(torch.tensor([[0, 0, 1, 1]]), 2)
@@ -186,8 +217,16 @@ class MergePlan:
             self._reps = reps
         return reps
 
-    def merge(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, N, C) -> (B, M, C)``: each slot is the mean of the tokens that land in it."""
+    def merge(self, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor:
+        """``(B, N, C) -> (B, M, C)``: each slot is the mean of the tokens that land in it; with ``before`` /
+        ``after`` tokens beside the ``N`` (text), ``(B, before + N + after, C) -> (B, before + M + after, C)``."""
+        if self.kernels == "triton" and fused.runs(x):
+            out = fused.merge_join(self, x, before, after)
+            if out is not None:
+                return out
+        whole, sided = x, before or after
+        if sided:
+            x = x[:, before: before + self.num_tokens]
         if x.dim() != 3 or (x.shape[0] != self.batch and self.batch != 1) or x.shape[1] != self.num_tokens:
             raise RuntimeError(f"token merging: merge expects a (batch={self.batch}, tokens={self.num_tokens}, "
                                f"channels) tensor, got shape {tuple(x.shape)}")
@@ -196,16 +235,39 @@ class MergePlan:
             inv = self._inv_counts_by_dtype[x.dtype] = self._inv_counts.to(x.dtype)
         batch, _, channels = x.shape
         if self.batch == 1:  # one pattern for the batch: along the token axis
-            return x.new_zeros(batch, self.num_slots, channels).index_add_(1, self.flat_dest, x) * inv
-        out = x.new_zeros(self.batch * self.num_slots, channels).index_add_(0, self.flat_dest, x.reshape(-1, channels))
-        return (out * inv).view(self.batch, self.num_slots, channels)
+            out = x.new_zeros(batch, self.num_slots, channels).index_add_(1, self.flat_dest, x) * inv
+        else:
+            out = x.new_zeros(self.batch * self.num_slots, channels).index_add_(0, self.flat_dest,
+                                                                               x.reshape(-1, channels))
+            out = (out * inv).view(self.batch, self.num_slots, channels)
+        return join(whole, out, before, after) if sided else out
 
-    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, M, C) -> (B, N, C)``: each token takes the value of its slot."""
+    def unmerge(self, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor:
+        """``(B, M, C) -> (B, N, C)``: each token takes the value of its slot; with ``before`` / ``after`` tokens
+        beside the ``M``, ``(B, before + M + after, C) -> (B, before + N + after, C)``."""
+        if self.kernels == "triton" and fused.runs(x):
+            out = fused.unmerge_join(self, x, before, after)
+            if out is not None:
+                return out
+        whole, sided = x, before or after
+        if sided:
+            x = x[:, before: x.shape[1] - after]
         if x.dim() != 3 or (x.shape[0] != self.batch and self.batch != 1) or x.shape[1] != self.num_slots:
             raise RuntimeError(f"token merging: unmerge expects a (batch={self.batch}, tokens={self.num_slots}, "
                                f"channels) tensor, got shape {tuple(x.shape)}")
         if self.batch == 1:
-            return x.index_select(1, self.flat_dest)
-        channels = x.shape[2]
-        return x.reshape(-1, channels).index_select(0, self.flat_dest).view(self.batch, self.num_tokens, channels)
+            out = x.index_select(1, self.flat_dest)
+        else:
+            channels = x.shape[2]
+            out = x.reshape(-1, channels).index_select(0, self.flat_dest).view(self.batch, self.num_tokens, channels)
+        return join(whole, out, before, after) if sided else out
+
+
+def join(whole: torch.Tensor, image: torch.Tensor, before: int, after: int, dim: int = 1) -> torch.Tensor:
+    """``whole`` with its image part (along ``dim``: the tokens of ``(B, S, C)``) replaced by ``image`` (of any
+    length): the rest passes untouched."""
+    if not (before or after):
+        return image
+    parts = ([whole.narrow(dim, 0, before)] if before else []) + [image] + \
+        ([whole.narrow(dim, whole.shape[dim] - after, after)] if after else [])
+    return torch.cat(parts, dim)

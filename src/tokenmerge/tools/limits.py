@@ -20,11 +20,12 @@ import math
 import torch
 
 from ..merge import TABLES, IdentityPlan, pooled_shape
+from ..merge.plan import Sided, join
 
 __all__ = ["SlicePlan", "slice_match", "slice_downsample"]
 
 
-class SlicePlan:
+class SlicePlan(Sided):
     """The zero-overhead reference ("limit"): keep the first ``M`` tokens, repeat them back to ``N``.
 
     Not a merge (its output is meaningless as an image); it costs nothing to build or apply, so the attention
@@ -53,14 +54,22 @@ class SlicePlan:
             self._reps = torch.arange(self.num_slots, device=torch.device(self.device or "cpu")).unsqueeze(0)
         return self._reps
 
-    def merge(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, N, C) -> (B, M, C)``: the first ``M`` tokens (a view)."""
+    def merge(self, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor:
+        """``(B, N, C) -> (B, M, C)``: the first ``M`` tokens (a view); the tokens ``before`` and ``after`` them
+        as they are."""
+        if before or after:
+            return join(x, x[:, before: before + self.num_slots], before, after)
         return x[:, : self.num_slots]
 
-    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, M, C) -> (B, N, C)``: each kept token repeated, cut to ``N``."""
+    def unmerge(self, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor:
+        """``(B, M, C) -> (B, N, C)``: each kept token repeated, cut to ``N``; the tokens ``before`` and ``after``
+        them as they are."""
+        whole, sided = x, before or after
+        if sided:
+            x = x[:, before: x.shape[1] - after]
         b, m, c = x.shape
-        return x.unsqueeze(2).expand(b, m, self._repeat, c).reshape(b, m * self._repeat, c)[:, : self.num_tokens]
+        out = x.unsqueeze(2).expand(b, m, self._repeat, c).reshape(b, m * self._repeat, c)[:, : self.num_tokens]
+        return join(whole, out, before, after) if sided else out
 
 
 def slice_match(metric, shape, windows, r, offsets=None, radius=None):

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ...families.spec import CROSS, JOINT, MLP, SELF, Arg
-from ..call import follow, join, sides
+from ..call import follow, sides
 
 __all__ = ["MergeAround", "BoundTarget"]
 
@@ -152,7 +152,7 @@ class MergeAround:
             x = target.arg.read(args, kwargs)  # (B, N, C), or (B, S, C) with text or references beside the image
             if spec.kind == JOINT or x.shape[1] != plan.num_tokens:
                 before, after = call.text[t] = sides(x.shape[1], plan.num_tokens, spec.text, state.trailing)
-                merged = join(x, plan.merge(x[:, before: before + plan.num_tokens]), before, after)
+                merged = plan.merge(x, before, after)  # the text and references as they are
                 args, kwargs = target.arg.replace(args, kwargs, merged)
                 if target.same:  # the same tokens passed again (Lumina's keys): the same merged tokens
                     args, kwargs = self._replace_same(target, target.same, x, merged, "hidden_states", args, kwargs)
@@ -196,10 +196,7 @@ class MergeAround:
             heads = image.shape[2:] if spec.per_head else None  # (B, M, heads, head_dim): unmerged as (B, M, C)
             if heads is not None:
                 image = image.flatten(2)
-            if before or after:
-                image = join(image, plan.unmerge(image[:, before: image.shape[1] - after]), before, after)
-            else:
-                image = plan.unmerge(image)
+            image = plan.unmerge(image, before, after)
             if heads is not None:
                 image = image.unflatten(2, heads)
             if isinstance(output, (tuple, list)):

@@ -18,7 +18,7 @@ import functools
 import torch
 
 from ...families.spec import Arg
-from ..call import follow, join, sides
+from ..call import follow, sides
 
 __all__ = ["MergeBlock"]
 
@@ -83,11 +83,10 @@ class MergeBlock:
                 raise ValueError(f"tokenmerge: {site.path} got a per-token {bound.name!r} (one entry per token), "
                                  "which a whole-block merge does not follow; use scope='attention' for this model")
         before, after = sides(full.shape[1], image, site.text, state.trailing)
-        part = full[:, before: before + image] if before or after else full
-        merged = plan.merge(part)
-        call.entry = (part, merged, before, after)
+        joined = plan.merge(full, before, after)  # (B, before + N + after, C) -> (B, before + M + after, C)
+        merged = joined[:, before: before + plan.num_slots] if before or after else joined
+        call.entry = (full, merged, before, after)
         state.blocks[index] = call
-        joined = join(full, merged, before, after)
         if split is not None:  # a sequence whose split at this rank gives the merged slice back
             joined = split.hand_over(joined)
         args, kwargs = arg.replace(args, kwargs, joined)
@@ -109,13 +108,10 @@ class MergeBlock:
         call = self.calls.state.blocks.pop(index, None)
         if call is None or output is None:
             return None
-        part, merged, before, after = call.entry
+        full, merged, before, after = call.entry
         at = None if isinstance(output, torch.Tensor) else self.patch.blocks[index].whole.output  # a tuple: the image
         seq = output if at is None else output[at]  # stream's
-        update = (seq[:, before: before + merged.shape[1]] if before or after else seq) - merged
-        # the unmerged update first: the sum takes its (contiguous) layout, not that of a strided input (PixArt's
-        # patch embedding gives its first block a transposed view), which every later block would inherit
-        seq = join(seq, call.plan.unmerge(update) + part, before, after)
+        seq = call.plan.unmerge_update(seq, merged, full, before, after)  # full + unmerge(seq - merged): image
         if at is None:
             return seq
         parts = list(output)

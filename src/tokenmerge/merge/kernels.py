@@ -1,0 +1,203 @@
+"""``kernels="triton"``: a merge plan's merge, unmerge and whole-block update, each with the join of the text or
+reference tokens beside the image, in one Triton kernel instead of 1 to 4 torch kernels each.
+
+The torch path (``MergePlan.merge`` / ``unmerge``, ``call.join``) stays the reference and runs wherever these cannot:
+under ``torch.compile`` (inductor fuses the torch ops itself), on devices other than CUDA, for dtypes other than
+float16 / bfloat16 / float32. With ``TRITON_INTERPRET=1`` the kernels also run on CPU tensors (Triton's
+interpreter: how the parity tests run without a GPU).
+
+What each does, for a sequence of ``(B, S, C)`` with ``before`` tokens ahead of the ``N`` image tokens and ``after``
+behind them (``M`` merged slots):
+
+- ``merge_join``: ``(B, S, C) -> (B, before + M + after, C)``, each slot the mean of its tokens (float32 sums in a
+  fixed order: deterministic, where ``index_add`` on CUDA adds in any order), the other tokens copied;
+- ``unmerge_join``: ``(B, before + M + after, C) -> (B, S, C)``, each image token its slot's value;
+- ``unmerge_update`` (whole-block ToMe): ``x + unmerge(y - m)`` on the image tokens, ``y`` elsewhere.
+
+The index tables (a slot's tokens in order; each output row's source row) are built once per plan and layout with
+a few torch kernels and kept on the plan.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+import torch
+
+__all__ = ["KERNELS", "missing", "failed", "runs", "merge_join", "unmerge_join", "unmerge_update"]
+
+KERNELS = ("torch", "triton")
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MAX_BLOCK = 1024  # channels per program
+
+
+def missing() -> str | None:
+    """Why ``kernels="triton"`` cannot run here (the package is not installed), or None."""
+    if importlib.util.find_spec("triton") is None:
+        return "the triton package is not installed (it comes with PyTorch's CUDA builds on Linux)"
+    return None
+
+
+_failed: str | None = None  # why a kernel failed to build or launch in this process: the torch operators run since
+
+
+def failed() -> str | None:
+    """Why the Triton kernels stopped running in this process (a kernel that failed to build or launch; the merges
+    went on with the torch operators, after one warning), or None."""
+    return _failed
+
+
+def runs(*tensors: torch.Tensor) -> bool:
+    """Whether the Triton kernels take a call on ``tensors``: eager, one float dtype of ``_DTYPES``, all on CUDA
+    (or on the CPU under ``TRITON_INTERPRET=1``), none failed before in this process."""
+    if torch.compiler.is_compiling() or _failed is not None:
+        return False
+    first = tensors[0]
+    if first.dtype not in _DTYPES or first.dim() != 3:
+        return False
+    device = first.device
+    if not (device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")):
+        return False
+    return all(t.device == device and t.dtype == first.dtype and t.dim() == 3 for t in tensors[1:])
+
+
+def _launch(name: str, grid, *args, **meta) -> bool:
+    """Run kernel ``name`` of ``_triton``; False (after one warning, and for the rest of the process) when it could
+    not be built or launched, so that the caller runs the torch operators: a generation never fails halfway."""
+    global _failed
+    try:
+        from . import _triton
+
+        getattr(_triton, name)[grid](*args, **meta)
+        return True
+    except Exception as err:  # an old GPU, a triton that does not match torch, a compiler error
+        _failed = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
+        warnings.warn(f"tokenmerge: the Triton kernels (kernels='triton') failed ({_failed}); merging goes on with "
+                      "the torch operators", RuntimeWarning, stacklevel=4)
+        return False
+
+
+def _block(channels: int) -> int:
+    """Channels per program: the power of two that covers a row with the fewest masked lanes (256 to 1024; a
+    narrower row takes one program of its width rounded up)."""
+    if channels <= 256:
+        return 1 << max(channels - 1, 0).bit_length()
+    return min((256, 512, _MAX_BLOCK), key=lambda b: (-(-channels // b) * b - channels, -b))
+
+
+def _warps(block: int) -> int:
+    return max(1, min(4, block // 256))  # 8 elements per thread (16-byte loads in half precision)
+
+
+def _grid(rows: int, batch: int, channels: int) -> tuple[int, int, int]:
+    return rows, batch, -(-channels // _block(channels))
+
+
+def _span(plan, start: int, count: int, rows: int, device) -> torch.Tensor:
+    """``(rows, count)``: ``start, start + 1, ...`` (a view of the plan's cached ``arange`` table: no kernel)."""
+    from .plan import arange  # (plan.py imports this module)
+
+    return plan.tables.get(arange, start + count, device)[start:].expand(rows, count)
+
+
+def _minus_ones(n: int, device) -> torch.Tensor:
+    """``(n,)`` int64 -1 (a table)."""
+    return torch.full((n,), -1, dtype=torch.int64).to(device)
+
+
+def _tables(plan, kind: str, before: int, after: int):
+    """``plan``'s index tables of one layout (int64, ``(P, ...)``), built on first use with a few kernels (none for
+    the unmerge of a sequence of image tokens alone: the plan's slots are its tables)."""
+    store = plan.__dict__.setdefault("_kernel_tables", {})
+    key = (kind, before, after)
+    found = store.get(key)
+    if found is not None:
+        return found
+    dest = plan.dest  # (P, N): each token's slot
+    rows, tokens, slots, device = dest.shape[0], plan.num_tokens, plan.num_slots, dest.device
+    sided = before or after
+    if kind == "merge":  # CSR: each output row's input rows (order) between offsets[r] and offsets[r + 1]
+        slot_of, order = torch.sort(dest, dim=1, stable=True)  # the tokens by slot, each slot's in token order
+        numbers = _span(plan, 0, slots + 1, rows, device)
+        starts = torch.searchsorted(slot_of, numbers if rows == 1 else numbers.contiguous())  # (P, M + 1): tokens
+        # before each slot's first
+        if sided:
+            order = torch.cat([_span(plan, 0, before, rows, device), order + before,
+                               _span(plan, before + tokens, after, rows, device)], 1)
+            starts = torch.cat([_span(plan, 0, before, rows, device), starts + before,
+                                _span(plan, before + tokens + 1, after, rows, device)], 1)
+        found = (order, starts)
+    elif sided:  # each output row's row of the merged sequence, and its slot (image rows) or -1
+        found = (torch.cat([_span(plan, 0, before, rows, device), dest + before,
+                            _span(plan, before + slots, after, rows, device)], 1),
+                 torch.cat([plan.tables.get(_minus_ones, before, device).expand(rows, before), dest,
+                            plan.tables.get(_minus_ones, after, device).expand(rows, after)], 1))
+    else:
+        found = (dest, dest)
+    store[key] = found
+    return found
+
+
+def _batch_stride(plan, batch: int, table: torch.Tensor) -> int:
+    if plan.batch == 1:
+        return 0
+    if plan.batch != batch:
+        raise RuntimeError(f"token merging: a plan made for batch {plan.batch} got a batch of {batch}")
+    return table.stride(0)
+
+
+def merge_join(plan, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor | None:
+    """``(B, before + N + after, C) -> (B, before + M + after, C)``: the image tokens merged, the rest copied (None:
+    the kernel failed, the caller runs the torch operators; so do the others)."""
+    batch, total, channels = x.shape
+    if total != before + plan.num_tokens + after:
+        raise RuntimeError(f"token merging: merge expects {before} + {plan.num_tokens} + {after} tokens, got "
+                           f"shape {tuple(x.shape)}")
+    order, offsets = _tables(plan, "merge", before, after)
+    rows = before + plan.num_slots + after
+    out = x.new_empty(batch, rows, channels)
+    block = _block(channels)
+    if _launch("mean_rows", _grid(rows, batch, channels), x, out, order, offsets, *x.stride(), out.stride(0),
+               out.stride(1), _batch_stride(plan, batch, order), _batch_stride(plan, batch, offsets), channels,
+               BLOCK_C=block, num_warps=_warps(block)):
+        return out
+    return None
+
+
+def _gather(plan, y: torch.Tensor, x: torch.Tensor | None, m: torch.Tensor | None, before: int, after: int):
+    batch, total, channels = y.shape
+    if total != before + plan.num_slots + after:
+        raise RuntimeError(f"token merging: unmerge expects {before} + {plan.num_slots} + {after} tokens, got "
+                           f"shape {tuple(y.shape)}")
+    g, h = _tables(plan, "unmerge", before, after)
+    rows = before + plan.num_tokens + after
+    out = y.new_empty(batch, rows, channels)
+    update = x is not None
+    xs = x.stride() if update else (0, 0, 0)
+    ms = m.stride() if update else (0, 0, 0)
+    block = _block(channels)
+    if _launch("gather_rows", _grid(rows, batch, channels), y, x if update else y, m if update else y, out, g, h,
+               *y.stride(), *xs, *ms, out.stride(0), out.stride(1), _batch_stride(plan, batch, g), channels,
+               UPDATE=update, BLOCK_C=block, num_warps=_warps(block)):
+        return out
+    return None
+
+
+def unmerge_join(plan, y: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor | None:
+    """``(B, before + M + after, C) -> (B, before + N + after, C)``: each image token its slot's value."""
+    return _gather(plan, y, None, None, before, after)
+
+
+def unmerge_update(plan, y: torch.Tensor, merged: torch.Tensor, x: torch.Tensor, before: int = 0,
+                   after: int = 0) -> torch.Tensor | None:
+    """Whole-block ToMe's output: ``x + unmerge(y - merged)`` on the image tokens, ``y`` on the others.
+
+    ``y`` ``(B, before + M + after, C)``: the block's output; ``merged`` ``(B, M, C)``: its merged input's image
+    tokens; ``x`` ``(B, before + N + after, C)``: its input (only the image rows are read)."""
+    if merged.shape[1] != plan.num_slots or x.shape[1] != before + plan.num_tokens + after:
+        raise RuntimeError(f"token merging: the whole-block update expects {plan.num_slots} merged and "
+                           f"{before} + {plan.num_tokens} + {after} input tokens, got {tuple(merged.shape)} and "
+                           f"{tuple(x.shape)}")
+    return _gather(plan, y, x, merged, before, after)
