@@ -5,7 +5,8 @@
 #
 # PART (each prints its own duration; run them one by one where a command has a time limit):
 #   check          Python, torch, CUDA device, diffusers/tomesd/pytest versions (seconds)
-#   lane           the CUDA lane without torch.compile: pytest -m "cuda and not compile" (tests/test_cuda_lane.py)
+#   lane           the CUDA lane without torch.compile: pytest -m "(cuda or triton) and not compile"
+#                  (tests/test_cuda_lane.py, and the Triton kernels' tests/test_kernels.py)
 #   lane-compile   the CUDA lane's torch.compile tests: pytest -m "cuda and compile" (15 inductor compiles)
 #   quick          the GPU table's quick rows (sd15-512, flux1-dev-1024, wan2.1-1.3b-480p), eager
 #   bench [ROW..]  GPU table rows, eager, one bench command per row -> benchmarks/results/gpu/ROW-eager.*
@@ -150,8 +151,8 @@ has_lane_device() {  # a CUDA device, or TOKENMERGE_LANE_DEVICE=cpu (the self-ch
   return 1
 }
 # shellcheck disable=SC2086
-lane() { has_lane_device && "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_lane.py \
-  -m "cuda and not compile" -rfEs ${PYTEST_ARGS:-}; }
+lane() { has_lane_device && "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_lane.py tests/test_kernels.py \
+  -m "(cuda or triton) and not compile" -rfEs ${PYTEST_ARGS:-}; }
 # shellcheck disable=SC2086
 lane_compile() { has_lane_device && "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_lane.py \
   -m "cuda and compile" -rfEs --durations=20 ${PYTEST_ARGS:-}; }
