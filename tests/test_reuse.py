@@ -153,6 +153,24 @@ def test_spread_gives_the_others_their_recomputed_neighbours_mean_change(name):
     assert not torch.equal(runs[0.5], runs[0.0])
 
 
+def test_spread_weights_are_made_once_per_partial_call(monkeypatch):
+    """Which tokens get how much of their neighbours' change depends on the recomputed tokens and the grid only: made
+    once per partial call (a handful of kernels), not in every block; every block still spreads."""
+    from tokenmerge.engine.techniques import reuse
+
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    made, spread = [], []
+    real_weights, real_spread = reuse._weights, reuse._spread
+    monkeypatch.setattr(reuse, "_weights", lambda *a: made.append(1) or real_weights(*a))
+    monkeypatch.setattr(reuse, "_spread", lambda *a: spread.append(1) or real_spread(*a))
+    tokenmerge.apply_reuse(model, 0.5, warmup=1)
+    blocks = len(model._tokenmerge_patch.blocks)
+    _run(model, calls)
+    assert blocks > 1 and len(made) == 2 and len(spread) == 2 * blocks  # two partial calls
+
+
 @pytest.mark.parametrize("name", ["flux", "wan", "pixart", "hunyuan-video", "qwen-image", "unet-sdxl"])
 def test_full_steps_are_exact_partial_steps_change_and_removal_is_bit_identical(name):
     _skip(name)

@@ -185,12 +185,13 @@ class _Call:
     """One block's call in flight: its image input, whether it is partial, its level's image token count and
     recomputed tokens, and the query modes of its attention targets."""
 
-    __slots__ = ("x", "partial", "ran", "image", "index", "grid", "modes", "rows", "text", "text_index")
+    __slots__ = ("x", "partial", "ran", "image", "index", "grid", "modes", "rows", "text", "text_index", "picked")
 
     def __init__(self, x: torch.Tensor, partial: bool, image: int, index: torch.Tensor | None, grid: tuple):
         self.x, self.partial, self.ran, self.image, self.index, self.grid = x, partial, False, image, index, grid
         self.text: torch.Tensor | None = None  # reuse text: the block's text-stream input (B, T, C)
         self.text_index: torch.Tensor | None = None  # reuse text, a partial step: the recomputed text tokens
+        self.picked: torch.Tensor | None = None  # keys="cached", a partial step: x at the recomputed tokens
         self.modes: dict[int, QueryRows] = {}
         self.rows: dict[int, tuple[int, int]] = {}  # target -> (text before, after) of its gathered input
 
@@ -225,6 +226,7 @@ class _State:
         self.fraction = 1.0  # the share of tokens this call recomputes
         self.text_rows: dict[int, torch.Tensor] = {}  # reuse text: text tokens -> the recomputed ones, this call
         self.taken: list = []  # keys="cached": (rotary value, its rows at the recomputed tokens) of this call
+        self.weights: dict = {}  # spread: (grid, dtype, device) -> each token's share of its neighbours' change
 
     def forget(self) -> None:
         """A new generation: nothing to reuse."""
@@ -660,7 +662,8 @@ class ReusePatch:
             if per.holds(bound.read(args, kwargs), image, full.shape[1]):
                 raise ValueError(f"tokenmerge: {site.path} got a per-token {bound.name!r}, which token reuse with "
                                  "keys='cached' does not follow; use keys='fresh'")
-        args, kwargs = self._inputs[index].replace(args, kwargs, join(full, x.index_select(1, chosen), before, after))
+        call.picked = x.index_select(1, chosen)
+        args, kwargs = self._inputs[index].replace(args, kwargs, join(full, call.picked, before, after))
         masked = mask.read(args, kwargs) if mask is not None else None
         if text is not None and masked is None:  # reuse text (a mask over the text keeps every text row fresh)
             call.text_index = self._text_rows(text.shape[1], text.device)
@@ -723,11 +726,16 @@ class ReusePatch:
             state.caches[key] = out - x  # the block residual of every token
             return None
         cache = state.caches[key]
-        fresh = (out if self.cached else out.index_select(1, chosen)) - x.index_select(1, chosen)
+        fresh = (out if self.cached else out.index_select(1, chosen)) - (
+            x.index_select(1, chosen) if call.picked is None else call.picked)
         if self.config.spread:  # the recomputed tokens' change since their last computation, given to their neighbours
             change = fresh - cache.index_select(1, chosen)
             cache.index_copy_(1, chosen, fresh)
-            _spread(cache, change, chosen, call.grid, call.image, self.config.spread)
+            key = (call.grid, change.dtype, change.device)  # the weights: once per call and grid, not per block
+            weight = state.weights.get(key)
+            if weight is None:
+                weight = state.weights[key] = _weights(chosen, call.grid, call.image, self.config.spread, change)
+            _spread(cache, change, chosen, call.grid, call.image, weight)
         else:
             cache.index_copy_(1, chosen, fresh)
         seq = join(seq, x + cache, before, after)
@@ -768,19 +776,24 @@ def _lead_rows(value, axis: int, text: torch.Tensor, rest: int, tables: Tables):
     return value.index_select(axis, _rows(0, value.shape[axis] - rest, rest, text, tables))
 
 
+def _weights(chosen: torch.Tensor, grid: tuple, image: int, alpha: float, like: torch.Tensor) -> torch.Tensor:
+    """``(1, N, 1)``: ``alpha`` over the share of recomputed tokens in each token's 3x3 (video: 3x3x3) neighbourhood,
+    0 where it has none and on the recomputed tokens themselves (the same for every block of a call)."""
+    mask = like.new_zeros(1, image, 1)
+    mask.index_fill_(1, chosen, 1.0)
+    count = _box(mask, grid)  # a mean over the window, as the change's: their ratio is the recomputed tokens' mean
+    return torch.where(count > 0, alpha / count.clamp_min(1e-6), 0.0) * (1 - mask)
+
+
 def _spread(cache: torch.Tensor, change: torch.Tensor, chosen: torch.Tensor, grid: tuple, image: int,
-            alpha: float) -> None:
+            weight: torch.Tensor) -> None:
     """Add to ``cache`` ``(B, N, C)``, on each token not recomputed, ``alpha`` times the mean ``change`` of the
     recomputed tokens in its 3x3 (video: 3x3x3) neighbourhood of the grid (nothing where it has none, nor on the
-    recomputed tokens themselves)."""
+    recomputed tokens themselves): ``weight`` from ``_weights``."""
     b, _, c = change.shape
     full = change.new_zeros(b, image, c)
     full.index_copy_(1, chosen, change)
-    mask = change.new_zeros(1, image, 1)
-    mask.index_fill_(1, chosen, 1.0)
-    total, count = _box(full, grid), _box(mask, grid)  # both means over the same window: their ratio is the mean
-    weight = torch.where(count > 0, alpha / count.clamp_min(1e-6), 0.0) * (1 - mask)
-    cache.addcmul_(total, weight)
+    cache.addcmul_(_box(full, grid), weight)
 
 
 def _box(x: torch.Tensor, grid: tuple) -> torch.Tensor:
