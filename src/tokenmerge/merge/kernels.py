@@ -63,20 +63,31 @@ def runs(*tensors: torch.Tensor) -> bool:
     return all(t.device == device and t.dtype == first.dtype and t.dim() == 3 for t in tensors[1:])
 
 
-def _launch(name: str, grid, *args, **meta) -> bool:
-    """Run kernel ``name`` of ``_triton``; False (after one warning, and for the rest of the process) when it could
-    not be built or launched, so that the caller runs the torch operators: a generation never fails halfway."""
+def _launch(name: str, out: torch.Tensor, *args, **meta) -> torch.Tensor | None:
+    """Run kernel ``name`` of ``_triton`` over the rows of ``out`` ``(B, R, C)`` (``args``, then ``C``): ``out``, or
+    None (after one warning, and for the rest of the process) when it could not be built or launched, so that the
+    caller runs the torch operators: a generation never fails halfway."""
     global _failed
+    batch, rows, channels = out.shape
+    block = _block(channels)
     try:
         from . import _triton
 
-        getattr(_triton, name)[grid](*args, **meta)
-        return True
+        getattr(_triton, name)[(rows, batch, -(-channels // block))](*args, channels, BLOCK_C=block,
+                                                                      num_warps=_warps(block), **meta)
+        return out
     except Exception as err:  # an old GPU, a triton that does not match torch, a compiler error
         _failed = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
         warnings.warn(f"tokenmerge: the Triton kernels (kernels='triton') failed ({_failed}); merging goes on with "
                       "the torch operators", RuntimeWarning, stacklevel=4)
-        return False
+        return None
+
+
+def _output(x: torch.Tensor, tokens: int, rows: int, what: str) -> torch.Tensor:
+    """``(B, rows, C)``, empty, for ``x`` ``(B, tokens, C)``."""
+    if x.shape[1] != tokens:
+        raise RuntimeError(f"token merging: {what} expects {tokens} tokens, got shape {tuple(x.shape)}")
+    return x.new_empty(x.shape[0], rows, x.shape[2])
 
 
 def _block(channels: int) -> int:
@@ -89,10 +100,6 @@ def _block(channels: int) -> int:
 
 def _warps(block: int) -> int:
     return max(1, min(4, block // 256))  # 8 elements per thread (16-byte loads in half precision)
-
-
-def _grid(rows: int, batch: int, channels: int) -> tuple[int, int, int]:
-    return rows, batch, -(-channels // _block(channels))
 
 
 def _span(plan, start: int, count: int, rows: int, device) -> torch.Tensor:
@@ -151,38 +158,20 @@ def _batch_stride(plan, batch: int, table: torch.Tensor) -> int:
 def merge_join(plan, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor | None:
     """``(B, before + N + after, C) -> (B, before + M + after, C)``: the image tokens merged, the rest copied (None:
     the kernel failed, the caller runs the torch operators; so do the others)."""
-    batch, total, channels = x.shape
-    if total != before + plan.num_tokens + after:
-        raise RuntimeError(f"token merging: merge expects {before} + {plan.num_tokens} + {after} tokens, got "
-                           f"shape {tuple(x.shape)}")
+    out = _output(x, before + plan.num_tokens + after, before + plan.num_slots + after, "merge")
     order, offsets = _tables(plan, "merge", before, after)
-    rows = before + plan.num_slots + after
-    out = x.new_empty(batch, rows, channels)
-    block = _block(channels)
-    if _launch("mean_rows", _grid(rows, batch, channels), x, out, order, offsets, *x.stride(), out.stride(0),
-               out.stride(1), _batch_stride(plan, batch, order), _batch_stride(plan, batch, offsets), channels,
-               BLOCK_C=block, num_warps=_warps(block)):
-        return out
-    return None
+    return _launch("mean_rows", out, x, out, order, offsets, *x.stride(), out.stride(0), out.stride(1),
+                   _batch_stride(plan, x.shape[0], order), _batch_stride(plan, x.shape[0], offsets))
 
 
 def _gather(plan, y: torch.Tensor, x: torch.Tensor | None, m: torch.Tensor | None, before: int, after: int):
-    batch, total, channels = y.shape
-    if total != before + plan.num_slots + after:
-        raise RuntimeError(f"token merging: unmerge expects {before} + {plan.num_slots} + {after} tokens, got "
-                           f"shape {tuple(y.shape)}")
+    out = _output(y, before + plan.num_slots + after, before + plan.num_tokens + after, "unmerge")
     g, h = _tables(plan, "unmerge", before, after)
-    rows = before + plan.num_tokens + after
-    out = y.new_empty(batch, rows, channels)
     update = x is not None
     xs = x.stride() if update else (0, 0, 0)
     ms = m.stride() if update else (0, 0, 0)
-    block = _block(channels)
-    if _launch("gather_rows", _grid(rows, batch, channels), y, x if update else y, m if update else y, out, g, h,
-               *y.stride(), *xs, *ms, out.stride(0), out.stride(1), _batch_stride(plan, batch, g), channels,
-               UPDATE=update, BLOCK_C=block, num_warps=_warps(block)):
-        return out
-    return None
+    return _launch("gather_rows", out, y, x if update else y, m if update else y, out, g, h, *y.stride(), *xs, *ms,
+                   out.stride(0), out.stride(1), _batch_stride(plan, y.shape[0], g), UPDATE=update)
 
 
 def unmerge_join(plan, y: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor | None:
