@@ -158,6 +158,7 @@ def test_spread_weights_are_made_once_per_partial_call(monkeypatch):
     once per partial call (a handful of kernels), not in every block; every block still spreads."""
     from tokenmerge.engine.techniques import reuse
 
+    _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 3)
