@@ -735,3 +735,32 @@ def test_a_half_precision_preset_compiles_as_one_graph():
         out = compiled(**inputs).sample
     torch._dynamo.reset()
     assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+
+
+def test_compiled_token_reuse_times_its_partial_step(tmp_path, monkeypatch, fast_cpu):
+    """Token reuse compiled (dynamo's eager backend: no inductor minutes): its host decision breaks fullgraph, so it
+    is compiled with graph breaks; each timed call is a partial step after a full one, as eagerly; its output as
+    eager's."""
+    import functools
+
+    import torch
+
+    real = torch.compile
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None, fullgraph=False: calls.append(fullgraph) or
+                        functools.partial(real, backend="eager")(model, fullgraph=fullgraph))
+    from tokenmerge.engine.techniques import reuse as technique
+
+    partial, spread = [], technique._spread  # called in a partial step only (traced or run)
+    monkeypatch.setattr(technique, "_spread", lambda *a: partial.append(1) or spread(*a))
+    out = tmp_path / "res"
+    assert main(["bench", "--preset", "tiny-wan", "--resolutions", "64x64", "--frames", "5", "--modes", "vanilla",
+                 "--methods", "reuse:0.5", "--compile", "default", "--compiled-only", "--repeats", "2", "--out", str(out),
+                 "--no-progress"]) == 0
+    records = {(r["label"], r["compiled"]): r for r in _records(out) if r["kind"] == "step"}
+    reuse = records[("reuse 0.5 compiled", True)]
+    assert reuse["status"] == "ok" and reuse["fullgraph"] is False and reuse["step_timed"] == "partial"
+    assert len(reuse["full_times_s"]) == 2 and reuse["full_median_s"] > 0
+    assert reuse["compiled_vs_eager"] == pytest.approx(0.0, abs=1e-5)
+    assert records[("vanilla compiled", True)]["fullgraph"] is True and calls.count(True) == 2  # both tried it
+    assert partial

@@ -170,7 +170,7 @@ def time_cell(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, d
         for compile_mode in compile_modes:
             for mode in modes:
                 records.append(_compiled(unet, cell, mode, inputs[mode.text], repeats, device, progress, warmup,
-                                         kernels, compile_mode))
+                                         kernels, compile_mode, later.get(mode.text)))
                 _log(log, records[-1])
     for r in records:  # the token grid a grid-limit call ran on
         if r["mode"] == "grid-limit":
@@ -259,32 +259,43 @@ def _steady(mode: MethodSpec) -> MethodSpec:
     return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1), ("every", 0)))
 
 
-def _compiled(unet, cell, mode, inputs, repeats, device, progress, warmup, kernels, compile_mode) -> dict:
-    """One mode compiled (``compile_mode``) by itself: reset, patch, compile, warm up, time, count, remove."""
+def _compiled(unet, cell, mode, inputs, repeats, device, progress, warmup, kernels, compile_mode,
+              later=None) -> dict:
+    """One mode compiled (``compile_mode``) by itself: reset, patch, compile, warm up, time, count, remove.
+
+    A stateful mode (token reuse, ``later``: its partial step's inputs) runs as in ``_eager``: each timed call is a
+    partial step after a full one (both compiled in the warm-up), ``full_times_s`` beside it; its
+    ``compiled_vs_eager`` compares a full step."""
     from torch._dynamo.utils import counters
 
-    times, hosts, peak, extra, status = [], [], None, {}, "ok"
+    times, hosts, fulls, peak, extra, status = [], [], [], None, {}, "ok"
     torch.compiler.reset()
     try:
-        with mode.applied(unet):
+        with _steady(mode).applied(unet):
             counters["inductor"].clear()
-            model, extra["fullgraph"] = _compile(unet, inputs, device, warmup, compile_mode)
+            model, extra["fullgraph"] = _compile(unet, inputs, device, warmup, compile_mode, later)
             if compile_mode == "reduce-overhead" and device.type == "cuda":  # not CUDA graphs after all: say so
                 extra["cudagraph_skips"] = counters["inductor"].get("cudagraph_skips", 0)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             for _ in range(repeats):
-                seconds, host = _call(device, model, inputs, compile_mode)
+                if later is not None:
+                    fulls.append(_call(device, model, inputs, compile_mode)[0])
+                seconds, host = _call(device, model, inputs if later is None else later, compile_mode)
                 times.append(seconds)
                 hosts.append(host)
             if device.type == "cuda":
                 peak = torch.cuda.max_memory_allocated(device)
             extra["compiled_vs_eager"] = _difference(unet, model, inputs, device, compile_mode)
             if kernels:
+                if later is not None:  # the partial step's kernels, after the full step that fills the caches
+                    _call(device, model, inputs, compile_mode)
                 if compile_mode == "reduce-overhead":
                     torch.compiler.cudagraph_mark_step_begin()
-                counts = profile_launches(step, device, model, inputs)
+                counts = profile_launches(step, device, model, inputs if later is None else later)
                 extra.update(_kernel_fields(counts, step_calls(inputs), statistics.median(times)))
+            if later is not None:
+                extra.update(full_median_s=statistics.median(fulls), full_times_s=fulls, step_timed="partial")
     except Exception as err:  # out of memory, or a mode that does not compile (a package that does not trace): say so
         status = "OOM" if is_oom(err) else f"compile failed ({type(err).__name__})"
         if status != "OOM":
@@ -300,11 +311,12 @@ def _compiled(unet, cell, mode, inputs, repeats, device, progress, warmup, kerne
     return record
 
 
-def _compile(unet, inputs, device, warmup: int, compile_mode: str):
+def _compile(unet, inputs, device, warmup: int, compile_mode: str, later=None):
     """``(compiled model, fullgraph)``: compiled as one graph (``fullgraph=True``) and warmed up (the calls compile;
-    with ``reduce-overhead`` two more record the CUDA graphs); a model that is not one graph (a graph break: e.g.
-    a reference package) is compiled again as torch.compile's default allows, with graph breaks (``fullgraph``
-    False in its record)."""
+    with ``reduce-overhead`` two more record the CUDA graphs; ``later``: each warm-up call a full step and a partial
+    one); a model that is not one graph (a graph break: e.g. a reference package, token reuse's decision on the
+    host) is compiled again as torch.compile's default allows, with graph breaks (``fullgraph`` False in its
+    record)."""
     import torch._dynamo
 
     calls = max(1, warmup) + (2 if compile_mode == "reduce-overhead" else 0)
@@ -313,7 +325,8 @@ def _compile(unet, inputs, device, warmup: int, compile_mode: str):
         model = torch.compile(unet, mode=mode, fullgraph=fullgraph)
         try:
             for _ in range(calls):
-                _call(device, model, inputs, compile_mode)
+                for each in (inputs,) if later is None else (inputs, later):
+                    _call(device, model, each, compile_mode)
             return model, fullgraph
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError):
             if not fullgraph:
