@@ -755,8 +755,8 @@ def test_compiled_token_reuse_times_its_partial_step(tmp_path, monkeypatch, fast
     monkeypatch.setattr(technique, "_spread", lambda *a: partial.append(1) or spread(*a))
     out = tmp_path / "res"
     assert main(["bench", "--preset", "tiny-wan", "--resolutions", "64x64", "--frames", "5", "--modes", "vanilla",
-                 "--methods", "reuse:0.5", "--compile", "default", "--compiled-only", "--repeats", "2", "--out", str(out),
-                 "--no-progress"]) == 0
+                 "--methods", "reuse:0.5", "--compile", "default", "--compiled-only", "--repeats", "2", "--out",
+                 str(out), "--no-progress"]) == 0
     records = {(r["label"], r["compiled"]): r for r in _records(out) if r["kind"] == "step"}
     reuse = records[("reuse 0.5 compiled", True)]
     assert reuse["status"] == "ok" and reuse["fullgraph"] is False and reuse["step_timed"] == "partial"
