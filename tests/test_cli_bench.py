@@ -737,6 +737,7 @@ def test_a_half_precision_preset_compiles_as_one_graph():
     assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
 
 
+@pytest.mark.compile
 def test_compiled_token_reuse_times_its_partial_step(tmp_path, monkeypatch, fast_cpu):
     """Token reuse compiled (dynamo's eager backend: no inductor minutes): its host decision breaks fullgraph, so it
     is compiled with graph breaks; each timed call is a partial step after a full one, as eagerly; its output as
