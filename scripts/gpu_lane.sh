@@ -24,7 +24,8 @@
 #                  benchmarks/results/gpu (DIR/gpu-results.tgz) and the log so far are left there, so a lease that
 #                  ends early still keeps what was measured.
 #   next15         the next 15-minute lease, as quick15 (same budget and RESULTS_COPY): check, the smoke (with the
-#                  Triton kernels' tests, tests/test_kernels.py), the Triton kernels against the torch ones
+#                  Triton kernels' tests, tests/test_kernels.py, and benchmarks/merge_kernels.py: the merge alone,
+#                  torch against Triton -> merge-kernels.md), the Triton kernels against the torch ones
 #                  (KERNELS_METHODS: whole-block and attention ToMe 0.5 with kernels=triton and without, the grid
 #                  limit) on flux1-dev-1024, with token reuse's full and partial steps in the same run (REUSE_METHODS,
 #                  default "reuse:0.5,keys=cached,text=true reuse:0.4,keys=cached,text=true reuse:0.4,keys=cached"),
@@ -217,7 +218,9 @@ quick15() {  # quick15 [PART:SECONDS...]: the parts of one lease (default QUICK1
         -k "flux-tome-block or flux-tome-local or wan-tome-local or unet-sd-todo or pixart-tome-local"
         left=$(( start + budget - $(date +%s) ))
         timed "smoke (Triton kernels)" timeout "$left" "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py \
-          -rfEs -m triton ;;
+          -rfEs -m triton
+        left=$(( start + budget - $(date +%s) ))
+        timed "merge kernels alone" timeout "$left" "$PY" benchmarks/merge_kernels.py --out "$OUT" ;;
       kernels-flux*) GPU_METHODS="${KERNELS_METHODS} ${REUSE_METHODS:-$REUSE_FLUX}" TAG=kernels \
         timed "bench ${name#kernels-} (Triton kernels, token reuse)" in_time "$left" bench_row "${name#kernels-}" eager ;;
       kernels-*) GPU_METHODS="${KERNELS_METHODS}" TAG=kernels \

@@ -330,3 +330,17 @@ def test_families_match_the_torch_kernels(name, monkeypatch):
             torch.testing.assert_close(outs["triton"], outs["torch"], rtol=1e-5, atol=1e-5)
             compared += 1
     assert compared and {"mean_rows", "gather_rows"} <= set(launched)
+
+
+def test_the_merge_kernels_benchmark_runs_its_torch_half_on_the_cpu(tmp_path):
+    """benchmarks/merge_kernels.py (the GPU lane's smoke runs it on CUDA): its table, the torch kernels alone here."""
+    import importlib.util as util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "merge_kernels.py"
+    spec = util.spec_from_file_location("merge_kernels", path)
+    module = util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--device", "cpu", "--calls", "1", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "merge-kernels.md").read_text()
+    assert table.count("| Flux.1 1024") == 5 and table.count("| Wan 2.1") == 3 and "torch device / host" in table
