@@ -18,7 +18,8 @@ def test_plans_are_consistent(h, w, sx, sy, frac, batch, rand, dtype):
     if sx * sy < 2:
         return
     ratio = frac * (1 - 1 / (sx * sy))
-    x = torch.randn(batch, h * w, 3, dtype=dtype)
+    # the data from the example (not the global RNG), so that hypothesis reproduces what it finds
+    x = torch.randn(batch, h * w, 3, generator=torch.Generator().manual_seed(h * 1000 + w * 10 + batch)).to(dtype)
     windows = (h // sy) * (w // sx)
     offsets = random_offsets(windows, sx * sy, 7, torch.device("cpu")) if rand and windows else None
     r = int(h * w * ratio)
@@ -28,8 +29,11 @@ def test_plans_are_consistent(h, w, sx, sy, frac, batch, rand, dtype):
     assert merged.shape == (batch, expected, 3)
     back = plan.unmerge(merged)
     assert back.shape == x.shape and back.dtype == dtype
-    # merging what unmerge produced gives the merged tokens back (each slot holds copies of one value)
-    torch.testing.assert_close(plan.merge(back), merged, rtol=1e-2, atol=1e-2)
+    # merging what unmerge produced gives the merged tokens back (each slot holds copies of one value), up to the
+    # rounding of a sum of k copies in the input's dtype (k: the most tokens in one slot; bfloat16: about k ulps)
+    most = max(int(torch.bincount(row).max()) for row in plan.dest) if plan.num_merged else 1
+    tol = max(1e-2, most * torch.finfo(dtype).eps)
+    torch.testing.assert_close(plan.merge(back), merged, rtol=tol, atol=tol)
 
 
 @settings(max_examples=80, deadline=None)
