@@ -125,6 +125,17 @@ def test_other_dtypes_and_compile_take_the_torch_path():
     assert seen == [False]
 
 
+def _to(value, device):
+    """``value`` (a tensor, or dicts, lists and tuples of them) on ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
 def _class(name: str):
     """A diffusers model class, or a skip where the installed diffusers has none (the oldest supported)."""
     import diffusers
@@ -167,7 +178,7 @@ def test_patched_model_matches_the_torch_kernels(make, scope, monkeypatch):
     Flux's joint attention and single-stream blocks; removal restores the model."""
     model, inputs = make()
     model.to(DEVICE)
-    inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    inputs = _to(inputs, DEVICE)
     with torch.no_grad():
         vanilla = model(**inputs)[0]
         outs = {}
@@ -190,7 +201,7 @@ def test_compiled_model_with_triton_kernels_is_one_graph():
     """Under torch.compile the torch operators run (inductor fuses them): fullgraph holds, outputs as eager."""
     model, inputs = _pixart()
     model.to(DEVICE)
-    inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    inputs = _to(inputs, DEVICE)
     tokenmerge.apply_patch(model, 0.5, scope="block", kernels="triton")
     with torch.no_grad():
         eager = model(**inputs)[0]
@@ -311,7 +322,7 @@ def test_families_match_the_torch_kernels(name, monkeypatch):
         pytest.skip(available(name))
     entry = CATALOGUE[name]
     model = entry.build().to(DEVICE)
-    inputs = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in entry.inputs(batch=2).items()}
+    inputs = _to(entry.inputs(batch=2), DEVICE)
     compared, launched = 0, []
     real = kernels._launch
     monkeypatch.setattr(kernels, "_launch", lambda *a, **k: launched.append(a[0]) or real(*a, **k))
