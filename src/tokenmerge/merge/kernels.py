@@ -102,13 +102,6 @@ def _warps(block: int) -> int:
     return max(1, min(4, block // 256))  # 8 elements per thread (16-byte loads in half precision)
 
 
-def _span(plan, start: int, count: int, rows: int, device) -> torch.Tensor:
-    """``(rows, count)``: ``start, start + 1, ...`` (a view of the plan's cached ``arange`` table: no kernel)."""
-    from .plan import arange  # (plan.py imports this module)
-
-    return plan.tables.get(arange, start + count, device)[start:].expand(rows, count)
-
-
 def _minus_ones(n: int, device) -> torch.Tensor:
     """``(n,)`` int64 -1 (a table)."""
     return torch.full((n,), -1, dtype=torch.int64).to(device)
@@ -122,25 +115,21 @@ def _tables(plan, kind: str, before: int, after: int):
     found = store.get(key)
     if found is not None:
         return found
-    dest = plan.dest  # (P, N): each token's slot
+    from .plan import arange, sided_rows  # (plan.py imports this module)
+
+    dest, tables = plan.dest, plan.tables  # (P, N): each token's slot
     rows, tokens, slots, device = dest.shape[0], plan.num_tokens, plan.num_slots, dest.device
-    sided = before or after
     if kind == "merge":  # CSR: each output row's input rows (order) between offsets[r] and offsets[r + 1]
         slot_of, order = torch.sort(dest, dim=1, stable=True)  # the tokens by slot, each slot's in token order
-        numbers = _span(plan, 0, slots + 1, rows, device)
+        numbers = tables.get(arange, slots + 1, device).expand(rows, slots + 1)
         starts = torch.searchsorted(slot_of, numbers if rows == 1 else numbers.contiguous())  # (P, M + 1): tokens
-        # before each slot's first
-        if sided:
-            order = torch.cat([_span(plan, 0, before, rows, device), order + before,
-                               _span(plan, before + tokens, after, rows, device)], 1)
-            starts = torch.cat([_span(plan, 0, before, rows, device), starts + before,
-                                _span(plan, before + tokens + 1, after, rows, device)], 1)
-        found = (order, starts)
-    elif sided:  # each output row's row of the merged sequence, and its slot (image rows) or -1
-        found = (torch.cat([_span(plan, 0, before, rows, device), dest + before,
-                            _span(plan, before + slots, after, rows, device)], 1),
-                 torch.cat([plan.tables.get(_minus_ones, before, device).expand(rows, before), dest,
-                            plan.tables.get(_minus_ones, after, device).expand(rows, after)], 1))
+        # before each slot's first; a row beside the image is a segment of its own
+        found = (sided_rows(order, before, tokens, after, tables),
+                 sided_rows(starts, before, tokens + 1, after, tables))
+    elif before or after:  # each output row's row of the merged sequence, and its slot (image rows) or -1
+        found = (sided_rows(dest, before, slots, after, tables),
+                 torch.cat([tables.get(_minus_ones, before, device).expand(rows, before), dest,
+                            tables.get(_minus_ones, after, device).expand(rows, after)], 1))
     else:
         found = (dest, dest)
     store[key] = found

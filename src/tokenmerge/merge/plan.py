@@ -24,7 +24,8 @@ import torch
 
 from . import kernels as fused
 
-__all__ = ["MergePlan", "IdentityPlan", "Tables", "TABLES", "traced_constant", "register", "join", "Sided"]
+__all__ = ["MergePlan", "IdentityPlan", "Tables", "TABLES", "traced_constant", "register", "join", "Sided",
+           "sided_rows"]
 
 # objects whose methods a traced constant runs (table stores, grid readers), by key
 _REGISTERED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -107,6 +108,17 @@ TABLES = Tables()
 def arange(n: int, device: torch.device) -> torch.Tensor:
     """``torch.arange(n)`` (int64) on ``device`` (a table: never written to)."""
     return torch.arange(n, dtype=torch.int64).to(device)
+
+
+def sided_rows(index: torch.Tensor, before: int, count: int, after: int, tables: Tables = TABLES) -> torch.Tensor:
+    """Row numbers of ``[before | index | after]`` in a sequence of ``before + count + after`` rows: the ``before``
+    rows, ``index`` (rows of the ``count`` image rows) shifted past them, the ``after`` rows behind the image;
+    ``index`` itself where nothing sits beside it. Its leading axes (a plan's rows, ``(P, n)``) carry over."""
+    if not (before or after):
+        return index
+    lead, rows = index.shape[:-1], tables.get(arange, before + count + after, index.device)
+    return torch.cat([rows[:before].expand(*lead, before), index + before,
+                      rows[before + count:].expand(*lead, after)], -1)
 
 
 def _ones(n: int, device: torch.device) -> torch.Tensor:

@@ -37,7 +37,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ...families.spec import JOINT, MLP, SELF, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, BlockSite
-from ...merge.plan import TABLES, Tables, arange
+from ...merge.plan import TABLES, Tables, sided_rows
 from ..caches import REGISTRY_ATTR, bad_hook, cache_message, unwatch, watch_registries
 from ..call import host_timestep, image_part, join, sides, take_mask, take_rotary
 from ..compiled import compiled_in_place, forget_compiled, regional_message
@@ -102,7 +102,7 @@ class QueryRows(TorchFunctionMode):
         if length < self.image:
             return None
         before, after = sides(length, self.image, self.keys or TEXT_NONE, self.trailing)
-        return _rows(before, self.image, after, self.index, self.tables)
+        return sided_rows(self.index, before, self.image, after, self.tables)
 
 
 class CachedKeys(TorchFunctionMode):
@@ -141,7 +141,8 @@ class CachedKeys(TorchFunctionMode):
                 raise ValueError("tokenmerge: token reuse with keys='cached' got an attention mask over the keys of "
                                  "the recomputed tokens only, which it cannot extend; use keys='fresh'")
             if mask.shape[-2] == total:
-                kwargs["attn_mask"] = mask.index_select(-2, _rows(before, self.image, after, self.index, self.tables))
+                rows = sided_rows(self.index, before, self.image, after, self.tables)
+                kwargs["attn_mask"] = mask.index_select(-2, rows)
         kwargs["key"], kwargs["value"] = (_splice(kept, fresh, before, self.image, after, self.index, self.text)
                                           for kept, fresh in zip(self.slot, (key, value)))
         return func(**kwargs)
@@ -170,15 +171,6 @@ def _splice(kept: torch.Tensor, fresh: torch.Tensor, before: int, image: int, af
         kept.narrow(axis, before + image, after).copy_(fresh.narrow(axis, fresh_before + count, after))
     kept.narrow(axis, before, image).index_copy_(axis, index, fresh.narrow(axis, fresh_before, count))
     return kept
-
-
-def _rows(before: int, image: int, after: int, index: torch.Tensor, tables: Tables) -> torch.Tensor:
-    """Row indices of ``[before | image[index] | after]`` in a sequence of ``before + image + after`` rows."""
-    if not (before or after):
-        return index
-    device = index.device
-    return torch.cat([tables.get(arange, before, device), index + before,
-                      tables.get(arange, after, device) + before + image])
 
 
 class _Call:
@@ -773,7 +765,7 @@ def _lead_rows(value, axis: int, text: torch.Tensor, rest: int, tables: Tables):
     if isinstance(value, (tuple, list)):
         return type(value)(_lead_rows(v, axis, text, rest, tables) for v in value)
     axis = axis % value.dim()
-    return value.index_select(axis, _rows(0, value.shape[axis] - rest, rest, text, tables))
+    return value.index_select(axis, sided_rows(text, 0, value.shape[axis] - rest, rest, tables))
 
 
 def _weights(chosen: torch.Tensor, grid: tuple, image: int, alpha: float, like: torch.Tensor) -> torch.Tensor:
