@@ -68,11 +68,11 @@ def _factors(text: str) -> tuple[int, ...] | None:
     indices) -> a tuple of its integers; None if it is not one."""
     inner = text.strip()
     if len(inner) >= 2 and (inner[0], inner[-1]) in (("(", ")"), ("[", "]")):
-        parts, most = inner[1:-1].rstrip().rstrip(",").split(","), 1024
+        parts, fewest, most = inner[1:-1].rstrip().rstrip(",").split(","), 1, 1024
     else:
-        parts, most = inner.lower().split("x"), 3
+        parts, fewest, most = inner.lower().split("x"), 2, 3
     parts = [p.strip() for p in parts]
-    if not 2 - (most > 3) <= len(parts) <= most or not all(p.isdigit() and len(p) <= 6 for p in parts):
+    if not fewest <= len(parts) <= most or not all(p.isdigit() and len(p) <= 6 for p in parts):
         return None
     return tuple(int(p) for p in parts)
 
