@@ -18,7 +18,7 @@ import functools
 import torch
 
 from ...families.spec import Arg
-from ..call import follow, sides
+from ..call import follow, image_part, sides
 
 __all__ = ["MergeBlock"]
 
@@ -84,7 +84,7 @@ class MergeBlock:
                                  "which a whole-block merge does not follow; use scope='attention' for this model")
         before, after = sides(full.shape[1], image, site.text, state.trailing)
         joined = plan.merge(full, before, after)  # (B, before + N + after, C) -> (B, before + M + after, C)
-        merged = joined[:, before: before + plan.num_slots] if before or after else joined
+        merged = image_part(joined, plan.num_slots, before)
         call.entry = (full, merged, before, after)
         state.blocks[index] = call
         if split is not None:  # a sequence whose split at this rank gives the merged slice back
