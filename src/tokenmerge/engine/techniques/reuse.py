@@ -602,11 +602,7 @@ class ReusePatch:
         full = rows.new_zeros(rows.shape[0], call.image, *rows.shape[2:])
         full.index_copy_(1, call.index, rows)
         seq = join(seq, full, before, after)
-        if which is None:
-            return seq
-        parts = list(output)
-        parts[which] = seq
-        return type(output)(parts)
+        return seq if which is None else _replace(output, which, seq)
 
     def _block_pre(self, index: int, args, kwargs):
         state = self.state
