@@ -30,6 +30,10 @@ def markdown(report: dict, command: str | None = None) -> str:
         lines[-2:] = ["| method | PSNR (dB) | per-frame PSNR | SSIM (per frame) | temporal PSNR | s / clip (median) "
                       "| speed-up |", "|---|---|---|---|---|---|---|"]
     work = all(m.get("linear_work") for m in report["methods"])
+    dist = all("adherence" in m for m in report["methods"])
+    if dist:  # the classifier's Fréchet distance and prompt adherence, before the timing columns
+        head, rule = lines[-2].split(" s / "), lines[-1]
+        lines[-2:] = [head[0] + " FD | adherence | s / " + head[1], rule + "---|---|"]
     if work:  # "linear work": the share of vanilla's nn.Linear multiply-adds each method ran
         lines[-2:] = [lines[-2] + " linear work |", lines[-1] + "---|"]
     for m in report["methods"]:
@@ -40,8 +44,20 @@ def markdown(report: dict, command: str | None = None) -> str:
         cells.append(f"{_num(m['ssim_mean'], '.4f')}{ci(m['ssim_ci95'], '.4f')}")
         if video:
             cells.append(f"{_num(m['temporal_psnr_mean'], '.2f')}{ci(m['temporal_psnr_ci95'], '.2f')}")
+        if dist:
+            cells += [_num(m["fd"], ".3f"), f"{_num(m['adherence'], '.1%')}{ci(m['adherence_ci95'], '.1%')}"]
         lines.append(f"| {m['label']} | " + " | ".join(cells) + f" | {m['seconds_median']:.3f} | {m['speedup']:.2f}x |"
                      + (f" {m['linear_work']:.0%} |" if work else ""))
+    if dist:
+        info = report.get("distribution") if isinstance(report.get("distribution"), dict) else {}
+        crop = {"frames": "frame", "mosaic": "32 px cell of a mosaic"}.get(info.get("crops"), "image")
+        count = f"{info['per_method']} crops a method, each a {crop}" if "per_method" in info else f"each a {crop}"
+        lines += ["", "FD: the Fréchet distance of the generated images' features in the shipped Fashion-MNIST "
+                  "classifier to real data of the classes the prompts ask for (as FID; lower is closer; biased upwards "
+                  "at few samples: compare rows, vanilla's first). Adherence: the share of crops the classifier "
+                  f"labels as the prompt asks ({count})."]
+    elif isinstance(report.get("distribution"), str):
+        lines += ["", f"- FD and prompt adherence: {report['distribution']}"]
     if work:
         lines += ["", "Linear work: the multiply-adds of the denoiser's nn.Linear calls (projections, feed-forwards), "
                   "as a share of vanilla's, counted during the generation: what a cache skips and merged tokens "

@@ -124,8 +124,10 @@ def _finite(x: float):
     return x if x == x and abs(x) != float("inf") else str(x)
 
 
-def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -> dict:
-    """The report: per-image and per-method PSNR/SSIM against vanilla, and seconds per image."""
+def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None, scorer=None) -> dict:
+    """The report: per-image and per-method PSNR/SSIM against vanilla, and seconds per image; with ``scorer`` (a
+    ``distribution.FashionScorer``) each method's FD and prompt adherence too (a message instead: why they are
+    missing)."""
     cache = ImageCache(job.cache)
 
     def entry(spec, prompt, seed):
@@ -176,17 +178,38 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None) -
         for name in video[::2]:  # frame_psnr, temporal_psnr
             mean, half = mean_ci(stats[name])
             summary[-1].update({f"{name}_mean": _finite(mean), f"{name}_ci95": _finite(half)})
+    distribution, scores = (scorer if isinstance(scorer, str) else None), None
+    if scorer is not None and not isinstance(scorer, str):
+        try:
+            scores = scorer.score([p for p, _ in items], images)
+        except ValueError as err:  # a prompt the classifier's labels cannot be read from
+            distribution = f"skipped: {str(err)[:300]}"
+    if scores is not None:
+        distribution = {"crops": scorer.layout, "per_method": len(scores[VANILLA.label]["per_image"]) *
+                        {"image": 1, "mosaic": 4, "frames": scorer.frames}[scorer.layout]}
+        for entry in summary:
+            got = scores[entry["label"]]
+            entry.update({"fd": got["fd"], "fd_vanilla": got.get("fd_vanilla"), "adherence": got["adherence"],
+                          "adherence_ci95": _finite(got["adherence_ci95"])})
+        position = {(p, s): i for i, (p, s) in enumerate(items)}
+        for row in rows:
+            row["adherence"] = scores[row["label"]]["per_image"][position[(row["prompt"], row["seed"])]]
     report = {"model": job.model_key, "steps": job.steps, "guidance": job.guidance, "size": job.size,
               "frames": job.frames,
               "prompts": len({p for p, _ in items}), "seeds": sorted({s for _, s in items}),
               "methods": summary, "images": rows}
+    if distribution is not None:
+        report["distribution"] = distribution
     if extra_metrics is not None:
         report["extra"] = extra_metrics(job, items, images)
     return report
 
 
-def run_job(pipe, job: QualityJob, device, progress=True, extra_metrics=None) -> dict | None:
-    """Generate (split across processes under accelerate) and, on the main process, return the report."""
+def run_job(pipe, job: QualityJob, device, progress=True, extra_metrics=None, scorer="auto") -> dict | None:
+    """Generate (split across processes under accelerate) and, on the main process, return the report.
+
+    ``scorer``: ``"auto"`` (default) scores the embedded Fashion-MNIST models' images by the shipped classifier (FD
+    and prompt adherence, ``distribution.scorer_for``) and no other pipeline's; None: no such scores."""
     from tqdm.auto import tqdm
 
     items = [(p, s) for p in job.prompts for s in job.seeds]
@@ -200,7 +223,11 @@ def run_job(pipe, job: QualityJob, device, progress=True, extra_metrics=None) ->
         state.wait_for_everyone()
     if not main:
         return None
-    report = collect(job, items, extra_metrics)
+    if scorer == "auto":
+        from .distribution import scorer_for
+
+        scorer = scorer_for(pipe)
+    report = collect(job, items, extra_metrics, scorer)
     report["generated"] = made if state is None else None
     report["processes"] = 1 if state is None else state.num_processes
     return report
