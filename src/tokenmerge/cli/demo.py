@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .common import check_outputs
-from .quality import _check_methods, add_common, embedded, load
+from .quality import EMBEDDED_PROMPTS, _check_methods, add_common, embedded, load
 
 HELP = """\
 Generate the same prompts and seeds with the vanilla model and with a few token-reduction settings (on the
@@ -83,7 +83,9 @@ def run(args, parser) -> int:
             continue
         args.model = model
         pipe, key, device = load(args, parser)
-        if embedded(args):
+        if embedded(args) and EMBEDDED_PROMPTS.get(model):  # fashion-mosaic: five of its sentences
+            prompts = load_prompts(EMBEDDED_PROMPTS[model], count=len(CLASSES))
+        elif embedded(args):
             prompts = [load_prompts("classes")[i] for i in CLASSES]
         else:
             prompts = load_prompts("parti", count=4)
@@ -109,7 +111,8 @@ def _missing_class(model: str | None) -> str | None:
     """Why an embedded transformer cannot run on the installed diffusers (None: it can)."""
     import diffusers
 
-    cls = {"fashion-dit": "FluxTransformer2DModel", "fashion-video": "WanTransformer3DModel"}.get(model or "")
+    cls = {"fashion-dit": "FluxTransformer2DModel", "fashion-video": "WanTransformer3DModel",
+           "fashion-mosaic": "FluxTransformer2DModel", "fashion-video-long": "WanTransformer3DModel"}.get(model or "")
     if cls and not hasattr(diffusers, cls):
         return f"diffusers {diffusers.__version__} has no {cls}, the class of this model"
     return None

@@ -38,7 +38,9 @@ def add_common(p, default_methods: list[str], default_steps: int) -> None:
     """Options shared by ``quality`` and ``demo``."""
     p.add_argument("--model", default=None, metavar="PATH_OR_ID",
                    help="an embedded model: fashion-unet (the default; a diffusers UNet), fashion-dit (a Flux.1-style "
-                        "transformer), fashion-video (a Wan-style video transformer, 8-frame clips); or a real "
+                        "transformer), fashion-video (a Wan-style video transformer, 8-frame clips), fashion-mosaic "
+                        "(Flux.1-style, 64 px mosaics from sentences: 1024 image + 32 text tokens), "
+                        "fashion-video-long (Wan-style, 32-frame clips: 2048 tokens); or a real "
                         "diffusers pipeline: a local folder (with model_index.json) or a cached hub id. Nothing is "
                         "downloaded.")
     p.add_argument("--methods", nargs="+", type=_spec, default=[_spec(m) for m in default_methods], metavar="SPEC",
@@ -61,8 +63,10 @@ def add_parser(sub) -> None:
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, ["tome:0.3", "tome:0.5", "tome:0.6"], 20)
     p.add_argument("--prompts", default=None, metavar="SOURCE",
-                   help="parti (the Parti prompts, shipped), classes (the embedded model's), or a file: one prompt a "
-                        "line, or a TSV with a Prompt column. Default: parti with --model, classes without")
+                   help="parti (the Parti prompts, shipped), classes (the embedded model's), mosaics (fashion-mosaic's "
+                        "sentences, --count of them, 32 by default), or a file: one prompt a line, or a TSV with a "
+                        "Prompt column. Default: parti with a pipeline --model, mosaics with fashion-mosaic, classes "
+                        "with the other embedded models")
     p.add_argument("--category", nargs="+", default=None, help="Parti categories to keep (e.g. Animals Vehicles)")
     p.add_argument("--count", type=positive_int, default=None,
                    help="at most this many prompts, spread over the categories (default: all)")
@@ -89,7 +93,16 @@ def add_parser(sub) -> None:
 # the embedded models: --model name -> (loader in tokenmerge.fashion, cache key)
 EMBEDDED = {"fashion-unet": ("load_fashion_pipeline", "embedded Fashion-MNIST"),
             "fashion-dit": ("load_fashion_dit", "embedded Fashion-MNIST DiT"),
-            "fashion-video": ("load_fashion_video", "embedded moving Fashion-MNIST video DiT")}
+            "fashion-video": ("load_fashion_video", "embedded moving Fashion-MNIST video DiT"),
+            "fashion-mosaic": ("load_fashion_mosaic", "embedded Fashion-MNIST mosaic DiT"),
+            "fashion-video-long": ("load_fashion_video_long", "embedded moving Fashion-MNIST long video DiT")}
+# the embedded models' default --prompts (the others: classes)
+EMBEDDED_PROMPTS = {"fashion-mosaic": "mosaics"}
+
+
+def default_prompts(args) -> str:
+    """``--prompts`` when not given: parti for a pipeline, the embedded model's own set otherwise."""
+    return EMBEDDED_PROMPTS.get(args.model, "classes") if embedded(args) else "parti"
 
 
 def embedded(args) -> bool:
@@ -112,7 +125,7 @@ def load(args, parser):
         except (FileNotFoundError, ImportError) as err:
             parser.error(f"--model {args.model or 'fashion-unet'}: {err}")
         if args.size is not None:
-            parser.error("--size applies to --model pipelines; the embedded models make 32x32 images")
+            parser.error("--size applies to --model pipelines; the embedded models make images of their own size")
     else:
         from ..tools.pipelines import PipelineLoadError, load_pipeline
 
@@ -133,11 +146,22 @@ def _check_methods(methods, parser) -> None:
             parser.error("--methods tomesd:...: needs the tomesd package (pip install tomesd==0.1.3)")
 
 
-def check_class_names(items: list[tuple[str, str]], parser) -> None:
-    """Every prompt names a class the embedded model knows, or an argument error quoting the first that does
-    not (at most 200 characters of it) and where it is."""
+def check_class_names(items: list[tuple[str, str]], parser, model: str | None = None) -> None:
+    """Every prompt names a class the embedded model knows (for fashion-mosaic: is one of its sentences), or an
+    argument error quoting the first that does not (at most 200 characters of it) and where it is."""
     from ..fashion import CLASS_NAMES, class_ids
 
+    if model == "fashion-mosaic":
+        from ..fashion.data import parse_mosaic
+
+        for prompt, where in items:
+            try:
+                parse_mosaic(prompt)
+            except ValueError:
+                parser.error(f"--prompts: the prompt at {where}, {quote(prompt)}, is not a sentence the mosaic model "
+                             "knows: 'a <class> at the <top|bottom> <left|right>' parts joined by ', ' and ' and' "
+                             "(e.g. 'a bag at the top left and a sneaker at the bottom right'), each cell named once")
+        return
     for prompt, where in items:
         try:
             class_ids([prompt])
@@ -158,12 +182,12 @@ def run(args, parser) -> int:
     outputs = Outputs(args.out, output_names(args.stem))
     check_outputs(parser, outputs, (cache, "--cache" if args.cache else "--out"))  # before any work
     try:
-        items = load_prompt_items(args.prompts or ("classes" if embedded(args) else "parti"), args.category,
+        items = load_prompt_items(args.prompts or default_prompts(args), args.category,
                                   args.count)
     except ValueError as err:
         parser.error(f"--prompts/--category/--count: {err}")
     if embedded(args):
-        check_class_names(items, parser)
+        check_class_names(items, parser, args.model)
     prompts = [prompt for prompt, _ in items]
     pipe, key, device = load(args, parser)
     job = QualityJob(key, prompts, args.seeds, args.methods, args.steps, args.guidance, args.size, cache,

@@ -1,5 +1,5 @@
 """Prompt sets: the Parti prompts (shipped, Apache-2.0, see data/PartiPrompts.LICENSE), the embedded model's
-class names, or a user file (one prompt a line, or a TSV with a ``Prompt`` column)."""
+class names, the mosaic model's sentences, or a user file (one prompt a line, or a TSV with a ``Prompt`` column)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ..tools.text import quote
 __all__ = ["PARTI", "parti_categories", "load_prompts", "load_prompt_items"]
 
 PARTI = Path(__file__).with_name("data") / "PartiPrompts.tsv"
+MOSAIC_PROMPTS = 32  # the mosaic model's default prompt count (``fashion.data.mosaic_prompts``, seed 0)
 
 
 def _read_text(path: Path) -> str:
@@ -71,6 +72,11 @@ def load_prompt_items(source: str = "parti", categories: list[str] | None = None
         from ..fashion.model import CLASS_NAMES
 
         rows = [{"Prompt": name, "_where": f"class name {i}"} for i, name in enumerate(CLASS_NAMES)]
+    elif source == "mosaics":
+        from ..fashion.data import mosaic_prompts
+
+        rows = [{"Prompt": text, "_where": f"mosaic sentence {i}"}
+                for i, text in enumerate(mosaic_prompts(count or MOSAIC_PROMPTS), 1)]
     elif source == "parti":
         rows = [dict(row, _where=f"Parti prompt {i}") for i, row in enumerate(_read_tsv(PARTI), 1)]
     else:
@@ -81,8 +87,8 @@ def load_prompt_items(source: str = "parti", categories: list[str] | None = None
             raise ValueError(f"prompts {quote(source)}: cannot read it ({getattr(err, 'strerror', None) or err})") \
                 from None
         if not is_file:
-            raise ValueError(f"prompts must be 'parti', 'classes' or a file of prompts; {quote(source)} is none of "
-                             "these")
+            raise ValueError(f"prompts must be 'parti', 'classes', 'mosaics' or a file of prompts; {quote(source)} is "
+                             "none of these")
         if path.suffix.lower() == ".tsv":
             rows = _read_tsv(path)
         else:
@@ -108,7 +114,8 @@ def load_prompt_items(source: str = "parti", categories: list[str] | None = None
 
 
 def load_prompts(source: str = "parti", categories: list[str] | None = None, count: int | None = None) -> list[str]:
-    """Prompts from ``source``: ``"parti"``, ``"classes"`` (the embedded model's), or a file path.
+    """Prompts from ``source``: ``"parti"``, ``"classes"`` (the embedded model's), ``"mosaics"`` (the mosaic model's
+    sentences: ``count`` of them, 32 by default, the same everywhere), or a file path.
 
     Args:
         categories: Parti categories to keep (case-insensitive); an unknown one raises ``ValueError``.
