@@ -5,7 +5,10 @@
   or an unsupported dtype would). On a CPU: the flash and math kernels (the others are CUDA's).
 - diffusers' backends that run on a CPU (``native``, ``_native_math``, ``_native_flash``, ``flex``): ToMe in both
   scopes gives what it gives on ``native``, and removal gives the backend's vanilla output bit for bit. ToDo
-  inside the attention call pools SDPA's keys: on ``flex`` (no SDPA call) it raises, never runs unpooled.
+  inside the attention call and token reuse work inside SDPA's call: on the SDPA backends they give what they give on
+  ``native``; ``flex`` (no SDPA call) is refused at apply time, and a backend chosen for the whole process
+  (``attention_backend(...)``) at the first call, never halfway through a generation. The CUDA-only backends
+  (flash-attn, sage, xformers...) are refused by the same apply-time check (their names are not SDPA's).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import pytest
 import torch
 from tiny_denoisers import CATALOGUE, available, output_tensor
+from tiny_models import later_step
 
 import tokenmerge
 
@@ -22,7 +26,8 @@ pytestmark = pytest.mark.usefixtures("fast_cpu")
 MODELS = ("flux", "wan", "pixart")
 METHODS = {"tome": lambda m: tokenmerge.apply_patch(m, ratio=0.5),
            "tome-block": lambda m: tokenmerge.apply_patch(m, ratio=0.5, scope="block"),
-           "todo": lambda m: tokenmerge.apply_todo(m, downsample=2)}
+           "todo": lambda m: tokenmerge.apply_todo(m, downsample=2),
+           "reuse": lambda m: tokenmerge.apply_reuse(m, 0.5, warmup=1)}
 
 
 def _model(name):
@@ -38,8 +43,12 @@ def _run(model, kw):
 
 
 def _with(model, kw, method):
+    """The method's output (token reuse: at its first partial step, after a full one)."""
     METHODS[method](model)
     try:
+        if method == "reuse":
+            _run(model, kw)
+            kw = later_step(model, kw)
         return _run(model, kw)
     finally:
         tokenmerge.remove_patch(model)
@@ -86,10 +95,32 @@ def test_diffusers_attention_backends(name, backend):
         plain = _run(model, kw)
         for method in ("tome", "tome-block"):
             torch.testing.assert_close(_with(model, kw, method), reference[method], rtol=1e-4, atol=1e-5)
-        inside = name != "pixart"  # Flux and Wan pool ToDo's keys inside the attention call; PixArt passes them in
-        if backend == "flex" and inside:
-            with pytest.raises(ValueError, match="no scaled_dot_product_attention call"):
-                _with(model, kw, "todo")
-        else:
-            torch.testing.assert_close(_with(model, kw, "todo"), reference["todo"], rtol=1e-4, atol=1e-5)
+        # Flux and Wan pool ToDo's keys inside the attention call (PixArt passes them in), and their processors follow
+        # the backend (PixArt's calls SDPA whatever the backend: token reuse works there on every backend)
+        inside = name != "pixart"
+        for method in ("todo", "reuse"):
+            if backend == "flex" and inside:  # refused at apply time, with the reason
+                with pytest.raises(ValueError, match="attention backend 'flex'"):
+                    _with(model, kw, method)
+                assert tokenmerge.describe_patch(model) is None
+            else:
+                torch.testing.assert_close(_with(model, kw, method), reference[method], rtol=1e-4, atol=1e-5)
         assert torch.equal(_run(model, kw), plain) and tokenmerge.describe_patch(model) is None
+
+
+@pytest.mark.parametrize("name", ["flux", "wan"])
+def test_a_process_wide_backend_is_refused_at_the_first_call(name):
+    """``attention_backend("flex")`` around the calls (not visible at apply time): token reuse refuses at its first
+    call (a full step), with the reason; ToDo at its first call too."""
+    model, kw = _model(name)
+    try:
+        from diffusers.models.attention_dispatch import attention_backend
+    except ImportError:
+        pytest.skip("this diffusers has no attention_backend")
+    for method in ("reuse", "todo"):
+        METHODS[method](model)
+        try:
+            with attention_backend("flex"), pytest.raises(ValueError, match="no scaled_dot_product_attention call"):
+                _run(model, kw)
+        finally:
+            tokenmerge.remove_patch(model)

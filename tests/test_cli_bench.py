@@ -752,8 +752,8 @@ def test_compiled_token_reuse_times_its_partial_step(tmp_path, monkeypatch, fast
                         functools.partial(real, backend="eager")(model, fullgraph=fullgraph))
     from tokenmerge.engine.techniques import reuse as technique
 
-    partial, spread = [], technique._spread  # called in a partial step only (traced or run)
-    monkeypatch.setattr(technique, "_spread", lambda *a: partial.append(1) or spread(*a))
+    partial, spread = [], technique.spread  # called in a partial step only (traced or run)
+    monkeypatch.setattr(technique, "spread", lambda *a: partial.append(1) or spread(*a))
     out = tmp_path / "res"
     assert main(["bench", "--preset", "tiny-wan", "--resolutions", "64x64", "--frames", "5", "--modes", "vanilla",
                  "--methods", "reuse:0.5", "--compile", "default", "--compiled-only", "--repeats", "2", "--out",

@@ -11,6 +11,7 @@ from tiny_denoisers import CATALOGUE, available
 from tiny_models import record_plans
 
 import tokenmerge
+from tokenmerge.engine.discover import bind
 from tokenmerge.families.spec import Arg
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
@@ -29,7 +30,7 @@ CASES = [
 
 def _capture(model, block, attr, kwarg, inputs):
     attn = getattr(block, attr)
-    binds = {n: Arg(n).bind(attn) for n in ("hidden_states", "encoder_hidden_states", kwarg, "attention_mask")}
+    binds = {n: bind(Arg(n), attn) for n in ("hidden_states", "encoder_hidden_states", kwarg, "attention_mask")}
     seen = {}
     handle = attn.register_forward_pre_hook(
         lambda m, a, k: seen.update({n: b.read(a, k) for n, b in binds.items() if b is not None}), with_kwargs=True)

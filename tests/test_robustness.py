@@ -296,7 +296,7 @@ def test_an_interrupted_call_leaves_no_state_behind(error):
 
 
 def test_a_failure_while_installing_leaves_nothing_half_patched(monkeypatch):
-    from tokenmerge.families import spec
+    from tokenmerge.engine.techniques import around
 
     unet = make_unet()
     inp = unet_inputs()
@@ -304,7 +304,7 @@ def test_a_failure_while_installing_leaves_nothing_half_patched(monkeypatch):
     tokenmerge.apply_patch(unet, ratio=0.3)
     before = run(unet, inp)
     calls = {"n": 0}
-    real = spec.Arg.bind
+    real = around.bind
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -312,7 +312,7 @@ def test_a_failure_while_installing_leaves_nothing_half_patched(monkeypatch):
             raise RuntimeError("registration failed")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(spec.Arg, "bind", flaky)
+    monkeypatch.setattr(around, "bind", flaky)  # the technique's binding of its targets' arguments
     with pytest.raises(RuntimeError, match="registration failed"):
         tokenmerge.apply_patch(unet, ratio=0.6)
     monkeypatch.undo()

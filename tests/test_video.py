@@ -9,6 +9,7 @@ from tiny_denoisers import CATALOGUE, available
 from tiny_models import record_plans
 
 import tokenmerge
+from tokenmerge.engine.discover import bind
 from tokenmerge.families.spec import Arg
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
@@ -42,7 +43,7 @@ def _build(name):
 def _capture(model, blocks, attr, kwarg, inputs):
     """The rotary tables the first block's attention receives in one call (after tokenmerge's own pre-hook)."""
     attn = getattr(getattr(model, blocks)[0], attr)
-    bound, seen = Arg(kwarg).bind(attn), []
+    bound, seen = bind(Arg(kwarg), attn), []
     handle = attn.register_forward_pre_hook(lambda m, a, k: seen.append(bound.read(a, k)), with_kwargs=True)
     try:
         with torch.no_grad():

@@ -18,6 +18,7 @@ from tiny_denoisers import CATALOGUE, available, output_tensor
 from tiny_models import permuting_matcher, record_plans
 
 import tokenmerge
+from tokenmerge.engine.discover import bind
 from tokenmerge.families import allegro, cosmos, easyanimate, kandinsky, match_family, refusal_for, sana_video, video
 from tokenmerge.families.spec import Arg
 
@@ -64,11 +65,11 @@ def test_cosmos_edm_timesteps_give_the_denoising_progress():
     """Cosmos 1.0 is called with c_noise = log(sigma) / 4: sigma 80 (the first step) is near the start, sigma 0.002
     near the end, and sigma 1 half-way, as Cosmos-Predict 2's sigma / (1 + sigma) = 0.5 is."""
     entry, model = _build("cosmos")
-    bound = match_family(model).timestep.bind(model)
+    bound = bind(match_family(model).timestep, model)
     first, last, middle = (bound.progress(0.25 * math.log(s), 1000) for s in (80.0, 0.002, 1.0))
     assert first == pytest.approx(1 / 81) and last == pytest.approx(1 - 0.002 / 1.002) and middle == 0.5
     assert bound.progress(1e6, 1000) == 0.0 and bound.progress(-1e6, 1000) == 1.0  # no overflow
-    plain = Arg("timestep", scale=1000.0).bind(model)
+    plain = bind(Arg("timestep", scale=1000.0), model)
     assert plain.progress(0.5, 1000) == 0.5
 
 

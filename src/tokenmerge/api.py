@@ -6,17 +6,17 @@ import contextlib
 import itertools
 import math
 import warnings
+import weakref
 from dataclasses import dataclass
 
 from .config import ReuseConfig, ToDoConfig, ToMeConfig
 from .engine import PATCH_ATTR, SUPPORTED, DenoiserSite, Patch, find_denoisers, held_modules
 from .engine.planner import BlockPlan
 from .engine.refusals import check_apply, merges
-from .engine.techniques.reuse import ReusePatch
 from .families.spec import BlockSite, grid_rank
 
 __all__ = ["apply_patch", "apply_todo", "apply_reuse", "apply_config", "remove_patch", "patched", "describe_patch",
-           "observe", "PatchInfo", "DenoiserInfo", "BlockPlan"]
+           "new_generation", "observe", "PatchInfo", "DenoiserInfo", "BlockPlan"]
 
 
 def apply_patch(
@@ -247,10 +247,10 @@ def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matche
         >>> tokenmerge.apply_config(pipe, tokenmerge.ToMeConfig(ratio=0.5))  # doctest: +SKIP
     """
     sites = find_denoisers(model)
-    plans = [(site, select_blocks(site, config.max_downsample, config.blocks)) for site in sites]
-    if not any(blocks for _, blocks in plans):
+    selected = [(site, select_blocks(site, config.max_downsample, config.blocks)) for site in sites]
+    if not any(blocks for _, blocks in selected):
         raise ValueError(_nothing_matched(sites, config.max_downsample))
-    for site, blocks in plans:
+    for site, blocks in selected:
         if not blocks:
             warnings.warn(
                 f"tokenmerge: {site.path or type(site.module).__name__} is left unpatched: "
@@ -259,24 +259,15 @@ def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matche
             )
     if code_paths is not None and code_paths not in ("cpu", "cuda"):
         raise ValueError(f"code_paths must be 'cpu', 'cuda' or None (the device's); got {code_paths!r}")
-    reuse = isinstance(config, ReuseConfig)
-    if reuse:  # token reuse (engine/techniques/reuse.py): its own checks, on every denoiser before any install
-        for site, blocks in plans:
-            if blocks:
-                ReusePatch.check(site, blocks)
-                patch = ReusePatch(site, config, blocks)
-                patch.check_text()
-                patch.check_hooks()
-    else:
-        check_apply(model, config, plans)  # compiled code, caches, ToDo on cross-attention: refused
+    check_apply(model, config, selected)  # what cannot be right, before anything is installed
+    pipeline = weakref.ref(model) if getattr(model, "scheduler", None) is not None else None
     previous = _snapshot(model)
     remove_patch(model)
     installed = []
     try:
-        for site, blocks in plans:
+        for site, blocks in selected:
             if blocks:
-                patch = ReusePatch(site, config, blocks) if reuse else \
-                    Patch(site, config, blocks, matcher, downsampler, observer, code_paths)
+                patch = Patch(site, config, blocks, matcher, downsampler, observer, code_paths, pipeline)
                 patch.install()
                 installed.append(patch)
     except BaseException:
@@ -288,14 +279,13 @@ def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matche
 
 
 def _snapshot(model) -> list:
-    return [(ReusePatch, (p.site, p.config, p.blocks)) if isinstance(p, ReusePatch) else
-            (Patch, (p.site, p.config, p.blocks, p.matcher, p.downsampler, p.observer, p.code_paths))
+    return [(p.site, p.config, p.blocks, p.matcher, p.downsampler, p.observer, p.code_paths, p.calls.pipeline)
             for p in _patches(model)]
 
 
 def _restore(snapshot: list) -> None:
-    for cls, args in snapshot:
-        cls(*args).install()
+    for args in snapshot:
+        Patch(*args).install()
 
 
 def select_blocks(site: DenoiserSite, max_downsample: int | None,
@@ -340,7 +330,7 @@ def _patches(model) -> list:
     seen, found = set(), []
     for module in modules:
         patch = getattr(module, PATCH_ATTR, None)
-        if isinstance(patch, (Patch, ReusePatch)) and id(patch) not in seen:
+        if isinstance(patch, Patch) and id(patch) not in seen:
             seen.add(id(patch))
             found.append(patch)
     return found
@@ -354,6 +344,27 @@ def remove_patch(model):
     for patch in _patches(model):
         patch.remove()
     return model
+
+
+def new_generation(model) -> None:
+    """Start a new generation at the next denoiser call of ``model``'s patches: what they keep across the steps of
+    a generation (token reuse's residuals and keys, ToMe's ``reuse_steps`` plans) is forgotten, and the next call
+    is a generation's first step (a full one for token reuse).
+
+    A patched pipeline needs no call: each run of its scheduler's ``set_timesteps`` (every pipeline call) starts a
+    generation. Without one, a new generation starts when the timestep goes back towards noise, and a call whose
+    grid, batch or dtype no kept state serves computes every token. Call this between generations of a custom
+    sampler that calls a patched denoiser directly, e.g. after stopping one early and before another at a lower
+    noise level (img2img at a lower strength).
+
+    Example:
+        >>> tokenmerge.apply_reuse(transformer, 0.5)  # doctest: +SKIP
+        >>> for image in batches:                     # doctest: +SKIP
+        ...     tokenmerge.new_generation(transformer)
+        ...     my_sampler(transformer, image, strength=0.5)
+    """
+    for patch in _patches(model):
+        patch.calls.marks += 1
 
 
 def observe(model, observer) -> None:

@@ -351,9 +351,10 @@ class ReuseConfig:
     keys: str = "fresh"
     text: bool = False
 
-    # what the other patches' configs say, read by the shared lifecycle (api.py) and guards
+    # what the other patches' configs say, read by the shared lifecycle (api.py), the engine and guards
     max_downsample = None
     method_name = "token reuse"
+    num_train_timesteps = 1000  # the timestep scale its progress is read on (the families' Arg.scale brings it there)
 
     def __post_init__(self):
         f = self.fraction

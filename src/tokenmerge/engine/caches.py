@@ -6,9 +6,9 @@ torch hooks run outside diffusers' hook chain (``module.forward``), so on a merg
 merged tokens of one step's plan for a later step's plan to unmerge: tokens would get other tokens' outputs.
 
 So a merged target that carries such a hook is merged from inside the chain instead: the technique's own hooks
-as a diffusers ``ModelHook`` (``techniques.around.ChainHook``), registered below the cache's, merge the target's
-input and unmerge its output, and
-the cache stores and returns full-resolution outputs, each token its own: what it gives on the unmerged tokens.
+as a diffusers ``ModelHook`` (``ChainHook``), registered below the cache's, merge the target's input and unmerge
+its output, and the cache stores and returns full-resolution outputs, each token its own: what it gives on the
+unmerged tokens. Token reuse's block hooks go below a block cache's (First Block Cache, MagCache) the same way.
 Both orders: at apply time the cache's hooks are lifted above the patch's (removed and registered again: their
 state starts as fresh as at registration, before any step; a hook added after the cache that does not support
 removal, as layerwise casting, makes that a refusal); a cache added after the patch is caught at its own
@@ -25,8 +25,8 @@ import sys
 
 from ..config import ToDoConfig
 
-__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "CHAIN_HOOK", "bad_hook", "what_hook", "cache_message",
-           "why_refused", "route", "watch_registries", "unwatch"]
+__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "CHAIN_HOOK", "ChainHook", "bad_hook", "what_hook",
+           "cache_message", "why_refused", "route", "watch_registries", "unwatch"]
 
 REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
 CHAIN_HOOK = "tokenmerge_chain_hook"  # the name of the patch's own hook in a registry (its ChainHook)
@@ -51,6 +51,41 @@ REUSING_HOOKS = {
 # hooks that compute from the call's own input every time: casting, offloading, layer skipping (and the patch's)
 HARMLESS_HOOKS = frozenset({"layerwise_casting", "peft_autocast_disable", "group_offloading",
                             "layer_execution_tracker", "lazy_prefetch_group_offloading", "layer_skip_hook", CHAIN_HOOK})
+
+
+class ChainHook:
+    """A module's hooks as a diffusers ``ModelHook``: the technique's own pre-hook ``pre(module, args, kwargs)`` and
+    hook ``post(module, args, output)``, called from inside the module's hook chain (below a cache's hook). Computes
+    from its call's input every time (not stateful); ``detach()`` makes it pass everything through."""
+
+    _is_stateful = False
+
+    def __init__(self, pre, post):
+        self.pre, self.post = pre, post
+        self.fn_ref = None
+
+    def detach(self) -> None:
+        self.pre = self.post = None
+
+    def initialize_hook(self, module):
+        return module
+
+    def deinitalize_hook(self, module):  # (diffusers' spelling)
+        return module
+
+    def detach_hook(self, module):
+        return module
+
+    def reset_state(self, module):
+        return module
+
+    def pre_forward(self, module, *args, **kwargs):
+        changed = None if self.pre is None else self.pre(module, args, kwargs)
+        return (args, kwargs) if changed is None else changed
+
+    def post_forward(self, module, output):
+        changed = None if self.post is None else self.post(module, (), output)
+        return output if changed is None else changed
 
 
 def what_hook(name: str, hook) -> str | None:
@@ -171,9 +206,10 @@ def why_refused(config, is_target: bool) -> str | None:
 
 def watch_registries(patch, region, targets) -> None:
     """Route the targets that carry an unsafe hook already, and watch the registries of the ``region`` modules
-    (``(path, module)``: every module that sees merged tokens) for hooks added later.
+    (``(path, module)``: every module that sees changed tokens) for hooks added later.
 
-    ``targets``: ``{id(module): (block index, target index)}`` of the targets merged around.
+    ``targets``: ``{id(module): (block index, target index)}`` of the modules whose technique hooks can run below
+    a cache's (``refusals.routed``).
     """
     hooks = _hooks_module()
     if hooks is None:
@@ -204,7 +240,7 @@ def unwatch(patch) -> None:
             if _stuck(registry, above) is None:
                 _under(registry, above, lambda registry=registry: registry.remove_hook(CHAIN_HOOK, recurse=False))
             else:  # a hook added later that cannot be registered again: the patch's stays, and passes through
-                registry.hooks[CHAIN_HOOK].technique = None
+                registry.hooks[CHAIN_HOOK].detach()
         if created and not registry.hooks and module.__dict__.get(REGISTRY_ATTR) is registry:
             del module.__dict__[REGISTRY_ATTR]
     _forget_children(patch.site.module)

@@ -1,13 +1,16 @@
 """What one denoiser call tells its blocks: its token grid (read once per call, by the denoiser's hook), its
-timestep, where the image tokens sit in a sequence beside text and reference tokens, and the state a call keeps.
+timestep and its place in a generation, where the image tokens sit in a sequence beside text and reference tokens,
+and the state a call keeps.
 
 - ``CallHook``: the denoiser's forward pre-hook and hook. The pre-hook reads the call's grid (from the arguments its
   family names: a latent's shape, position ids, integers, shape lists; ``grids.GridReader``, only when they change)
-  and its timestep, runs the per-call checks, and resets the ``CallState`` the blocks read; the hook forgets the
-  call. State is per thread (one patched model may serve several threads), and one for code that torch.compile
-  traces (dynamo follows a plain object, not a ``threading.local``).
-- ``BoundArg``: a ``forward`` argument resolved against a module's signature, read and replaced in a call's
-  arguments.
+  and its timestep, runs the per-call checks, moves the step clock, and resets the ``CallState`` the blocks read; the
+  hook forgets the call. State is per thread (one patched model may serve several threads), and one for code that
+  torch.compile traces (dynamo follows a plain object, not a ``threading.local``).
+- ``Clock``: which generation, which step of it and which place in the step a call is (what techniques that keep
+  state across calls key it by: token reuse's residuals, ToMe's ``reuse_steps`` plans).
+- ``BoundArg``: a ``forward`` argument resolved against a module's signature (``bind``), read and replaced in a
+  call's arguments.
 - Layout: a sequence is ``[before | image | after]``: text declared before the image (``TEXT_BEFORE``), the image's
   tokens, then text declared after it (``TEXT_AFTER``) or the reference-image tokens a call carries after the image's
   (``trailing``: Flux Kontext, Flux.2 edits). Everything but the image passes whole; rotary rows and mask entries
@@ -25,14 +28,19 @@ import torch
 
 from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
 from ..merge.match import step_key
-from ..merge.plan import TABLES, Tables, arange, join
+from ..merge.plan import TABLES, Tables, join, sided_rows
 from .caches import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
-from .compiled import regional_message
-from .grids import GridReader, NoGrid
-from .parallel import PARALLEL_ATTR, shard_of
+from .compiled import on_host, regional_message
 
-__all__ = ["BoundArg", "CallHook", "CallState", "BlockCall", "Watch", "sides", "image_part", "join", "take_rotary",
-           "take_mask", "follow", "host_timestep", "NoGrid"]
+__all__ = ["BoundArg", "CallHook", "CallState", "Clock", "BlockCall", "Watch", "NoGrid", "PARALLEL_ATTR", "sides",
+           "image_part", "join", "take_rotary", "take_mask", "follow", "coarsen"]
+
+PARALLEL_ATTR = "_parallel_config"  # where a diffusers model keeps its ParallelConfig (enable_parallelism)
+
+
+class NoGrid(Exception):
+    """A call whose arguments describe no token grid the engine can merge (position ids that form no grid,
+    samples of different sizes): the call runs unmerged. The message says why."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +53,13 @@ class BoundArg:
     reverse: bool = False
     log_sigma: float = 0.0
 
-    def progress(self, t: float, num_train_timesteps: int) -> float:
-        """The denoising progress of timestep ``t``: 0 at the first (noisiest) step, 1 at the end."""
+    def progress(self, t, num_train_timesteps: int) -> float | None:
+        """The denoising progress of timestep ``t`` (a number, or a tensor: its largest value, the step's noise level
+        where it holds one per token: Wan 2.2 TI2V, LTX I2V), read on the host: 0 at the first (noisiest) step, 1 at
+        the end; ``None`` for no timestep."""
+        if t is None:
+            return None
+        t = float(t.max()) if isinstance(t, torch.Tensor) else float(t)
         if self.log_sigma:  # sigma / (1 + sigma) with sigma = exp(t / log_sigma): a logistic, computed stably
             z = t / self.log_sigma
             fraction = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
@@ -96,22 +109,23 @@ def image_part(x: torch.Tensor, image: int, before: int) -> torch.Tensor:
     return x if x.shape[1] == image else x[:, before: before + image]
 
 
-def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: int = 0, tables: Tables = TABLES):
+def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: int = 0, tables: Tables = TABLES,
+                text: torch.Tensor | None = None):
     """The rotary embedding ``value`` (``spec.layout``) at the rows of the merged tokens' positions: the text and
     reference rows, and for each merged image token the row of the image token whose position it keeps (``reps``
-    ``(M,)``)."""
+    ``(M,)``). ``text``: only these of the text rows before the image (token reuse's recomputed text tokens)."""
     if spec.layout == "tables_positions":  # (per-axis tables, per-token positions): only the positions follow
         axes, positions = value
         return type(value)((axes, take_rotary(Rotary(spec.kwarg, "tensor", spec.token_axis, spec.text), positions,
-                                              image, reps, trailing, tables)))
+                                              image, reps, trailing, tables, text)))
     if spec.layout == "image_text_pair":  # (image table, text table): only the first has image rows
         img, txt = value
         return type(value)((take_rotary(Rotary(spec.kwarg, "tensor", spec.token_axis, spec.text), img, image, reps,
-                                        trailing, tables), txt))
+                                        trailing, tables, text), txt))
     if isinstance(value, (tuple, list)):  # (cos, sin), ...: each the same way
         taken = []
         for v in value:
-            taken.append(take_rotary(spec, v, image, reps, trailing, tables))
+            taken.append(take_rotary(spec, v, image, reps, trailing, tables, text))
         return type(value)(taken)
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"tokenmerge: rotary embedding {spec.kwarg!r} is a {type(value).__name__}, expected a "
@@ -120,10 +134,7 @@ def take_rotary(spec: Rotary, value, image: int, reps: torch.Tensor, trailing: i
     if rows == 1:  # one row broadcast over every token: the merged tokens' too
         return value
     before, after = sides(rows, image, spec.text, trailing)
-    reps = reps.to(value.device) + before
-    index = torch.cat([tables.get(arange, rows, value.device)[:before], reps,
-                       tables.get(arange, rows, value.device)[before + image:]]) if before or after else reps
-    return value.index_select(spec.token_axis, index)
+    return value.index_select(spec.token_axis, sided_rows(reps.to(value.device), before, image, after, tables, text))
 
 
 def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor, trailing: int = 0,
@@ -142,11 +153,7 @@ def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor, tr
         rows = mask.shape[axis] if mask.dim() >= -axis else 0
         if rows >= image and rows > 1:
             before, after = sides(rows, image, spec.text, trailing)
-            index = reps.to(mask.device) + before
-            if before or after:
-                every = tables.get(arange, rows, mask.device)
-                index = torch.cat([every[:before], index, every[before + image:]])
-            mask = mask.index_select(axis, index)
+            mask = mask.index_select(axis, sided_rows(reps.to(mask.device), before, image, after, tables))
     return mask
 
 
@@ -170,6 +177,13 @@ def follow(state, plan, spec, value):
     return taken
 
 
+def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
+    """The grid ``level`` 2x downsamplings below ``grid`` (its last two axes; ``ceil``, as the UNets pad)."""
+    for _ in range(level):
+        grid = grid[:-2] + tuple(math.ceil(n / 2) for n in grid[-2:])
+    return grid
+
+
 # ---- a call's state ------------------------------------------------------------------------------------------
 @dataclass
 class BlockCall:
@@ -178,24 +192,58 @@ class BlockCall:
     plan: object
     grid: tuple[int, ...]
     text: dict[int, tuple[int, int]] = field(default_factory=dict)  # target -> tokens before/after the image
-    modes: dict[int, object] = field(default_factory=dict)  # target -> its active ToDo mode (techniques/todo.py)
+    modes: dict[int, object] = field(default_factory=dict)  # target -> its active SDPA mode (engine/attention.py)
     entry: tuple | None = None  # scope="block": (image input, merged input, tokens before, tokens after)
 
     def close(self) -> None:
-        """Leave any ToDo mode still active (its target's call raised before its forward hook ran)."""
+        """Leave any SDPA mode still active (its target's call raised before its forward hook ran)."""
         while self.modes:
-            self.modes.popitem()[1].__exit__(None, None, None)
+            self.modes.popitem()[1].close()
+
+
+class Clock:
+    """A thread's step clock: the generation, its step, each call's place in the step (``tick``), and what
+    techniques keep for the generation by slot (``kept``). A new generation starts when the mark changes (the
+    patched pipeline's scheduler has new ``timesteps``; ``tokenmerge.new_generation``) or the progress goes back; a
+    call at the last call's progress is another call of its step. A slot is ``(signature, place)``: the call's grid,
+    batch, dtype... and how many calls of that signature the step made before it (docs/guides/token-reuse.md)."""
+
+    def __init__(self) -> None:
+        self.mark: tuple = (None, None)  # (new_generation() count, the pipeline scheduler's timesteps tensor)
+        self.generation = 0
+        self.step = -1
+        self.progress: float | None = None
+        self.places: dict = {}  # signature -> calls of the current step made with it so far
+        self.kept: dict = {}  # what techniques keep for the generation, by slot
+        self.first: float | None = None  # token reuse: the progress of the generation's first partial step
+        self.shares: list[float] = []  # token reuse: the share each partial step of the generation recomputed
+
+    def tick(self, progress: float | None, signature, marks: int, timesteps) -> tuple:
+        """Move to a call at denoising ``progress`` with ``signature``; returns the call's slot."""
+        if marks != self.mark[0] or timesteps is not self.mark[1] or self.progress is None or (
+                progress is not None and progress < self.progress):
+            self.mark = (marks, timesteps)
+            self.generation += 1
+            self.step, self.first = 0, None
+            self.places.clear()
+            self.kept.clear()
+            self.shares.clear()
+        elif progress is None or progress > self.progress:
+            self.step += 1
+            self.places.clear()
+        self.progress = progress if progress is not None else -1.0
+        place = self.places.get(signature, 0)
+        self.places[signature] = place + 1
+        return signature, place
 
 
 class CallState:
-    """What one denoiser call tells its blocks; ``reset()`` forgets the call (its end, or an error). ``calls``,
-    ``last_progress`` and ``kept`` (plans kept across calls: ``reuse_steps``) survive it."""
+    """What one denoiser call tells its blocks; ``reset()`` forgets the call (its end, or an error). ``clock``
+    survives it."""
 
     def __init__(self) -> None:
         self.reset()
-        self.calls = 0  # denoiser calls, counted when plans are kept across them (reuse_steps)
-        self.last_progress: float | None = None
-        self.kept: dict[int, tuple] = {}
+        self.clock = Clock()
 
     def reset(self, blocks=None) -> None:
         """Forget the call; give back any feed-forward chunking a block set aside (``blocks``: the patch's)."""
@@ -210,11 +258,13 @@ class CallState:
         self.step_key = None
         self.active = True  # the schedule's verdict for this call
         self.ratio = 0.0
-        self.blocks: dict[int, BlockCall] = {}  # block index -> its call in flight
+        self.slot = None  # the call's place in its step (Clock.tick), where state is kept across calls
+        self.blocks: dict[int, object] = {}  # block index -> its call in flight
         self.level_plans: dict[int, object] = {}  # share_plans: level -> the plan of this call
         self.unchunked: dict[int, int] = {}  # feed-forward chunk sizes set aside during a block call
         self.draws: dict[tuple[int, ...], torch.Tensor] = {}  # grid -> (blocks, windows) random choices of this call
         self.taken: list = []  # rotary tables and masks taken at a plan's merged tokens this call (plan, value, taken)
+        self.recompute = None  # token reuse: this call's recomputed tokens (techniques/reuse.py)
 
 
 class Watch:
@@ -251,14 +301,6 @@ class Watch:
             self.seen[id(registry)] = size
 
 
-# A timestep tensor may hold one value per token (Wan 2.2 TI2V, LTX I2V: 0 on the clean conditioning frame's
-# tokens): the step's noise level is its largest value, which is also the value of a plain (B,) timestep.
-def host_timestep(timestep) -> float | None:
-    if timestep is None:
-        return None
-    return float(timestep.max()) if isinstance(timestep, torch.Tensor) else float(timestep)
-
-
 def _identity(value, shaped: bool):
     """What decides a grid source argument's grid: a tensor's shape (``shaped``) or its address and shape, a plain
     value, each element of a list."""
@@ -270,29 +312,46 @@ def _identity(value, shaped: bool):
 
 
 class CallHook:
-    """The denoiser's forward pre-hook (``pre``) and hook (``post``): read a call's grid and timestep, keep the
-    call's state.
+    """The denoiser's forward pre-hook (``pre``) and hook (``post``): read a call's grid and timestep, move the step
+    clock, keep the call's state.
 
     Args:
-        patch: the installed patch (its site, config, blocks, planner and guards' watch).
+        patch: the installed patch (its site, config, blocks, technique, planner and guards' watch).
+        reader: the ``grids.GridReader`` of the denoiser's calls.
+        plans: whether the technique merges by plans (ToMe, ToDo); else (token reuse) its ``call_pre`` runs.
+        sample: the denoiser's bound ``hidden_states`` argument (a call's batch and dtype), or ``None``.
+        pipeline: a weak reference to the pipeline the patch was applied through (its scheduler tells a new
+            generation), or ``None``.
     """
 
-    def __init__(self, patch):
+    def __init__(self, patch, reader, plans: bool = True, sample=None, pipeline=None):
         self.patch = patch
         site, cfg = patch.site, patch.config
-        self.reader = GridReader(site.family.grid, site.module)
-        self._cached: tuple = (None, None)  # (key, (grid, device, trailing) or the NoGrid it raised)
+        self.reader = reader
+        self._read: tuple = (None, None)  # (key, (grid, device, trailing) or the NoGrid it raised)
         self.timestep = site.timestep
-        self.scheduled, self.reused = cfg.scheduled, cfg.reuse_steps > 1
+        self.scheduled, self.reused = getattr(cfg, "scheduled", False), getattr(cfg, "reuse_steps", 1) > 1
+        self.plans = plans  # ToMe and ToDo: merge plans; token reuse: none, its call_pre on the host
+        self.clocked = self.reused or not self.plans  # state kept across calls: the step clock moves
+        self.sample, self.pipeline = sample, pipeline
+        self.marks = 0  # new_generation() calls
+        self._on_host()
         self._local, self._traced = threading.local(), CallState()
         self.warned = False
 
     def __getstate__(self):  # run-time state is per thread and per call: never copied
-        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_traced", "_cached")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_traced", "_read", "pipeline",
+                                                                     "host_pre", "host_post")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._local, self._traced, self._cached = threading.local(), CallState(), (None, None)
+        self._local, self._traced, self._read, self.pipeline = threading.local(), CallState(), (None, None), None
+        self._on_host()
+
+    def _on_host(self) -> None:
+        """Token reuse decides each call on the host: under torch.compile its hooks run eagerly (a graph break)."""
+        self.host_pre = on_host(CallHook.pre) if not self.plans else None
+        self.host_post = on_host(CallHook.post) if not self.plans else None
 
     @property
     def state(self) -> CallState:
@@ -305,6 +364,8 @@ class CallHook:
         return state
 
     def pre(self, module, args, kwargs):
+        if self.host_pre is not None and torch.compiler.is_compiling():  # token reuse: decided on the host
+            return self.host_pre(self, module, args, kwargs)
         patch, state = self.patch, self.state
         state.reset(patch.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
         compiling = torch.compiler.is_compiling()
@@ -321,50 +382,56 @@ class CallHook:
                     key.append(value.shape if shaped else (value.data_ptr(), value.shape, value.device))
                 else:  # a list of latents (Z-Image), integers, shapes
                     key.append(_identity(value, shaped))
-            if self._cached[0] != key:
+            if self._read[0] != key:
                 try:
-                    self._cached = (key, self.reader.read(args, kwargs))
+                    self._read = (key, self.reader.read(args, kwargs))
                 except NoGrid as reason:
-                    self._cached = (key, reason)
-            read = self._cached[1]
+                    self._read = (key, reason)
+            read = self._read[1]
         if isinstance(read, NoGrid):  # e.g. position ids that describe no grid: this call runs unmerged
             return self._unmerged(f"a call ran unmerged: {read}")
         state.grid, device, state.trailing = read
         if getattr(module, PARALLEL_ATTR, None) is not None:  # context parallelism: the blocks see this rank's slice
             try:
-                state.shard = shard_of(patch, state.grid, state.trailing, args, kwargs)
+                state.shard = patch.shard(state.grid, state.trailing, args, kwargs)
             except NoGrid as reason:
                 return self._unmerged(f"a call ran unmerged: {reason}")
             if state.shard is not None:
                 state.grid = state.shard.grid
-        planner = patch.planner
         if not compiling:
             patch.watch.check()  # caches added around the patch's modules, blocks compiled in place (guards)
-        unfit = planner.last_unfit[1] if planner.last_unfit[0] == state.grid else planner.unfit(state.grid)
-        if unfit is not None and not patch.technique.pools:  # a grid smaller than the merge window
-            return self._unmerged(unfit)
-        if unfit is not None:  # ToDo still pools the keys of a small grid; its query merging finds no window
-            self.unmerged(f"{unfit} (only ToDo's pooling applied)")
         timestep = self.timestep.read(args, kwargs) if self.timestep is not None else None
-        state.step_key = step_key(timestep, device)
-        cfg = patch.config
-        state.ratio = cfg.ratio
-        if not (self.scheduled or self.reused):
+        if self.plans:
+            planner = patch.planner
+            unfit = planner.last_unfit[1] if planner.last_unfit[0] == state.grid else planner.unfit(state.grid)
+            if unfit is not None and not patch.technique.pools:  # a grid smaller than the merge window
+                return self._unmerged(unfit)
+            if unfit is not None:  # ToDo still pools the keys of a small grid; its query merging finds no window
+                self.unmerged(f"{unfit} (only ToDo's pooling applied)")
+            if planner.merges:  # the random choice of this step (ToDo without query merging makes none)
+                state.step_key = step_key(timestep, device)
+            state.ratio = patch.config.ratio
+        if not (self.scheduled or self.clocked):
             return None
-        state.calls += 1  # counted for reuse_steps only, with the host-side timestep reads
-        # one host read per denoiser call (not per block): schedules and reuse are host-side control flow
-        t = host_timestep(timestep)
-        progress = None if t is None else self.timestep.progress(t, cfg.num_train_timesteps)
-        if self.reused:
-            if progress is not None and state.last_progress is not None and progress < state.last_progress:
-                state.kept.clear()  # the progress went back: a new generation, nothing to reuse
-            state.last_progress = progress
+        # one host read per denoiser call (not per block): schedules, the clock and kept state are host-side
+        cfg = patch.config
+        progress = self.timestep.progress(timestep, cfg.num_train_timesteps)
+        if self.clocked:
+            x = self.sample.read(args, kwargs) if self.sample is not None else None
+            signature = (state.grid, state.trailing, device) if not isinstance(x, torch.Tensor) else \
+                (state.grid, state.trailing, device, x.shape[0], x.dtype)
+            pipe = self.pipeline() if self.pipeline is not None else None
+            scheduler = getattr(pipe, "scheduler", None)
+            state.slot = state.clock.tick(progress, signature, self.marks, getattr(scheduler, "timesteps", None))
         if self.scheduled:
             if progress is None:
                 raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
                                 f"{type(module).__name__}.forward got none")
             state.active = cfg.start <= progress <= cfg.stop
             state.ratio = cfg.ratio_at(progress)
+        if not self.plans:
+            self._traced = state  # the compiled blocks read the state this host-side hook set up
+            return patch.technique.call_pre(state, progress, device, args, kwargs)
         return None
 
     def _unmerged(self, reason: str) -> None:
@@ -386,5 +453,7 @@ class CallHook:
                       "unmerged too, without another warning", RuntimeWarning, stacklevel=3)
 
     def post(self, module, args, output):
+        if self.host_post is not None and torch.compiler.is_compiling():
+            return self.host_post(self, module, args, output)
         self.state.reset(self.patch.blocks)
         return None

@@ -15,7 +15,11 @@ import sys
 import torch
 from torch import nn
 
-__all__ = ["forget_compiled", "compiled_in_place", "regional_message"]
+__all__ = ["forget_compiled", "compiled_in_place", "regional_message", "on_host", "HOST_REASON"]
+
+HOST_REASON = ("tokenmerge: token reuse (apply_reuse) decides at each denoiser call, on the host, whether the step "
+               "is full or partial and which tokens it recomputes (from the timestep): compile the denoiser without "
+               "fullgraph=True (this decision is its one graph break, at the call's start), or run it eagerly")
 
 
 def forget_compiled(module: nn.Module, *codes) -> None:
@@ -65,3 +69,11 @@ def regional_message(path: str, later: bool) -> str:
             "apart from the denoiser's call, whose token grid they need, so the patch cannot work there. Compile "
             "the whole denoiser instead (pipe.transformer.compile() or torch.compile(pipe.transformer)), before or "
             "after the patch")
+
+
+def on_host(fn):
+    """``fn`` run eagerly under torch.compile: a graph break with ``HOST_REASON`` as its reason."""
+    try:
+        return torch.compiler.disable(fn, reason=HOST_REASON)
+    except TypeError:  # a torch without the reason argument
+        return torch.compiler.disable(fn)

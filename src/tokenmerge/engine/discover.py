@@ -1,5 +1,6 @@
-"""Finding the denoisers in what a user holds (a pipeline, a bare model, an LDM-style wrapper, a compiled model)
-and the blocks their family patches."""
+"""Finding the denoisers in what a user holds (a pipeline, a bare model, an LDM-style wrapper, a compiled model),
+the blocks their family patches, and the sub-modules and ``forward`` arguments the records name (``resolve``,
+``bind``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..families import Family, match_family, refusal_for
-from ..families.spec import BlockSite
+from ..families.predicates import params
+from ..families.spec import Arg, BlockSite
 from .call import BoundArg
 
-__all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS", "resolve"]
+__all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS", "resolve", "bind"]
 
 SUPPORTED = (
     "a diffusers pipeline (every denoiser in its components: unet, transformer, controlnet, ...), a bare denoiser "
@@ -36,6 +38,23 @@ class DenoiserSite:
     blocks: list[BlockSite] = field(default_factory=list)
 
 
+def bind(arg: Arg, module) -> BoundArg | None:
+    """``arg`` resolved against ``module``'s ``forward``: by one of its names, else at its fallback position, else
+    by keyword into ``**kwargs``; ``None`` where the signature has no place for it."""
+    found = params(module)
+    positional = [p.name for p in found if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for name in (arg.name, *arg.also):
+        if name in positional:
+            return BoundArg(name, positional.index(name), arg.scale, arg.reverse, arg.log_sigma)
+        if any(p.name == name for p in found):
+            return BoundArg(name, None, arg.scale, arg.reverse, arg.log_sigma)
+    if arg.fallback_index is not None and len(positional) > arg.fallback_index:
+        return BoundArg(positional[arg.fallback_index], arg.fallback_index, arg.scale, arg.reverse, arg.log_sigma)
+    if any(p.kind == p.VAR_KEYWORD for p in found):  # e.g. diffusers' Attention(**cross_attention_kwargs)
+        return BoundArg(arg.name, None, arg.scale, arg.reverse, arg.log_sigma)
+    return None
+
+
 def resolve(obj, dotted: str):
     """``obj.<dotted path>``, or ``None`` where a part of the path is missing."""
     for part in dotted.split("."):
@@ -55,7 +74,7 @@ def site_of(module: nn.Module, path: str, family: Family) -> DenoiserSite | None
     blocks = family.find_blocks(module, path)
     if blocks is None:
         return None
-    return DenoiserSite(path, module, family, family.grid.arg.bind(module), family.timestep.bind(module), blocks)
+    return DenoiserSite(path, module, family, bind(family.grid.arg, module), bind(family.timestep, module), blocks)
 
 
 def _in_module(module: nn.Module, path: str) -> list[DenoiserSite]:

@@ -16,13 +16,10 @@ from torch import nn
 from ..families.predicates import params
 from ..families.spec import Arg, ArgsGrid, IdsGrid, LatentGrid, ShapesGrid
 from ..merge.plan import register, traced_constant
+from .call import NoGrid
+from .discover import bind
 
 __all__ = ["GridReader", "NoGrid"]
-
-
-class NoGrid(Exception):
-    """A call whose arguments describe no token grid the engine can merge (position ids that form no grid,
-    samples of different sizes): the call runs unmerged (``DenoiserPatch._denoiser_pre``). The message says why."""
 
 
 def _default(module: nn.Module, arg: Arg) -> int | None:
@@ -73,10 +70,10 @@ class GridReader:
 
     def __init__(self, source, module: nn.Module):
         self.source, self.owner = source, type(module).__name__
-        self.bound = [arg.bind(module) for arg in self._args(source)]
+        self.bound = [bind(arg, module) for arg in self._args(source)]
         self.patch = source.patch_sizes(module) if isinstance(source, LatentGrid) else None
         # patch sizes chosen per call by an argument (Z-Image's ``patch_size``): (axis, bound, signature default)
-        self._patch_args = [(axis, p.bind(module), _default(module, p)) for axis, p in enumerate(self.patch or ())
+        self._patch_args = [(axis, bind(p, module), _default(module, p)) for axis, p in enumerate(self.patch or ())
                             if isinstance(p, Arg)]
         self._coords_at = len(self.bound) - 1 if isinstance(source, ArgsGrid) and source.coords is not None else None
         # what a call's grid depends on: each argument, and whether by its shape alone (a latent, a count of tokens,

@@ -1,32 +1,33 @@
 """One denoiser's patch: installed, removed, and nothing else.
 
-``install`` registers, on the denoiser, its ``CallHook`` (the call's grid and timestep, ``call.py``), then the
-technique's hooks on the blocks and their sub-modules (``techniques/``), then what the guards need: ``to_kv`` on the
-self-attentions ToDo pools (``fused.py``), the watch on diffusers' hook registries of the modules it merges
-(``caches.py``), the per-call checks (``call.Watch``); and it drops what torch.compile compiled for the denoiser
-(``compiled.py``). An install that fails removes what it did. ``remove`` undoes all of it and releases the planner's
-tables: the model computes exactly what it did before. No ``forward`` is copied.
+``install`` registers, on the denoiser, its ``CallHook`` (the call's grid, timestep and step clock, ``call.py``), then
+the technique's hooks on the blocks and their sub-modules (``techniques/``), then what the guards need: ``to_kv`` on
+the self-attentions ToDo pools (``projections.py``), the watch on diffusers' hook registries of the modules it
+changes (``caches.py``), the per-call checks (``call.Watch``); and it drops what torch.compile compiled for the
+denoiser (``compiled.py``). An install that fails removes what it did. ``remove`` undoes all of it and releases the
+technique's tables: the model computes exactly what it did before. No ``forward`` is copied.
 """
 
 from __future__ import annotations
 
-from ..config import ToDoConfig, ToMeConfig
-from ..families.spec import BlockSite
+from ..families.spec import Arg, BlockSite
 from ..merge import downsample
 from .caches import unwatch, watch_registries
 from .call import CallHook, Watch
 from .compiled import forget_compiled
-from .discover import DenoiserSite
-from .fused import give_to_kv, take_to_kv
-from .parallel import check_install
+from .discover import DenoiserSite, bind
+from .grids import GridReader
+from .parallel import check_install, shard_of
 from .planner import Planner
-from .refusals import merged_region, pooled_attentions
+from .projections import give_to_kv, take_to_kv
+from .refusals import merged_region, pooled_attentions, routed
 from .techniques import technique_for
 
 __all__ = ["Patch", "PATCH_ATTR"]
 
 # The attribute a patched denoiser carries; its presence is what "patched" means.
 PATCH_ATTR = "_tokenmerge_patch"
+_SAMPLE = Arg("hidden_states", also=("x", "sample"), fallback_index=0)
 
 
 class Patch:
@@ -34,7 +35,7 @@ class Patch:
 
     Args:
         site: the denoiser and its family.
-        config: a ``ToMeConfig`` or ``ToDoConfig``.
+        config: a ``ToMeConfig``, ``ToDoConfig`` or ``ReuseConfig``.
         blocks: the blocks to patch.
         matcher: ``matcher(metric, shape, windows, r, offsets, radius) -> plan`` replaces ToMe's matching.
         downsampler: ``downsampler(x, shape, factors, mode)`` replaces ToDo's pooling.
@@ -42,16 +43,20 @@ class Patch:
             kinds, "unmerge"), and ``plan(block_path, plan)`` when a block gets its plan, if it has one; ``None`` in
             normal use (``tokenmerge.observe``).
         code_paths: "cpu" or "cuda": run the matching the way that device does (``merge.match.Matching``).
+        pipeline: a weak reference to the pipeline the patch was applied through (a new run of its scheduler
+            starts a new generation), or ``None``.
     """
 
-    def __init__(self, site: DenoiserSite, config: ToMeConfig | ToDoConfig, blocks: list[BlockSite], matcher=None,
-                 downsampler=None, observer=None, code_paths: str | None = None):
+    def __init__(self, site: DenoiserSite, config, blocks: list[BlockSite], matcher=None, downsampler=None,
+                 observer=None, code_paths: str | None = None, pipeline=None):
         self.site, self.config, self.blocks = site, config, blocks
         self.matcher, self.downsampler = matcher, downsampler or downsample
         self.observer, self.code_paths = observer, code_paths
-        self.calls = CallHook(self)
-        self.planner = Planner(self, matcher, code_paths)
-        self.technique = technique_for(config)(self)
+        kind = technique_for(config)
+        self.calls = CallHook(self, GridReader(site.family.grid, site.module), kind.plans, bind(_SAMPLE, site.module),
+                              pipeline)
+        self.planner = Planner(self, matcher, code_paths) if kind.plans else None
+        self.technique = kind(self)
         self.watch: Watch | None = None
         self.registries: list = []  # diffusers hook registries watched (caches.py)
         self.parallel: tuple | None = None  # (the model's context-parallel config, its Split): parallel.py
@@ -67,21 +72,22 @@ class Patch:
             setattr(denoiser, PATCH_ATTR, self)
             give_to_kv(pooled_attentions(self.config, self.blocks))
             region = merged_region(self.config, self.blocks)
-            targets = {id(getattr(self.blocks[i].module, bound.spec.attr)): (i, t)
-                       for i, bounds in enumerate(getattr(self.technique, "targets", ()))
-                       for t, bound in enumerate(bounds)}
-            watch_registries(self, region, targets)
+            watch_registries(self, region, routed(self.config, self.blocks))
             self.watch = Watch(self.config, self.blocks, region)
         except BaseException:
             self.remove()
             raise
         forget_compiled(denoiser, *self.hook_codes())  # compiled code does not see hooks added after it
 
+    def shard(self, grid: tuple[int, ...], trailing: int, args, kwargs):
+        """This rank's slice of a call under context parallelism (``parallel.shard_of``)."""
+        return shard_of(self, grid, trailing, args, kwargs)
+
     def hook_codes(self) -> list:
         """The code of every hook the patch registers (dynamo may keep compiled continuations of them)."""
         names = ("pre", "post", "block_pre", "block_post", "target_pre", "target_post")
-        return [getattr(obj, name).__code__ for obj in (type(self.calls), type(self.technique)) for name in names
-                if hasattr(obj, name)]
+        return [getattr(obj, name).__code__ for obj in (type(self.calls), type(self.technique), type(self.planner))
+                for name in names if hasattr(obj, name)]
 
     def remove(self) -> None:
         unwatch(self)
@@ -90,7 +96,12 @@ class Patch:
             handle.remove()
         self._handles.clear()
         self.calls.state.reset(self.blocks)
+        self.calls.state.clock.kept.clear()
         if getattr(self.site.module, PATCH_ATTR, None) is self:
             delattr(self.site.module, PATCH_ATTR)
-        self.planner.release()
+        if self.planner is not None:
+            self.planner.release()
+        release = getattr(self.technique, "release", None)
+        if release is not None:
+            release()
         forget_compiled(self.site.module, *self.hook_codes())

@@ -35,12 +35,12 @@ from ..families.spec import Arg
 from ..merge.match import _GOLDEN, _MASK32
 from ..merge.windows import num_windows
 from .caches import REGISTRY_ATTR
-from .grids import NoGrid
+from .call import PARALLEL_ATTR, NoGrid
+from .discover import bind
 
 __all__ = ["PARALLEL_ATTR", "SPLIT_HOOK", "Shard", "Split", "check_block_input", "check_install", "shard_grid",
            "shard_of", "split_of"]
 
-PARALLEL_ATTR = "_parallel_config"  # where a diffusers model keeps its ParallelConfig (enable_parallelism)
 SPLIT_HOOK = "cp_input---"  # diffusers' name prefix of a ContextParallelSplitHook (hooks/context_parallel.py)
 _HIDDEN = "hidden_states"  # the argument diffusers' plans split the image stream by
 
@@ -122,11 +122,12 @@ def _read(patch, config) -> Split:
     ulysses, ring = int(config.ulysses_degree), int(config.ring_degree)
     denoiser = patch.site.module
     where, block, refused = _split_point(patch, denoiser)
-    if refused is None and ring > 1 and patch.technique.pools:
-        refused = ("ToDo pools keys inside PyTorch's scaled_dot_product_attention, which ring attention does not "
-                   f"call (ring_degree={ring} needs a backend that returns the log-sum-exp); use ToMe "
-                   "(apply_patch) or Ulysses attention (ulysses_degree) alone")
-    hidden = Arg(_HIDDEN, fallback_index=0).bind(denoiser) if block is None else None
+    inside = "ToDo pools keys" if patch.technique.pools else "token reuse works" if not patch.technique.plans else None
+    if refused is None and ring > 1 and inside is not None:
+        refused = (f"{inside} inside PyTorch's scaled_dot_product_attention, which ring attention does not call "
+                   f"(ring_degree={ring} needs a backend that returns the log-sum-exp); use ToMe (apply_patch) or "
+                   "Ulysses attention (ulysses_degree) alone")
+    hidden = bind(Arg(_HIDDEN, fallback_index=0), denoiser) if block is None else None
     return Split(world, rank, ulysses, ring, block, where, refused, hidden)
 
 
@@ -220,6 +221,8 @@ def shard_of(patch, grid: tuple[int, ...], trailing: int, args: tuple, kwargs: d
     if split.block is None:  # the denoiser's own input is split: it must be the image's tokens only
         _check_tokens(split.hidden.read(args, kwargs) if split.hidden is not None else None, math.prod(grid))
     local = shard_grid(grid, split.world)
+    if patch.planner is None:  # token reuse: no random draws to shift
+        return Shard(split, local, 0)
     shift = (split.rank * num_windows(local, patch.planner.windows) * _GOLDEN) & _MASK32
     return Shard(split, local, shift)
 

@@ -4,7 +4,8 @@ matchings those plans need, owned here and released with the patch.
 
 A plan is made from a block's input (tomesd's metric) on the image tokens of its level's grid; with one plan per
 level (``share_plans``; by default on transformers) the first merged block of a level makes it and the level's other
-blocks of the call reuse it; with ``reuse_steps=k`` a plan is kept for ``k`` calls. The destination choice is a
+blocks of the call reuse it; with ``reuse_steps=k`` a plan is kept for ``k`` steps of its call's slot (the
+step clock: ``call.Clock``). The destination choice is a
 pure function of (seed, block, timestep) (``merge.match``: every hash constant is there), drawn for every block at
 once, once per call and grid. On CUDA, a call whose hidden states are below ``min_size`` runs unmerged
 (``config.CUDA_MIN_SIZE``).
@@ -18,13 +19,14 @@ from dataclasses import dataclass
 import torch
 
 from ..config import min_size_on
-from ..families.spec import grid_rank
+from ..families.spec import Arg, grid_rank
 from ..merge.match import _MASK32, block_salts, matching, mix32, window_hashes
 from ..merge.plan import IdentityPlan, Tables
-from .call import BlockCall, NoGrid, sides
+from .call import BlockCall, NoGrid, coarsen, sides
+from .discover import bind
 from .parallel import check_block_input
 
-__all__ = ["Planner", "BlockPlan", "coarsen"]
+__all__ = ["Planner", "BlockPlan"]
 
 _HIDDEN = ("hidden_states", ("x",), 0)  # where a block takes its tokens: by name, other names, position
 
@@ -48,13 +50,6 @@ class BlockPlan:
     trailing: int = 0
 
 
-def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
-    """The grid ``level`` 2x downsamplings below ``grid`` (its last two axes; ``ceil``, as the UNets pad)."""
-    for _ in range(level):
-        grid = grid[:-2] + tuple(math.ceil(n / 2) for n in grid[-2:])
-    return grid
-
-
 class Planner:
     """Every merge plan of one patch.
 
@@ -67,8 +62,6 @@ class Planner:
     """
 
     def __init__(self, patch, matcher=None, code_paths: str | None = None):
-        from ..families.spec import Arg
-
         cfg, family = patch.config, patch.site.family
         self.patch, self.config, self.blocks = patch, cfg, patch.blocks
         self.batch_pattern = family.batch_pattern
@@ -80,9 +73,10 @@ class Planner:
         self.seed = cfg.effective_seed
         self.tables = Tables()
         self.matchings: dict = {}  # (grid, device) -> its Matching
-        self.inputs = [Arg(_HIDDEN[0], also=_HIDDEN[1], fallback_index=_HIDDEN[2]).bind(b.module) for b in self.blocks]
-        self.refusals = [tuple((bound, reason) for bound, reason in ((Arg(n).bind(b.module), r) for n, r in b.refuse_if)
-                               if bound is not None) for b in self.blocks]
+        self.inputs = [bind(Arg(_HIDDEN[0], also=_HIDDEN[1], fallback_index=_HIDDEN[2]), b.module) for b in self.blocks]
+        self.refusals = [tuple((bound, reason) for bound, reason in
+                               ((bind(Arg(n), b.module), r) for n, r in b.refuse_if) if bound is not None)
+                         for b in self.blocks]
         self.levels = sorted({b.level for b in self.blocks})
         self.small: dict[int, tuple] = {}  # level -> (grid, channels, min size) of a call too small to merge
         self._smallest: dict = {}  # device type -> the min_size in force there
@@ -115,6 +109,38 @@ class Planner:
         if not torch.compiler.is_compiling():
             self.last_unfit = (grid, whole)
         return whole
+
+    def block_pre(self, index: int, block, args, kwargs):
+        """The pre-hook of a block merged around (ToMe, ToDo): its call's plan, kept in the call's state."""
+        observer = self.patch.observer
+        if observer is not None:
+            observer.begin("block")
+        call = self.block_call(index, args, kwargs)
+        if call is None:
+            return None
+        state = self.patch.calls.state
+        state.blocks[index] = call
+        site = self.patch.blocks[index]
+        if self.config.merge_mlp and call.plan is not None and call.plan.num_merged and site.chunk_attr is not None \
+                and getattr(block, site.chunk_attr, None) is not None:
+            # a chunked feed-forward (diffusers' BasicTransformerBlock) hands ``ff`` slices of the tokens, which
+            # cannot be merged on their own: ``ff`` runs whole on the (fewer) merged tokens for this call instead
+            state.unchunked[index] = getattr(block, site.chunk_attr)
+            setattr(block, site.chunk_attr, None)
+        return None
+
+    def block_post(self, index: int, block, args, output):
+        """The hook of a block merged around: its call forgotten."""
+        observer = self.patch.observer
+        if observer is not None:
+            observer.end("block")
+        state = self.patch.calls.state
+        call = state.blocks.pop(index, None)
+        if call is not None and call.modes:
+            call.close()  # a target's call that raised leaves its ToDo mode active
+        if index in state.unchunked:
+            setattr(block, self.patch.blocks[index].chunk_attr, state.unchunked.pop(index))
+        return None
 
     def block_call(self, index: int, args, kwargs) -> BlockCall | None:
         """Block ``index``'s call: the plan of its image tokens and their grid, or None when it runs unmerged (the
@@ -159,13 +185,15 @@ class Planner:
             if not torch.compiler.is_compiling():
                 self.small[site.level] = (grid, x.shape[-1], smallest)
             return None
+        if not self.merges:  # ToDo without query merging: the block's grid, no plan
+            return BlockCall(None, grid)
         batch = 1 if self.batch_pattern else x.shape[0]  # one pattern for the batch: a merged token has one position
         key = -1 - site.level if self.shared else index
         entry = state.level_plans.get(key)
         if entry is None or entry[1] != batch or entry[2] != image:
-            entry = state.kept.get(key)
+            entry = state.clock.kept.get((state.slot, key))
             if entry is None or entry[1] != batch or entry[2] != image or entry[4] != state.ratio \
-                    or state.calls - entry[3] >= self.config.reuse_steps:
+                    or state.clock.step - entry[3] >= self.config.reuse_steps:
                 entry = self._made(state, index, key, x.mean(0, keepdim=True) if self.batch_pattern else x, grid,
                                    batch, image)
         observer = self.patch.observer
@@ -211,11 +239,11 @@ class Planner:
             plan.kernels = cfg.kernels  # "triton": its merge and unmerge by merge.kernels where they can run
         if observer is not None:
             observer.end("similarity")
-        entry = (plan, batch, image, state.calls, state.ratio)
+        entry = (plan, batch, image, state.clock.step, state.ratio)
         if self.shared:
             state.level_plans[key] = entry
         if cfg.reuse_steps > 1:
-            state.kept[key] = entry
+            state.clock.kept[(state.slot, key)] = entry
         return entry
 
 

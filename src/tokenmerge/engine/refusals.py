@@ -13,17 +13,20 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..config import ToDoConfig
+from ..config import ReuseConfig, ToDoConfig
 from ..families.spec import CROSS, JOINT, MLP, SELF
 from ..merge.kernels import missing
 from .caches import REGISTRY_ATTR, bad_hook, cache_message, why_refused
 from .compiled import compiled_in_place, regional_message
+from .techniques import technique_for
 
-__all__ = ["check_apply", "merged_region", "pooled_attentions", "merges"]
+__all__ = ["check_apply", "merged_region", "pooled_attentions", "merges", "routed"]
 
 
 def merges(config) -> bool:
-    """Whether the config can merge tokens at all (ToMe, or ToDo's query merging)."""
+    """Whether the config can change tokens at all (ToMe, ToDo's query merging, token reuse below fraction 1)."""
+    if isinstance(config, ReuseConfig):
+        return config.reuses
     return config.ratio > 0 or (config.ratio_end or 0) > 0
 
 
@@ -47,12 +50,27 @@ def merged_targets(config, blocks) -> list[tuple[str, nn.Module]]:
     return [(path, sub) for path, sub, _ in _targets(config, blocks, kinds)]
 
 
+def routed(config, blocks) -> dict[int, tuple[int, int]]:
+    """``{id(module): (block, target)}`` of the modules whose diffusers cache hooks can run above the technique's
+    own (``caches.route``): ToMe's and ToDo's targets (target ``t`` of block ``i``: the ``t``-th it hooks), token
+    reuse's blocks (target -1); none with ``scope="block"``."""
+    if isinstance(config, ReuseConfig):
+        return {id(site.module): (i, -1) for i, site in enumerate(blocks)}
+    if getattr(config, "scope", "attention") == "block":
+        return {}
+    found = {}
+    for i, site in enumerate(blocks):
+        for t, (_, sub, _) in enumerate(_targets(config, [site])):
+            found[id(sub)] = (i, t)
+    return found
+
+
 def merged_region(config, blocks) -> list[tuple[str, nn.Module]]:
-    """Every module that sees merged tokens: the merged targets and everything inside them (with
-    ``scope="block"``: the blocks themselves, whose input is merged before any hook of theirs runs)."""
+    """Every module that sees changed tokens: the merged targets and everything inside them (with
+    ``scope="block"`` and token reuse: the blocks themselves, whose input changes before any hook of theirs runs)."""
     if not merges(config):
         return []
-    if getattr(config, "scope", "attention") == "block":
+    if getattr(config, "scope", "attention") == "block" or isinstance(config, ReuseConfig):
         return [(f"{site.path}.{name}" if name else site.path, module)
                 for site in blocks for name, module in site.module.named_modules()]
     return [(f"{path}.{name}" if name else path, module)
@@ -66,16 +84,19 @@ def pooled_attentions(config, blocks) -> list[nn.Module]:
     return [sub for _, sub, _ in _targets(config, blocks, (SELF,))]
 
 
-def check_apply(model, config, plans) -> None:
+def check_apply(model, config, selected) -> None:
     """Refuse what would be wrong or change nothing, before anything is installed.
 
-    ``plans``: ``(site, blocks)`` per denoiser, as ``apply_config`` selected them.
+    ``selected``: ``(site, blocks)`` per denoiser, as ``apply_config`` selected them.
     """
     if getattr(config, "kernels", "torch") == "triton" and missing() is not None:
         raise ValueError(f"tokenmerge: kernels='triton' cannot run here: {missing()}; use kernels='torch'")
-    for site, blocks in plans:
+    check = getattr(technique_for(config), "check", None)
+    for site, blocks in selected:
         if not blocks:
             continue
+        if check is not None:
+            check(site, blocks, config)
         regional = compiled_in_place((f"{b.path}.{n}" if n else b.path, m) for b in blocks
                                      for n, m in b.module.named_modules())
         if regional is not None:
@@ -85,7 +106,8 @@ def check_apply(model, config, plans) -> None:
                 raise ValueError(f"tokenmerge: {site.path or type(site.module).__name__} ({site.family.name}): "
                                  f"{site.family.todo_refused}")
             _check_self_attention(blocks)
-        targets = {id(sub) for _, sub in merged_targets(config, blocks)}
+        targets = routed(config, blocks) if isinstance(config, ReuseConfig) else \
+            {id(sub) for _, sub in merged_targets(config, blocks)}
         for path, module in merged_region(config, blocks):
             registry = module.__dict__.get(REGISTRY_ATTR)
             what = bad_hook(registry) if registry is not None else None

@@ -8,16 +8,12 @@ A family is matched by structure (attributes, forward argument names, config key
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 from torch import nn
 
 from .predicates import Predicate, block_has, config, config_has, config_is, has, has_list, takes  # noqa: F401
-from .predicates import params as _params
-
-if TYPE_CHECKING:  # the engine's: read at run time through a local import (the engine imports the families)
-    from ..engine.call import BoundArg
 
 __all__ = [
     "Arg", "Whole", "PerToken", "ArgsGrid", "ShapesGrid", "GridSource", "grid_rank", "Family", "Refused", "Blocks",
@@ -41,7 +37,8 @@ TEXT_STREAM = "stream"  # a separate argument (``encoder_hidden_states``): the s
 
 @dataclass(frozen=True)
 class Arg:
-    """A ``forward`` argument: by keyword ``name``, else at its position in the signature.
+    """A ``forward`` argument: by keyword ``name``, else at its position in the signature (the engine resolves it
+    against a module: ``engine.discover.bind``).
 
     ``scale``: for a timestep, the factor that brings it to the 0..``num_train_timesteps`` scale (1000 for
     models called with timesteps in 0..1). ``log_sigma``: for a timestep that is ``log_sigma * log(sigma)`` (EDM's
@@ -55,25 +52,6 @@ class Arg:
     also: tuple[str, ...] = ()  # other names it goes by, tried in order after ``name``
     reverse: bool = False  # a timestep that rises as denoising goes on (Mochi is called with 1000 - t)
     log_sigma: float = 0.0  # nonzero: the timestep is log_sigma * log(sigma) (EDM's c_noise: 0.25)
-
-    def bind(self, module: nn.Module) -> "BoundArg | None":
-        params = _params(module)
-        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        for name in (self.name, *self.also):
-            if name in positional:
-                return self._bound(name, positional.index(name))
-            if any(p.name == name for p in params):
-                return self._bound(name, None)
-        if self.fallback_index is not None and len(positional) > self.fallback_index:
-            return self._bound(positional[self.fallback_index], self.fallback_index)
-        if any(p.kind == p.VAR_KEYWORD for p in params):  # e.g. diffusers' Attention(**cross_attention_kwargs)
-            return self._bound(self.name, None)
-        return None
-
-    def _bound(self, name: str, index: int | None) -> "BoundArg":
-        from ..engine.call import BoundArg  # the engine's: the hot path reads arguments through it
-
-        return BoundArg(name, index, self.scale, self.reverse, self.log_sigma)
 
 
 # ---- token layout -------------------------------------------------------------------------------------------

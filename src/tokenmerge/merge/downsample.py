@@ -23,7 +23,7 @@ _RANKS = {"bilinear": 2, "trilinear": 3}  # the grid rank these modes need (afte
 
 def pooled_shape(shape, factors) -> tuple[int, ...]:
     """The pooled grid: ``ceil`` per axis so that sizes a factor does not divide keep their border tokens."""
-    return tuple(math.ceil(n / f) for n, f in zip(shape, factors))
+    return tuple([-(-n // f) for n, f in zip(shape, factors)])
 
 
 def _check(x: torch.Tensor, shape, factors, mode: str):
@@ -41,10 +41,10 @@ def downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int, ...]
     Modes: ``"nearest-exact"``, ``"avg"`` (area), ``"bilinear"`` (2-D grids, or 3-D with factor 1 on the first
     axis: each frame on its own), ``"trilinear"`` (3-D grids). Factor 1 on every axis returns ``x`` itself.
     """
-    shape, factors = tuple(int(n) for n in shape), tuple(int(f) for f in factors)
+    shape, factors = tuple([int(n) for n in shape]), tuple([int(f) for f in factors])
     if len(shape) != len(factors) or not shape or min(factors) < 1:
         raise ValueError(f"token downsampling: factors {factors} must be >= 1, one per axis of the grid {shape}")
-    if all(f == 1 for f in factors):
+    if max(factors) == 1:
         return x
     _check(x, shape, factors, mode)
     batch, _, channels = x.shape

@@ -102,40 +102,6 @@ def _warps(block: int) -> int:
     return max(1, min(4, block // 256))  # 8 elements per thread (16-byte loads in half precision)
 
 
-def _minus_ones(n: int, device) -> torch.Tensor:
-    """``(n,)`` int64 -1 (a table)."""
-    return torch.full((n,), -1, dtype=torch.int64).to(device)
-
-
-def _tables(plan, kind: str, before: int, after: int):
-    """``plan``'s index tables of one layout (int64, ``(P, ...)``), built on first use with a few kernels (none for
-    the unmerge of a sequence of image tokens alone: the plan's slots are its tables)."""
-    store = plan.__dict__.setdefault("_kernel_tables", {})
-    key = (kind, before, after)
-    found = store.get(key)
-    if found is not None:
-        return found
-    from .plan import arange, sided_rows  # (plan.py imports this module)
-
-    dest, tables = plan.dest, plan.tables  # (P, N): each token's slot
-    rows, tokens, slots, device = dest.shape[0], plan.num_tokens, plan.num_slots, dest.device
-    if kind == "merge":  # CSR: each output row's input rows (order) between offsets[r] and offsets[r + 1]
-        slot_of, order = torch.sort(dest, dim=1, stable=True)  # the tokens by slot, each slot's in token order
-        numbers = tables.get(arange, slots + 1, device).expand(rows, slots + 1)
-        starts = torch.searchsorted(slot_of, numbers if rows == 1 else numbers.contiguous())  # (P, M + 1): tokens
-        # before each slot's first; a row beside the image is a segment of its own
-        found = (sided_rows(order, before, tokens, after, tables),
-                 sided_rows(starts, before, tokens + 1, after, tables))
-    elif before or after:  # each output row's row of the merged sequence, and its slot (image rows) or -1
-        found = (sided_rows(dest, before, slots, after, tables),
-                 torch.cat([tables.get(_minus_ones, before, device).expand(rows, before), dest,
-                            tables.get(_minus_ones, after, device).expand(rows, after)], 1))
-    else:
-        found = (dest, dest)
-    store[key] = found
-    return found
-
-
 def _batch_stride(plan, batch: int, table: torch.Tensor) -> int:
     if plan.batch == 1:
         return 0
@@ -148,14 +114,14 @@ def merge_join(plan, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.
     """``(B, before + N + after, C) -> (B, before + M + after, C)``: the image tokens merged, the rest copied (None:
     the kernel failed, the caller runs the torch operators; so do the others)."""
     out = _output(x, before + plan.num_tokens + after, before + plan.num_slots + after, "merge")
-    order, offsets = _tables(plan, "merge", before, after)
+    order, offsets = plan.kernel_tables("merge", before, after)
     return _launch("mean_rows", out, x, out, order, offsets, *x.stride(), out.stride(0), out.stride(1),
                    _batch_stride(plan, x.shape[0], order), _batch_stride(plan, x.shape[0], offsets))
 
 
 def _gather(plan, y: torch.Tensor, x: torch.Tensor | None, m: torch.Tensor | None, before: int, after: int):
     out = _output(y, before + plan.num_slots + after, before + plan.num_tokens + after, "unmerge")
-    g, h = _tables(plan, "unmerge", before, after)
+    g, h = plan.kernel_tables("unmerge", before, after)
     update = x is not None
     xs = x.stride() if update else (0, 0, 0)
     ms = m.stride() if update else (0, 0, 0)

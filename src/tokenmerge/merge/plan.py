@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 import torch
 
-from . import kernels as fused
+from . import kernels as triton_kernels
 
 __all__ = ["MergePlan", "IdentityPlan", "Tables", "TABLES", "traced_constant", "register", "join", "Sided",
            "sided_rows"]
@@ -110,15 +110,22 @@ def arange(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, dtype=torch.int64).to(device)
 
 
-def sided_rows(index: torch.Tensor, before: int, count: int, after: int, tables: Tables = TABLES) -> torch.Tensor:
+def sided_rows(index: torch.Tensor, before: int, count: int, after: int, tables: Tables = TABLES,
+               lead: torch.Tensor | None = None) -> torch.Tensor:
     """Row numbers of ``[before | index | after]`` in a sequence of ``before + count + after`` rows: the ``before``
-    rows, ``index`` (rows of the ``count`` image rows) shifted past them, the ``after`` rows behind the image;
-    ``index`` itself where nothing sits beside it. Its leading axes (a plan's rows, ``(P, n)``) carry over."""
+    rows (or the rows ``lead`` of them), ``index`` (rows of the ``count`` image rows) shifted past them, the ``after``
+    rows behind the image; ``index`` itself where nothing sits beside it. Its leading axes (a plan's rows, ``(P, n)``)
+    carry over."""
     if not (before or after):
         return index
-    lead, rows = index.shape[:-1], tables.get(arange, before + count + after, index.device)
-    return torch.cat([rows[:before].expand(*lead, before), index + before,
-                      rows[before + count:].expand(*lead, after)], -1)
+    lead_axes, rows = index.shape[:-1], tables.get(arange, before + count + after, index.device)
+    first = rows[:before].expand(*lead_axes, before) if lead is None else lead
+    return torch.cat([first, index + before, rows[before + count:].expand(*lead_axes, after)], -1)
+
+
+def _minus_ones(n: int, device) -> torch.Tensor:
+    """``(n,)`` int64 -1 (a table)."""
+    return torch.full((n,), -1, dtype=torch.int64).to(device)
 
 
 def _ones(n: int, device: torch.device) -> torch.Tensor:
@@ -146,8 +153,8 @@ class Sided:
         """Whole-block ToMe's output ``x + unmerge(y - merged)`` on the image tokens, ``y`` on the others: ``y``
         ``(B, before + M + after, C)`` the block's output, ``merged`` ``(B, M, C)`` its merged image tokens, ``x``
         ``(B, before + N + after, C)`` its input."""
-        if self.kernels == "triton" and fused.runs(y, merged, x):
-            out = fused.unmerge_update(self, y, merged, x, before, after)
+        if self.kernels == "triton" and triton_kernels.runs(y, merged, x):
+            out = triton_kernels.unmerge_update(self, y, merged, x, before, after)
             if out is not None:
                 return out
         sided = before or after
@@ -214,6 +221,35 @@ class MergePlan(Sided):
         self._inv_counts_by_dtype: dict[torch.dtype, torch.Tensor] = {}
         self._reps: torch.Tensor | None = None
 
+
+    def kernel_tables(self, kind: str, before: int, after: int):
+        """The index tables of the Triton kernels (``merge.kernels``) for one layout (int64, ``(P, ...)``), built on
+        first use with a few kernels (none for the unmerge of a sequence of image tokens alone: the slots are its
+        tables). ``kind``: ``"merge"`` (CSR: each output row's input rows, ``order``, between ``offsets[r]`` and
+        ``offsets[r + 1]``) or ``"unmerge"`` (each output row's row of the merged sequence, and its slot or -1)."""
+        store = self.__dict__.setdefault("_kernel_tables", {})
+        key = (kind, before, after)
+        found = store.get(key)
+        if found is not None:
+            return found
+        dest, tables = self.dest, self.tables  # (P, N): each token's slot
+        rows, tokens, slots, device = dest.shape[0], self.num_tokens, self.num_slots, dest.device
+        if kind == "merge":
+            slot_of, order = torch.sort(dest, dim=1, stable=True)  # the tokens by slot, each slot's in token order
+            numbers = tables.get(arange, slots + 1, device).expand(rows, slots + 1)
+            starts = torch.searchsorted(slot_of, numbers if rows == 1 else numbers.contiguous())  # (P, M + 1):
+            # tokens before each slot's first; a row beside the image is a segment of its own
+            found = (sided_rows(order, before, tokens, after, tables),
+                     sided_rows(starts, before, tokens + 1, after, tables))
+        elif before or after:
+            found = (sided_rows(dest, before, slots, after, tables),
+                     torch.cat([tables.get(_minus_ones, before, device).expand(rows, before), dest,
+                                tables.get(_minus_ones, after, device).expand(rows, after)], 1))
+        else:
+            found = (dest, dest)
+        store[key] = found
+        return found
+
     def representatives(self) -> torch.Tensor:
         """``(B, M)``: for each slot, the lowest index of the tokens merged into it (its position's owner).
 
@@ -232,8 +268,8 @@ class MergePlan(Sided):
     def merge(self, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor:
         """``(B, N, C) -> (B, M, C)``: each slot is the mean of the tokens that land in it; with ``before`` /
         ``after`` tokens beside the ``N`` (text), ``(B, before + N + after, C) -> (B, before + M + after, C)``."""
-        if self.kernels == "triton" and fused.runs(x):
-            out = fused.merge_join(self, x, before, after)
+        if self.kernels == "triton" and triton_kernels.runs(x):
+            out = triton_kernels.merge_join(self, x, before, after)
             if out is not None:
                 return out
         whole, sided = x, before or after
@@ -257,8 +293,8 @@ class MergePlan(Sided):
     def unmerge(self, x: torch.Tensor, before: int = 0, after: int = 0) -> torch.Tensor:
         """``(B, M, C) -> (B, N, C)``: each token takes the value of its slot; with ``before`` / ``after`` tokens
         beside the ``M``, ``(B, before + M + after, C) -> (B, before + N + after, C)``."""
-        if self.kernels == "triton" and fused.runs(x):
-            out = fused.unmerge_join(self, x, before, after)
+        if self.kernels == "triton" and triton_kernels.runs(x):
+            out = triton_kernels.unmerge_join(self, x, before, after)
             if out is not None:
                 return out
         whole, sided = x, before or after

@@ -2,6 +2,7 @@
 sub-module (a *target*) gets merged tokens and gives back unmerged ones.
 
     block pre-hook   plan = planner.block_call(block input)            (B, N, C) -> plan of N -> M tokens
+                     (``Planner.block_pre``: the planner's own hook)
     target pre-hook  x -> plan.merge(x)                                 (B, N, C) -> (B, M, C), rotary rows and masks
                                                                         at the merged tokens, text passing whole
     target           runs on M tokens
@@ -22,7 +23,9 @@ import torch
 from torch import nn
 
 from ...families.spec import CROSS, JOINT, MLP, SELF, Arg
+from ..caches import ChainHook
 from ..call import follow, sides
+from ..discover import bind
 
 __all__ = ["MergeAround", "BoundTarget"]
 
@@ -36,18 +39,18 @@ class BoundTarget:
     __slots__ = ("spec", "arg", "context", "rotary", "mask", "inside", "same", "twins", "masks")
 
     def __init__(self, spec, sub: nn.Module, inside: bool = False, context: bool = False):
-        bind = _bound(sub)
-        self.spec, self.arg, self.inside = spec, _HIDDEN.bind(sub), inside
-        self.context = _CONTEXT.bind(sub) if context else None  # ToDo's pooled keys and values go there
-        self.rotary = Arg(spec.rotary.kwarg, also=spec.rotary.also).bind(sub) if spec.rotary is not None else None
-        self.mask = Arg(spec.mask.kwarg if spec.mask is not None else "attention_mask").bind(sub)
-        self.same = bind(spec.same)  # arguments that carry the input's very tokens (``Target.same``)
-        self.twins = bind(spec.rotary.same if spec.rotary else ())  # the very rotary table again (``Rotary.same``)
-        self.masks = bind(spec.mask.same if spec.mask else ())  # other masks over the same tokens (``Mask.same``)
+        named = _bound(sub)
+        self.spec, self.arg, self.inside = spec, bind(_HIDDEN, sub), inside
+        self.context = bind(_CONTEXT, sub) if context else None  # ToDo's pooled keys and values go there
+        self.rotary = bind(Arg(spec.rotary.kwarg, also=spec.rotary.also), sub) if spec.rotary is not None else None
+        self.mask = bind(Arg(spec.mask.kwarg if spec.mask is not None else "attention_mask"), sub)
+        self.same = named(spec.same)  # arguments that carry the input's very tokens (``Target.same``)
+        self.twins = named(spec.rotary.same if spec.rotary else ())  # the very rotary table again (``Rotary.same``)
+        self.masks = named(spec.mask.same if spec.mask else ())  # other masks over the same tokens (``Mask.same``)
 
 
 def _bound(module):
-    return lambda names: tuple(b for b in (Arg(n).bind(module) for n in names) if b is not None)
+    return lambda names: tuple(b for b in (bind(Arg(n), module) for n in names) if b is not None)
 
 
 class MergeAround:
@@ -57,6 +60,7 @@ class MergeAround:
         patch: the installed patch (config, blocks, family, its ``CallHook`` and ``Planner``, observer).
     """
 
+    plans = True  # merges by the planner's plans
     pools = False  # ToDo's: a call whose grid cannot be merged still pools its keys
 
     def __init__(self, patch):
@@ -87,9 +91,11 @@ class MergeAround:
                 if self.wanted(spec.kind) and isinstance(sub, nn.Module):
                     bound.append(self.bind(site, spec, sub))
             self.targets.append(bound)
-            handles.append(block.register_forward_pre_hook(functools.partial(self.block_pre, index),
+            # the block's own hooks are the planner's (its plan for the call); the targets' are the technique's
+            handles.append(block.register_forward_pre_hook(functools.partial(self.planner.block_pre, index),
                                                            with_kwargs=True))
-            handles.append(block.register_forward_hook(functools.partial(self.block_post, index), always_call=True))
+            handles.append(block.register_forward_hook(functools.partial(self.planner.block_post, index),
+                                                       always_call=True))
             for t, target in enumerate(bound):
                 sub = getattr(block, target.spec.attr)
                 self.target_handles[(index, t)] = (
@@ -98,41 +104,11 @@ class MergeAround:
                 handles.extend(self.target_handles[(index, t)])
         return handles
 
-    def chain_hook(self, index: int, t: int) -> "ChainHook":
+    def chain_hook(self, index: int, t: int) -> ChainHook:
         """This target's hooks as a diffusers ``ModelHook`` (merged from inside the module's hook chain)."""
-        return ChainHook(self, index, t)
+        return ChainHook(functools.partial(self.target_pre, index, t), functools.partial(self.target_post, index, t))
 
     # ---- the hooks ----------------------------------------------------------------------------------------
-    def block_pre(self, index: int, block, args, kwargs):
-        observer = self.patch.observer
-        if observer is not None:
-            observer.begin("block")
-        call = self.planner.block_call(index, args, kwargs)
-        if call is None:
-            return None
-        state = self.calls.state
-        state.blocks[index] = call
-        site = self.patch.blocks[index]
-        if self.patch.config.merge_mlp and call.plan.num_merged and site.chunk_attr is not None \
-                and getattr(block, site.chunk_attr, None) is not None:
-            # a chunked feed-forward (diffusers' BasicTransformerBlock) hands ``ff`` slices of the tokens, which
-            # cannot be merged on their own: ``ff`` runs whole on the (fewer) merged tokens for this call instead
-            state.unchunked[index] = getattr(block, site.chunk_attr)
-            setattr(block, site.chunk_attr, None)
-        return None
-
-    def block_post(self, index: int, block, args, output):
-        observer = self.patch.observer
-        if observer is not None:
-            observer.end("block")
-        state = self.calls.state
-        call = state.blocks.pop(index, None)
-        if call is not None and call.modes:
-            call.close()  # a target's call that raised leaves its ToDo mode active
-        if index in state.unchunked:
-            setattr(block, self.patch.blocks[index].chunk_attr, state.unchunked.pop(index))
-        return None
-
     def target_pre(self, index: int, t: int, module, args, kwargs):
         """The target's input at the merged tokens: its image tokens merged (text and references pass whole), the
         rotary rows and masks following them."""
@@ -141,7 +117,7 @@ class MergeAround:
             observer.begin("merge")
         state = self.calls.state
         call, target = state.blocks.get(index), self.targets[index][t]
-        if call is not None and call.plan.num_merged:
+        if call is not None and call.plan is not None and call.plan.num_merged:
             plan, spec = call.plan, target.spec
             if target.mask is not None and spec.kind in (SELF, JOINT) and target.mask.read(args, kwargs) is not None \
                     and (spec.mask is None or (target.context is not None and target.context.read(args, kwargs)
@@ -183,7 +159,7 @@ class MergeAround:
             observer.end(self.targets[index][t].spec.kind)
             observer.begin("unmerge")
         call = self.calls.state.blocks.get(index)
-        if call is not None and call.plan.num_merged:
+        if call is not None and call.plan is not None and call.plan.num_merged:
             plan, spec = call.plan, self.targets[index][t].spec
             around = call.text.pop(t, None)  # (tokens before, after the image) of a joint sequence
             before, after = around or (0, 0)
@@ -220,37 +196,3 @@ class MergeAround:
                 raise ValueError(f"tokenmerge: {target.spec.attr} got a {bound.name} that is not its {what}, "
                                  f"which the {self.patch.site.family.name} family declares it to be")
         return args, kwargs
-
-
-class ChainHook:
-    """A target's hooks as a diffusers ``ModelHook``: the technique's own ``target_pre`` / ``target_post``, called
-    from inside the module's hook chain (below a cache's hook: ``engine/caches.py``). ``technique`` None passes
-    everything through. Computes from its call's input every time (not stateful)."""
-
-    _is_stateful = False
-
-    def __init__(self, technique, index: int, t: int):
-        self.technique, self.index, self.t = technique, index, t
-        self.fn_ref = None
-
-    def initialize_hook(self, module):
-        return module
-
-    def deinitalize_hook(self, module):  # (diffusers' spelling)
-        return module
-
-    def detach_hook(self, module):
-        return module
-
-    def reset_state(self, module):
-        return module
-
-    def pre_forward(self, module, *args, **kwargs):
-        merged = None if self.technique is None else self.technique.target_pre(self.index, self.t, module, args,
-                                                                               kwargs)
-        return (args, kwargs) if merged is None else merged
-
-    def post_forward(self, module, output):
-        unmerged = None if self.technique is None else self.technique.target_post(self.index, self.t, module, (),
-                                                                                  output)
-        return output if unmerged is None else unmerged

@@ -19,6 +19,7 @@ import torch
 
 from ...families.spec import Arg
 from ..call import follow, image_part, sides
+from ..discover import bind
 
 __all__ = ["MergeBlock"]
 
@@ -32,6 +33,7 @@ class MergeBlock:
         patch: the installed patch (config, blocks, family, its ``CallHook`` and ``Planner``, observer).
     """
 
+    plans = True  # merges by the planner's plans
     pools = False
 
     def __init__(self, patch):
@@ -50,11 +52,11 @@ class MergeBlock:
                                  f"{self.patch.site.family.name}): how its output and per-token arguments are laid out "
                                  "is not known; use scope='attention'")
             self.bound.append((
-                _HIDDEN.bind(block),
-                Arg(whole.rotary.kwarg, also=whole.rotary.also).bind(block) if whole.rotary is not None else None,
-                Arg(whole.mask.kwarg).bind(block) if whole.mask is not None else None,
-                tuple((b, p) for b, p in ((Arg(p.name).bind(block), p) for p in whole.per_token) if b is not None),
-                tuple(b for b in (Arg(n).bind(block) for n in whole.refuse_if) if b is not None)))
+                bind(_HIDDEN, block),
+                bind(Arg(whole.rotary.kwarg, also=whole.rotary.also), block) if whole.rotary is not None else None,
+                bind(Arg(whole.mask.kwarg), block) if whole.mask is not None else None,
+                tuple((b, p) for b, p in ((bind(Arg(p.name), block), p) for p in whole.per_token) if b is not None),
+                tuple(b for b in (bind(Arg(n), block) for n in whole.refuse_if) if b is not None)))
             handles.append(block.register_forward_pre_hook(functools.partial(self.block_pre, index),
                                                            with_kwargs=True))
             handles.append(block.register_forward_hook(functools.partial(self.block_post, index), always_call=True))
@@ -65,7 +67,7 @@ class MergeBlock:
         if observer is not None:
             observer.begin("block")
         call = self.planner.block_call(index, args, kwargs)
-        if call is None or call.plan.num_merged == 0:
+        if call is None or call.plan is None or call.plan.num_merged == 0:
             return None
         state, site = self.calls.state, self.patch.blocks[index]
         plan, image = call.plan, call.plan.num_tokens

@@ -1,0 +1,162 @@
+"""Token reuse's tensor code (``tokenmerge.apply_reuse``): which tokens a partial step recomputes, how the others'
+kept residuals take their recomputed neighbours' change, and where fresh rows go among kept ones. No model here.
+
+- ``share``: the share of image tokens a step recomputes (``None``: a full step), from the step's place in the
+  generation; ``walked``: how far the round-robin has gone after the partial steps before this one.
+- ``select``: the ``count`` tokens of an order (``"grid"``, ``"strided"``, ``"random"``) from position ``start`` on,
+  sorted: round-robin, every token once every ``ceil(N / count)`` partial steps.
+- ``spread_weights`` / ``spread``: each token not recomputed gets ``alpha`` x the mean change of the recomputed
+  tokens in its 3x3 (video: 3x3x3) neighbourhood (ClusCa's idea).
+- ``kept_rows``: the rows of a kept key sequence that a partial step's fresh keys overwrite (text, image and
+  reference rows; one segment per rank under Ulysses context parallelism).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .plan import TABLES, Tables, arange, sided_rows
+
+__all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread", "kept_rows"]
+
+
+def share(step: int, progress: float, first: float | None, fraction: float, fraction_end: float | None,
+          warmup: int, every: int) -> float | None:
+    """The share of image tokens that step ``step`` of a generation (0: its first) recomputes, ``None`` for a full
+    step: the first ``warmup`` steps and every ``every``-th after them are full; a partial step at denoising
+    ``progress`` (0: noise, 1: the end) recomputes ``fraction``, moving linearly to ``fraction_end`` at the end from
+    the generation's first partial step (at ``first``; ``None``: this one)."""
+    if step < warmup or (every and (step - warmup + 1) % every == 0):
+        return None
+    if fraction_end is None:
+        return fraction
+    first = progress if first is None else first
+    if first >= 1.0:
+        return fraction
+    return fraction + (fraction_end - fraction) * min(1.0, max(0.0, (progress - first) / (1.0 - first)))
+
+
+def walk(shares: list[float], tokens: int) -> tuple[int, int]:
+    """``(count, start)`` of the last of partial steps of shares ``shares`` over ``tokens``: how many it recomputes
+    (at least one, at most all) and where its round-robin starts (the sum of those its predecessors recomputed).
+
+    Example:
+        >>> walk([0.5, 0.25], 8)
+        (2, 4)
+    """
+    start, count = 0, 0
+    for f in shares:
+        start += count
+        count = min(tokens, max(1, round(f * tokens)))
+    return count, start % tokens
+
+
+def select(grid: tuple[int, ...], order: str, count: int, seed: int, start: int, device,
+           tables: Tables = TABLES) -> torch.Tensor:
+    """``(count,)`` sorted indices of image tokens to recompute: the ``count`` tokens of the order from position
+    ``start`` on (round-robin: each partial step starts where the last one ended, so every token is recomputed
+    once every ``ceil(N / count)`` partial steps).
+
+    Example:
+        >>> select((4, 4), "strided", 4, 0, 0, "cpu").tolist()
+        [0, 4, 8, 12]
+    """
+    return tables.get(window, grid, order, count, seed, start % math.prod(grid), torch.device(device))
+
+
+def recomputed_at(grid: tuple[int, ...], shares: list[float], order: str, seed: int, device,
+                  tables: Tables = TABLES) -> torch.Tensor:
+    """The tokens of ``grid`` that the last of partial steps of shares ``shares`` recomputes (``walk``, ``select``)."""
+    tokens, start, count = math.prod(grid), 0, 0
+    for f in shares:
+        start += count
+        count = min(tokens, max(1, round(f * tokens)))
+    return tables.get(window, grid, order, count, seed, start % tokens, torch.device(device))
+
+
+def window(grid: tuple[int, ...], order: str, count: int, seed: int, start: int, device) -> torch.Tensor:
+    """What ``select`` keeps in its table store."""
+    n = math.prod(grid)
+    walk = _order(grid, order, count, seed)
+    picked = walk[(torch.arange(count) + start) % n]
+    return picked.sort().values.to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _order(grid: tuple[int, ...], order: str, count: int, seed: int) -> torch.Tensor:
+    """A permutation of the ``N`` image tokens (raster order over ``grid``) whose consecutive windows of ``count``
+    are each spread over the image."""
+    n = math.prod(grid)
+    i = torch.arange(n)
+    if order == "random":
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    if order == "strided":  # every c-th token in raster order, c = N / count: the residues one after another
+        c = max(1, round(n / count))
+        return torch.argsort((i % c) * n + i)
+    # grid: each token's rank inside its 2x2 window (a Bayer pattern; on a video grid, frames in pairs too), then the
+    # window's index, so that a window of the order holds the same ranks of every window of the grid
+    coords = torch.stack(torch.meshgrid(*[torch.arange(g) for g in grid], indexing="ij"), -1).reshape(n, -1)
+    rank = torch.tensor([[0, 2], [3, 1]])[coords[:, -2] % 2, coords[:, -1] % 2]
+    halved = {len(grid) - 1, len(grid) - 2}
+    if len(grid) > 2:
+        rank = rank * 2 + coords[:, -3] % 2
+        halved.add(len(grid) - 3)
+    windows = torch.zeros(n, dtype=torch.long)
+    for axis, size in enumerate(grid):
+        s = 2 if axis in halved else 1
+        windows = windows * -(-size // s) + coords[:, axis] // s
+    return torch.argsort(rank * n + windows)
+
+
+def spread_weights(chosen: torch.Tensor, grid: tuple, alpha: float, dtype: torch.dtype, device) -> torch.Tensor:
+    """``(1, N, 1)``: ``alpha`` over the share of recomputed tokens (``chosen``) in each token's 3x3 (video: 3x3x3)
+    neighbourhood of ``grid``, 0 where it has none and on the recomputed tokens themselves (the same for every block
+    of a call: a table)."""
+    mask = torch.zeros(1, math.prod(grid), 1, dtype=dtype, device=device)
+    mask.index_fill_(1, chosen, 1.0)
+    count = _box(mask, grid)  # a mean over the window, as the change's: their ratio is the recomputed tokens' mean
+    return torch.where(count > 0, alpha / count.clamp_min(1e-6), 0.0) * (1 - mask)
+
+
+def spread(kept: torch.Tensor, change: torch.Tensor, chosen: torch.Tensor, grid: tuple,
+           weight: torch.Tensor) -> None:
+    """Add to ``kept`` ``(B, N, C)``, on each token not recomputed, ``alpha`` times the mean ``change`` ``(B, |S|,
+    C)`` of the recomputed tokens ``chosen`` in its neighbourhood (``weight`` from ``spread_weights``)."""
+    b, _, c = change.shape
+    full = change.new_zeros(b, kept.shape[1], c)
+    full.index_copy_(1, chosen, change)
+    kept.addcmul_(_box(full, grid), weight)
+
+
+def _box(x: torch.Tensor, grid: tuple) -> torch.Tensor:
+    """``x`` ``(B, N, C)`` over ``grid``: the mean over each token's 3 x ... x 3 neighbourhood, the grid's edges
+    padded with 0 (a pooling over the last two axes, channels last; the leading ones by shifted sums)."""
+    b, n, c = x.shape
+    h, w = (1, *grid)[-2:]
+    y = F.avg_pool2d(x.reshape(-1, h, w, c).permute(0, 3, 1, 2), 3, stride=1, padding=1).permute(0, 2, 3, 1)
+    y = y.reshape(b, *grid[:-2], h * w, c)
+    for axis in range(1, len(grid) - 1):
+        size = y.shape[axis]
+        out = y.clone()
+        out.narrow(axis, 1, size - 1).add_(y.narrow(axis, 0, size - 1))
+        out.narrow(axis, 0, size - 1).add_(y.narrow(axis, 1, size - 1))
+        y = out / 3
+    return y.reshape(b, n, c)
+
+
+def kept_rows(index: torch.Tensor, text: torch.Tensor | None, before: int, image: int, after: int, fresh_before: int,
+              segments: int, tables: Tables = TABLES) -> torch.Tensor:
+    """Where each row of a partial step's key sequence goes in the kept one: fresh ``[text | index | after]`` rows
+    (``fresh_before`` text rows: every text row, or the recomputed ones ``text``), kept ``[before | image | after]``
+    rows; ``segments`` such sequences one after another (one per rank under Ulysses attention)."""
+    rows = sided_rows(index, before, image, after, tables, text)
+    if text is None and fresh_before != before:
+        raise ValueError(f"tokenmerge: {fresh_before} text rows where {before} were kept")
+    if segments == 1:
+        return rows
+    total = before + image + after
+    return (tables.get(arange, segments, rows.device)[:, None] * total + rows).flatten()
