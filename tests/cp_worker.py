@@ -5,7 +5,9 @@ then for each tiny catalogue family runs, with diffusers' ``ContextParallelConfi
 
 - single process (no parallelism): vanilla, and patched with each method (ToMe, whole-block ToMe, ToDo);
 - enable-then-patch: vanilla CP, then for each method: patched CP, then removed;
-- patch-then-enable: for each method, a fresh model patched, then parallelised: patched CP, then removed.
+- patch-then-enable: for each method, a fresh model patched, then parallelised: patched CP, then removed;
+- token reuse (``REUSE``, on ``REUSE_CASES``): the same three ways, each over ``STEPS`` denoiser calls of a
+  generation (a full step, then partial ones), every call recorded.
 
 Per run it records the output and, through a ``TorchFunctionMode``, the query and key counts of every
 ``scaled_dot_product_attention`` call, and through pre-hooks on the attention modules whether the rotary rows each
@@ -35,6 +37,13 @@ METHODS = {
     "tome_all": ("apply_patch", {"ratio": 0.75, "match_radius": 0}),
     "block_all": ("apply_patch", {"ratio": 0.75, "match_radius": 0, "scope": "block"}),
 }
+REUSE = {
+    "reuse": {"fraction": 0.5, "warmup": 1},
+    "reuse_cached": {"fraction": 0.5, "warmup": 1, "keys": "cached"},
+    "reuse_text": {"fraction": 0.5, "warmup": 1, "keys": "cached", "text": True},  # Flux.1 only
+}
+REUSE_CASES = ("wan", "flux", "ltx", "wan-3-frames")
+STEPS = 3
 # case -> (catalogue entry, token grid): grids that split into whole frames (the video families) or whole rows
 # (the image families) over two ranks, and one whose halves run over a frame's end (1.5 frames a rank, merged as
 # 12 rows of 8: the tall-grid case, as Wan's 21 latent frames of 81 pixel frames on 2 GPUs)
@@ -43,6 +52,9 @@ CASES = {"wan": ("wan", (4, 4, 4)), "flux": ("flux", (8, 8)), "qwen-image": ("qw
          "wan-3-frames": ("wan", (3, 8, 8))}
 TEXT = 4  # text tokens: diffusers splits Flux's, Qwen-Image's and LTX's text too, so an even count
 SPLIT_TEXT = ("flux", "flux-kontext", "flux2", "qwen-image", "ltx")
+
+
+_SDPA = F.scaled_dot_product_attention  # the function itself (token reuse routes the name while its modes are open)
 
 
 class Spy(TorchFunctionMode):
@@ -54,7 +66,7 @@ class Spy(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
+        if func is _SDPA:
             q = args[0] if args else kwargs["query"]
             k = args[1] if len(args) > 1 else kwargs["key"]
             self.calls.append((q.shape[-2], k.shape[-2]))
@@ -133,6 +145,43 @@ def run(model, name, inputs, entry):
     return {"out": out, "sdpa": spy.calls, "rotary_ok": all(checks) and bool(checks), "warnings": tm_warnings}
 
 
+def generation(model, name, inputs, entry) -> list:
+    """``STEPS`` calls of one generation (the timestep moving on): each call's record."""
+    from tiny_models import later_step
+
+    calls = [inputs]
+    for _ in range(STEPS - 1):
+        calls.append(later_step(model, calls[-1]))
+    return [run(model, name, c, entry) for c in calls]
+
+
+def reuse(tokenmerge, parallel, name, family, entry, inputs) -> dict:
+    """Token reuse on one family: single process, enable then patch, patch then enable (each a generation)."""
+    rec = {}
+    methods = [m for m in REUSE if m != "reuse_text" or family == "flux"]
+    single = entry.build()
+    rec["vanilla_steps_sp"] = generation(single, family, inputs, entry)
+    for method in methods:
+        tokenmerge.apply_reuse(single, **REUSE[method])
+        rec[f"{method}_sp"] = generation(single, family, inputs, entry)
+        tokenmerge.remove_patch(single)
+    model = parallel(entry.build())
+    rec["vanilla_steps_cp"] = generation(model, family, inputs, entry)
+    for method in methods:
+        tokenmerge.apply_reuse(model, **REUSE[method])
+        rec[f"{method}_cp_enable_first"] = generation(model, family, inputs, entry)
+        tokenmerge.remove_patch(model)
+        rec[f"{method}_removed_enable_first"] = generation(model, family, inputs, entry)
+    for method in methods:
+        model = entry.build()
+        tokenmerge.apply_reuse(model, **REUSE[method])
+        parallel(model)
+        rec[f"{method}_cp_patch_first"] = generation(model, family, inputs, entry)
+        tokenmerge.remove_patch(model)
+        rec[f"{method}_removed_patch_first"] = generation(model, family, inputs, entry)
+    return rec
+
+
 def ltx_condition() -> dict:
     """An LTX-Video call as LTXConditionPipeline makes it: ``video_coords`` (B, 3, S) instead of the grid integers,
     a conditioning frame's 16 tokens before the video's 48 (as tests/test_never_break.py builds it)."""
@@ -199,18 +248,9 @@ def edges(tokenmerge, parallel, ContextParallelConfig, out_dir, rank, world):
     inside.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world), cp_plan=plan)
     rec["split_inside"] = refusal(lambda: tokenmerge.apply_patch(inside, ratio=0.5))
     rec["split_inside_block1"] = refusal(lambda: tokenmerge.apply_patch(inside, ratio=0.5, blocks=[1]))
-    # token reuse does not run under context parallelism yet: refused when parallelism comes first, untouched calls
-    # with one warning when it comes after the patch
-    rec["reuse_enable_first"] = refusal(lambda: tokenmerge.apply_reuse(parallel(wan.build()), 0.5, warmup=1))
-    inputs = even_text("wan", wan.inputs(batch=2, grid=(4, 4, 4)))
-    model = parallel(wan.build())
-    vanilla = run(model, "wan", inputs, wan)
-    model = wan.build()
-    tokenmerge.apply_reuse(model, 0.5, warmup=1)
-    parallel(model)
-    calls = [run(model, "wan", inputs, wan) for _ in range(2)]
-    tokenmerge.remove_patch(model)
-    rec["reuse_patch_first"] = {"vanilla": vanilla, "calls": calls, "removed": run(model, "wan", inputs, wan)}
+    ring = wan.build()
+    ring.enable_parallelism(config=ContextParallelConfig(ring_degree=world))
+    rec["ring_reuse"] = refusal(lambda: tokenmerge.apply_reuse(ring, 0.5))
     torch.save(rec, out_dir / f"+edges.rank{rank}.pt")
 
 
@@ -266,6 +306,8 @@ def main():
             rec[f"{method}_cp_patch_first"] = run(model, family, inputs, entry)
             tokenmerge.remove_patch(model)
             rec[f"{method}_removed_patch_first"] = run(model, family, inputs, entry)
+        if name in REUSE_CASES:
+            rec.update(reuse(tokenmerge, parallel, name, family, entry, inputs))
         torch.save(rec, Path(out_dir) / f"{name}.rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
