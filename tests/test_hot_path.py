@@ -1,7 +1,13 @@
-"""The hot path stays small and readable: one steady-state denoiser call of the tiny UNet, PixArt and Flux.1 models
-(ToMe with its defaults, and whole-block ToMe), profiled with ``sys.setprofile``, runs through at most 5 files and 25
-functions of the library (issue 41: the engine before it took 11-12 files and 50-68 functions; tomesd takes 2 and
-8). Generator expressions and comprehensions count as functions on Python 3.11 (3.12 inlines comprehensions)."""
+"""The hot path stays small and readable: one steady denoiser call, profiled with ``sys.setprofile``, runs through at
+most 5 files of the library for every technique, and through at most 28 functions for ToMe (both scopes) and ToDo
+(the tiny UNet, PixArt and Flux.1 models), at most 34 for token reuse's partial step (keys fresh, cached, text=True;
+32 measured), and a partial step of the tiny 2-block Flux.1 through at most 150 library Python calls (issue 48:
+345-520 before token reuse joined the shared engine). Generator expressions and comprehensions count as functions
+on Python 3.11 (3.12 inlines comprehensions); a generator's every resumption counts as a call.
+
+The Triton kernels (``kernels="triton"``) are not counted here: on a CPU they run under Triton's interpreter, whose
+kernel bodies are Python (compiled on a GPU), and they add ``merge/kernels.py``, their launcher, to the 5 files.
+"""
 
 from __future__ import annotations
 
@@ -11,21 +17,17 @@ from collections import Counter
 
 import pytest
 import torch
-from tiny_denoisers import CATALOGUE, available
+from tiny_denoisers import _FLUX, CATALOGUE, available
+from tiny_models import later_step
 
 import tokenmerge
 
 ROOT = os.path.dirname(tokenmerge.__file__)
-MAX_FILES, MAX_FUNCTIONS = 5, 25
+MAX_FILES, MAX_FUNCTIONS, MAX_REUSE_FUNCTIONS, MAX_REUSE_CALLS = 5, 28, 34, 150
 
 
-def _steady_call(name: str, **kwargs) -> Counter:
-    """The library's functions (file, name, line) one call makes, after two warm-up calls, with their call counts."""
-    if available(name) is not None:
-        pytest.skip(available(name))
-    entry = CATALOGUE[name]
-    model, inputs = entry.build(), entry.inputs(batch=2)
-    tokenmerge.apply_patch(model, ratio=0.5, **kwargs)
+def _profiled(model, calls) -> Counter:
+    """The library's functions (file, name, line) the last of ``calls`` makes, with their call counts."""
     seen = Counter()
 
     def profile(frame, event, arg):
@@ -35,11 +37,11 @@ def _steady_call(name: str, **kwargs) -> Counter:
 
     try:
         with torch.no_grad():
-            model(**inputs)
-            model(**inputs)
+            for inputs in calls[:-1]:
+                model(**inputs)
             sys.setprofile(profile)
             try:
-                model(**inputs)
+                model(**calls[-1])
             finally:
                 sys.setprofile(None)
     finally:
@@ -47,18 +49,58 @@ def _steady_call(name: str, **kwargs) -> Counter:
     return seen
 
 
-@pytest.mark.parametrize("scope", ["attention", "block"])
-@pytest.mark.parametrize("name", ["unet-sd", "pixart", "flux"])
-def test_one_call_runs_through_few_files_and_functions(name, scope):
-    seen = _steady_call(name, scope=scope)
+def _listing(seen: Counter) -> str:
     files = {f for f, _, _ in seen}
-    listing = "\n".join(f"{n:4d} {f}:{line} {fn}" for (f, fn, line), n in sorted(seen.items()))
+    lines = "\n".join(f"{n:4d} {f}:{line} {fn}" for (f, fn, line), n in sorted(seen.items()))
+    return f"{len(files)} files, {len(seen)} functions, {sum(seen.values())} calls:\n{lines}"
+
+
+def _model(name):
+    if available(name) is not None:
+        pytest.skip(available(name))
+    entry = CATALOGUE[name]
+    return entry, entry.build()
+
+
+@pytest.mark.parametrize("technique", ["tome", "tome-block", "todo"])
+@pytest.mark.parametrize("name", ["unet-sd", "pixart", "flux"])
+def test_one_call_runs_through_few_files_and_functions(name, technique):
+    entry, model = _model(name)
+    inputs = entry.inputs(batch=2)
+    if technique == "todo":
+        tokenmerge.apply_todo(model, downsample=2)
+    else:
+        tokenmerge.apply_patch(model, ratio=0.5, scope="block" if technique == "tome-block" else "attention")
+    seen = _profiled(model, [inputs] * 3)
+    files = {f for f, _, _ in seen}
     assert seen, "the profile saw no call of the library"
-    assert len(files) <= MAX_FILES and len(seen) <= MAX_FUNCTIONS, \
-        f"{len(files)} files, {len(seen)} functions, {sum(seen.values())} calls:\n{listing}"
+    assert len(files) <= MAX_FILES and len(seen) <= MAX_FUNCTIONS, _listing(seen)
     # the technique's own hooks are among them: merge -> work -> unmerge in one file
-    technique = "engine/techniques/block.py" if scope == "block" else "engine/techniques/around.py"
-    assert technique in files
+    own = {"tome": "around.py", "tome-block": "block.py", "todo": "todo.py"}[technique]
+    assert f"engine/techniques/{own}" in files
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(keys="cached"), dict(keys="cached", text=True)])
+def test_a_token_reuse_partial_step_runs_through_few_files_functions_and_calls(kwargs):
+    """The tiny Flux.1 with 1 double and 1 single block, a steady partial step (the round-robin's second round: its
+    tables built already)."""
+    if available("flux") is not None:
+        pytest.skip(available("flux"))
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    model = FluxTransformer2DModel(**dict(_FLUX, num_single_layers=1), guidance_embeds=True).eval()
+    calls = [CATALOGUE["flux"].inputs(batch=2)]
+    for _ in range(11):  # the text's round-robin (2 of 5 tokens a step) comes back after 5 partial steps
+        calls.append(later_step(model, calls[-1], 0.95))
+    tokenmerge.apply_reuse(model, 0.5, warmup=1, **kwargs)
+    patch = model._tokenmerge_patch
+    seen = _profiled(model, calls)
+    files = {f for f, _, _ in seen}
+    assert "engine/techniques/reuse.py" in files and patch.calls.state.recompute is None  # (forgotten after the call)
+    assert len(files) <= MAX_FILES and len(seen) <= MAX_REUSE_FUNCTIONS, _listing(seen)
+    assert sum(seen.values()) <= MAX_REUSE_CALLS, _listing(seen)
+    assert any(fn == "attend" for _, fn, _ in seen), "no SDPA call was caught: not a partial step"
 
 
 def _tensors() -> dict:
@@ -69,29 +111,32 @@ def _tensors() -> dict:
     return {id(obj): obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)}
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(scope="block"), dict(todo=True)])
+@pytest.mark.parametrize("kwargs", [dict(), dict(scope="block"), dict(todo=True), dict(reuse=True)])
 @pytest.mark.parametrize("name", ["unet-sd", "flux", "wan"])
 def test_no_tensor_is_held_after_removal(name, kwargs):
-    """The index tables, matchings, plans and grids a patch builds are its own (released by remove_patch): after the
-    removal no tensor made while the model was patched is alive, and the shared table store was not used."""
+    """The index tables, matchings, plans, kept residuals and grids a patch builds are its own (released by
+    remove_patch): after the removal no tensor made while the model was patched is alive, and the shared table
+    store was not used."""
     from tokenmerge.merge import TABLES
 
-    if available(name) is not None:
-        pytest.skip(available(name))
-    entry = CATALOGUE[name]
-    model, inputs = entry.build(), entry.inputs(batch=2)
+    entry, model = _model(name)
+    inputs = entry.inputs(batch=2)
     with torch.no_grad():
         model(**inputs)  # the model's own caches, if any, made before counting
+    calls = [inputs, later_step(model, inputs)]
     before, shared = set(_tensors()), len(TABLES)
     if kwargs.get("todo"):
         tokenmerge.apply_todo(model, downsample=(1, 2, 2) if entry.kind == "video" else 2)
+    elif kwargs.get("reuse"):
+        tokenmerge.apply_reuse(model, 0.5, warmup=1)
     else:
         tokenmerge.apply_patch(model, ratio=0.5, **kwargs)
     with torch.no_grad():
-        model(**inputs)
+        for c in calls:
+            model(**c)
     made = {i: t for i, t in _tensors().items() if i not in before}
     tokenmerge.remove_patch(model)
-    if not kwargs.get("todo"):  # ToMe built tables and plans (the count sees them); ToDo pools without any
+    if not kwargs.get("todo"):  # ToMe built tables and plans, token reuse residuals (the count sees them)
         assert made
     del made
     left = [(tuple(t.shape), t.dtype) for i, t in _tensors().items() if i not in before]

@@ -159,7 +159,7 @@ def _merged_windows(plan, kept):
 @pytest.mark.parametrize("use_rand", [True, False])
 def test_local_matching_is_the_global_matching_with_far_destinations_masked(h, w, sx, sy, radius, chunk, tile,
                                                                               use_rand):
-    from tokenmerge.merge.match import local_soft_matching_2d
+    from tokenmerge.merge.soft_matching import local_soft_matching_2d
 
     torch.manual_seed(0)
     metric = torch.randn(2, h * w, 5)

@@ -18,7 +18,8 @@ from tokenmerge.merge import (
     random_offsets,
     window_destinations,
 )
-from tokenmerge.merge.match import local_soft_matching, local_soft_matching_2d, matching
+from tokenmerge.merge.match import matching
+from tokenmerge.merge.soft_matching import local_soft_matching, local_soft_matching_2d
 from tokenmerge.tools.limits import SlicePlan, slice_downsample, slice_match
 
 CPU = torch.device("cpu")

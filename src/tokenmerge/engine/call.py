@@ -1,20 +1,13 @@
-"""What one denoiser call tells its blocks: its token grid (read once per call, by the denoiser's hook), its
-timestep and its place in a generation, where the image tokens sit in a sequence beside text and reference tokens,
-and the state a call keeps.
+"""What one denoiser call tells its blocks, and the state a call keeps.
 
-- ``CallHook``: the denoiser's forward pre-hook and hook. The pre-hook reads the call's grid (from the arguments its
-  family names: a latent's shape, position ids, integers, shape lists; ``grids.GridReader``, only when they change)
-  and its timestep, runs the per-call checks, moves the step clock, and resets the ``CallState`` the blocks read; the
-  hook forgets the call. State is per thread (one patched model may serve several threads), and one for code that
-  torch.compile traces (dynamo follows a plain object, not a ``threading.local``).
-- ``Clock``: which generation, which step of it and which place in the step a call is (what techniques that keep
-  state across calls key it by: token reuse's residuals, ToMe's ``reuse_steps`` plans).
-- ``BoundArg``: a ``forward`` argument resolved against a module's signature (``bind``), read and replaced in a
-  call's arguments.
+- ``CallHook``: the denoiser's forward pre-hook and hook: the call's grid (``grids.GridReader``, read only when its
+  arguments change), its timestep, the per-call checks, the step clock; the ``CallState`` the blocks read (per
+  thread, and one for code torch.compile traces: dynamo follows a plain object, not a ``threading.local``).
+- ``Clock``: which generation, step and place in the step a call is (what state kept across calls is keyed by).
+- ``BoundArg``: a ``forward`` argument resolved against a signature (``discover.bind``), read and replaced.
 - Layout: a sequence is ``[before | image | after]``: text declared before the image (``TEXT_BEFORE``), the image's
-  tokens, then text declared after it (``TEXT_AFTER``) or the reference-image tokens a call carries after the image's
-  (``trailing``: Flux Kontext, Flux.2 edits). Everything but the image passes whole; rotary rows and mask entries
-  follow the merged image tokens.
+  tokens, then text declared after it (``TEXT_AFTER``) or reference-image tokens (``trailing``: Flux Kontext).
+  Everything but the image passes whole; rotary rows and mask entries follow the merged image tokens.
 """
 
 from __future__ import annotations
@@ -158,10 +151,8 @@ def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor, tr
 
 
 def follow(state, plan, spec, value):
-    """A per-token table ``value`` at the merged tokens of ``plan``: rotary rows (``spec`` a ``Rotary``:
-    ``take_rotary``) or a mask (a ``Mask``: ``take_mask``). Once per call for the blocks that share the plan and the
-    table (Flux passes one rotary tuple to all of its blocks); under torch.compile the graph's common subexpressions
-    are merged anyway: no lookup there."""
+    """A per-token table ``value`` at the merged tokens of ``plan``: rotary rows (``spec`` a ``Rotary``) or a mask
+    (a ``Mask``), once per call for the blocks that share the plan and table (compiled: the graph's CSE does it)."""
     if plan.batch != 1:
         raise ValueError("tokenmerge: per-token positions or masks need one merge pattern for the batch: the "
                          "family must set batch_pattern=True")

@@ -13,7 +13,8 @@ from ..families.predicates import params
 from ..families.spec import Arg, BlockSite
 from .call import BoundArg
 
-__all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS", "resolve", "bind"]
+__all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS", "resolve", "bind",
+           "bind_whole", "bind_refusals"]
 
 SUPPORTED = (
     "a diffusers pipeline (every denoiser in its components: unet, transformer, controlnet, ...), a bare denoiser "
@@ -53,6 +54,23 @@ def bind(arg: Arg, module) -> BoundArg | None:
     if any(p.kind == p.VAR_KEYWORD for p in found):  # e.g. diffusers' Attention(**cross_attention_kwargs)
         return BoundArg(arg.name, None, arg.scale, arg.reverse, arg.log_sigma)
     return None
+
+
+def bind_whole(site: BlockSite) -> tuple:
+    """A block's arguments that a technique changing its input must follow (its ``Whole`` layout), bound:
+    ``(hidden_states, rotary, mask, ((bound, PerToken), ...), (refusing bound, ...))`` (``None``/left out where the
+    block takes no such argument)."""
+    block, whole = site.module, site.whole
+    per_token = tuple((b, p) for b, p in ((bind(Arg(p.name), block), p) for p in whole.per_token) if b is not None)
+    return (bind(Arg("hidden_states", also=("x",), fallback_index=0), block),
+            bind(Arg(whole.rotary.kwarg, also=whole.rotary.also), block) if whole.rotary is not None else None,
+            bind(Arg(whole.mask.kwarg), block) if whole.mask is not None else None, per_token,
+            tuple(b for b in (bind(Arg(n), block) for n in whole.refuse_if) if b is not None))
+
+
+def bind_refusals(site: BlockSite) -> tuple:
+    """``((bound argument, reason), ...)``: the block's arguments whose presence refuses its call (``refuse_if``)."""
+    return tuple((b, r) for b, r in ((bind(Arg(n), site.module), r) for n, r in site.refuse_if) if b is not None)
 
 
 def resolve(obj, dotted: str):

@@ -15,7 +15,7 @@ from ..merge import downsample
 from .caches import unwatch, watch_registries
 from .call import CallHook, Watch
 from .compiled import forget_compiled
-from .discover import DenoiserSite, bind
+from .discover import SUPPORTED, DenoiserSite, bind, held_modules
 from .grids import GridReader
 from .parallel import check_install, shard_of
 from .planner import Planner
@@ -23,7 +23,7 @@ from .projections import give_to_kv, take_to_kv
 from .refusals import merged_region, pooled_attentions, routed
 from .techniques import technique_for
 
-__all__ = ["Patch", "PATCH_ATTR"]
+__all__ = ["Patch", "PATCH_ATTR", "patches_of"]
 
 # The attribute a patched denoiser carries; its presence is what "patched" means.
 PATCH_ATTR = "_tokenmerge_patch"
@@ -105,3 +105,18 @@ class Patch:
         if release is not None:
             release()
         forget_compiled(self.site.module, *self.hook_codes())
+
+
+def patches_of(model) -> list:
+    """The patches installed on the denoisers ``model`` holds (a pipeline, a bare model, an LDM-style model)."""
+    held = held_modules(model)
+    if not held:
+        raise TypeError(f"tokenmerge: a {type(model).__name__} holds no model; expected {SUPPORTED}")
+    modules = (m for c in held.values() for m in c.modules())
+    seen, found = set(), []
+    for module in modules:
+        patch = getattr(module, PATCH_ATTR, None)
+        if isinstance(patch, Patch) and id(patch) not in seen:
+            seen.add(id(patch))
+            found.append(patch)
+    return found

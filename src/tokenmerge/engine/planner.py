@@ -23,7 +23,7 @@ from ..families.spec import Arg, grid_rank
 from ..merge.match import _MASK32, block_salts, matching, mix32, window_hashes
 from ..merge.plan import IdentityPlan, Tables
 from .call import BlockCall, NoGrid, coarsen, sides
-from .discover import bind
+from .discover import bind, bind_refusals
 from .parallel import check_block_input
 
 __all__ = ["Planner", "BlockPlan"]
@@ -74,9 +74,7 @@ class Planner:
         self.tables = Tables()
         self.matchings: dict = {}  # (grid, device) -> its Matching
         self.inputs = [bind(Arg(_HIDDEN[0], also=_HIDDEN[1], fallback_index=_HIDDEN[2]), b.module) for b in self.blocks]
-        self.refusals = [tuple((bound, reason) for bound, reason in
-                               ((bind(Arg(n), b.module), r) for n, r in b.refuse_if) if bound is not None)
-                         for b in self.blocks]
+        self.refusals = [bind_refusals(b) for b in self.blocks]
         self.levels = sorted({b.level for b in self.blocks})
         self.small: dict[int, tuple] = {}  # level -> (grid, channels, min size) of a call too small to merge
         self._smallest: dict = {}  # device type -> the min_size in force there

@@ -6,7 +6,9 @@ modules a patch's merged tokens reach (what the guards watch).
   change nothing;
 - a diffusers cache hook that cannot see whole tokens, on a module the patch merges (``caches.py``): inside a merged
   target, or with ``scope="block"`` on a block (one on a target is merged around from inside its hook chain);
-- ``kernels="triton"`` without the triton package.
+- ``kernels="triton"`` without the triton package;
+- token reuse on blocks whose layout it cannot follow, and attention backends that make no SDPA call (ToDo's are
+  refused when its targets are bound, ``techniques/todo.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import ReuseConfig, ToDoConfig
-from ..families.spec import CROSS, JOINT, MLP, SELF
+from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_BEFORE, Arg
 from ..merge.kernels import missing
+from .attention import backend_refusal
 from .caches import REGISTRY_ATTR, bad_hook, cache_message, why_refused
 from .compiled import compiled_in_place, regional_message
-from .techniques import technique_for
+from .discover import bind, resolve
 
-__all__ = ["check_apply", "merged_region", "pooled_attentions", "merges", "routed"]
+__all__ = ["check_apply", "check_reuse", "merged_region", "pooled_attentions", "merges", "routed"]
 
 
 def merges(config) -> bool:
@@ -91,12 +94,11 @@ def check_apply(model, config, selected) -> None:
     """
     if getattr(config, "kernels", "torch") == "triton" and missing() is not None:
         raise ValueError(f"tokenmerge: kernels='triton' cannot run here: {missing()}; use kernels='torch'")
-    check = getattr(technique_for(config), "check", None)
     for site, blocks in selected:
         if not blocks:
             continue
-        if check is not None:
-            check(site, blocks, config)
+        if isinstance(config, ReuseConfig):
+            check_reuse(site, blocks, config)
         regional = compiled_in_place((f"{b.path}.{n}" if n else b.path, m) for b in blocks
                                      for n, m in b.module.named_modules())
         if regional is not None:
@@ -134,3 +136,49 @@ def _check_self_attention(blocks) -> None:
             f"{'s' if len(cross) == 1 else ''} to the text (a UNet built with only_cross_attention, such as the x4 "
             "upscaler's, or LDM's disable_self_attn): ToDo would change nothing there. Use ToMe (apply_patch), "
             "or leave these blocks out (max_downsample=..., blocks=...)")
+
+
+def check_reuse(site, blocks, config) -> None:
+    """Refuse, with the reason, a denoiser whose blocks token reuse cannot follow."""
+    name = f"{site.path or type(site.module).__name__} ({site.family.name})"
+    if site.timestep is None:
+        raise TypeError(f"tokenmerge: {name} takes no timestep argument, which token reuse needs to tell the "
+                        "denoising steps apart")
+    for block in blocks:
+        if block.whole is None:
+            raise ValueError(f"tokenmerge: token reuse needs to know where {block.path} returns its image tokens "
+                             f"(its family {site.family.name} declares no whole-block layout), so it cannot "
+                             "patch this model")
+        if block.seq_first:
+            raise ValueError(f"tokenmerge: token reuse does not support the sequence-first blocks of {name}")
+        if not any(t.kind in (SELF, JOINT) for t in block.targets):
+            raise ValueError(f"tokenmerge: {block.path} declares no attention over its image tokens, which token "
+                             "reuse needs")
+        for spec in block.targets:
+            if spec.refuse is not None:  # a sub-module that mixes tokens (a convolution over the grid, MoE routing)
+                raise ValueError(f"tokenmerge: token reuse cannot patch {block.path}: its {spec.attr} mixes tokens "
+                                 f"outside attention ({spec.refuse})")
+            if spec.reuse is not None and config.keys == "fresh":
+                raise ValueError(f"tokenmerge: token reuse with keys='fresh' cannot patch {block.path}: "
+                                 f"{spec.reuse}; keys='cached' runs the whole block on the recomputed tokens")
+            sub = resolve(block.module, spec.attr)
+            why = backend_refusal(sub, "token reuse") if spec.kind in (SELF, JOINT) and isinstance(sub, nn.Module) \
+                else None
+            if why is not None:
+                raise ValueError(f"tokenmerge: {block.path}.{spec.attr}: {why}")
+    if config.text:
+        _check_text(site, blocks)
+
+
+def _check_text(site, blocks) -> None:
+    """``text=True``: refuse blocks none of which has a separate text stream whose rows lead its rotary table."""
+    streams = [b for b in blocks if b.whole.text is not None and bind(Arg(b.whole.text), b.module) is not None]
+    if not streams:
+        raise ValueError(f"tokenmerge: token reuse's text=True recomputes part of a separate text stream, and the "
+                         f"blocks of {site.family.name} have none that it knows of (Flux.1 and its kin do); leave "
+                         "text=False")
+    for b in streams:
+        rotary = b.whole.rotary
+        if rotary is not None and (rotary.layout != "tensor" or rotary.text != TEXT_BEFORE):
+            raise ValueError(f"tokenmerge: token reuse's text=True cannot follow the rotary table of {b.path} "
+                             "(its text rows do not lead one tensor); leave text=False")

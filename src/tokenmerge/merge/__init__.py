@@ -14,10 +14,6 @@ from .match import (
                     GlobalMatching,
                     LocalMatching,
                     Matching,
-                    bipartite_soft_matching,
-                    bipartite_soft_matching_2d,
-                    local_soft_matching,
-                    local_soft_matching_2d,
                     matching,
                     normalize_radius,
                     random_offsets,
@@ -25,6 +21,12 @@ from .match import (
                     window_split,
 )
 from .plan import TABLES, IdentityPlan, MergePlan, Tables
+from .soft_matching import (
+                            bipartite_soft_matching,
+                            bipartite_soft_matching_2d,
+                            local_soft_matching,
+                            local_soft_matching_2d,
+)
 from .windows import num_windows
 
 __all__ = [

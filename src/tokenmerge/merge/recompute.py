@@ -13,7 +13,6 @@ kept residuals take their recomputed neighbours' change, and where fresh rows go
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -79,14 +78,14 @@ def recomputed_at(grid: tuple[int, ...], shares: list[float], order: str, seed: 
 
 
 def window(grid: tuple[int, ...], order: str, count: int, seed: int, start: int, device) -> torch.Tensor:
-    """What ``select`` keeps in its table store."""
+    """What ``select`` keeps in its table store (the order made again for each: a few host operations, once per
+    window of a patch's round-robin)."""
     n = math.prod(grid)
     walk = _order(grid, order, count, seed)
     picked = walk[(torch.arange(count) + start) % n]
     return picked.sort().values.to(device)
 
 
-@functools.lru_cache(maxsize=64)
 def _order(grid: tuple[int, ...], order: str, count: int, seed: int) -> torch.Tensor:
     """A permutation of the ``N`` image tokens (raster order over ``grid``) whose consecutive windows of ``count``
     are each spread over the image."""

@@ -17,14 +17,10 @@ import functools
 
 import torch
 
-from ...families.spec import Arg
 from ..call import follow, image_part, sides
-from ..discover import bind
+from ..discover import bind_whole
 
 __all__ = ["MergeBlock"]
-
-_HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
-
 
 class MergeBlock:
     """Whole-block ToMe on each patched block.
@@ -51,12 +47,7 @@ class MergeBlock:
                 raise ValueError(f"tokenmerge: scope='block' is not declared for {site.path} (family "
                                  f"{self.patch.site.family.name}): how its output and per-token arguments are laid out "
                                  "is not known; use scope='attention'")
-            self.bound.append((
-                bind(_HIDDEN, block),
-                bind(Arg(whole.rotary.kwarg, also=whole.rotary.also), block) if whole.rotary is not None else None,
-                bind(Arg(whole.mask.kwarg), block) if whole.mask is not None else None,
-                tuple((b, p) for b, p in ((bind(Arg(p.name), block), p) for p in whole.per_token) if b is not None),
-                tuple(b for b in (bind(Arg(n), block) for n in whole.refuse_if) if b is not None)))
+            self.bound.append(bind_whole(site))
             handles.append(block.register_forward_pre_hook(functools.partial(self.block_pre, index),
                                                            with_kwargs=True))
             handles.append(block.register_forward_hook(functools.partial(self.block_post, index), always_call=True))

@@ -28,14 +28,14 @@ import warnings
 import torch
 from torch import nn
 
-from ...families.spec import JOINT, MLP, SELF, TEXT_BEFORE, TEXT_NONE, TEXT_STREAM, Arg, BlockSite
+from ...families.spec import JOINT, MLP, SELF, TEXT_NONE, TEXT_STREAM, Arg, BlockSite
 from ...merge.plan import Tables
 from ...merge.recompute import recomputed_at, share, spread, spread_weights
-from ..attention import CachedKeys, Probe, QueryRows, backend_refusal, leave
+from ..attention import CachedKeys, Probe, QueryRows, leave
 from ..caches import ChainHook
 from ..call import coarsen, image_part, join, sides, take_mask, take_rotary
 from ..compiled import on_host
-from ..discover import bind, resolve
+from ..discover import bind, bind_refusals, bind_whole, resolve
 
 __all__ = ["ReuseBlock", "BLOCK"]
 
@@ -48,8 +48,7 @@ NO_SDPA = ("tokenmerge: token reuse found no scaled_dot_product_attention call o
 
 
 class _Walk:
-    """The generation's round-robin: the progress of its first partial step, each partial step's share, and the
-    last step counted."""
+    """The generation's round-robin: its first partial step's progress, each partial step's share."""
 
     __slots__ = ("first", "shares", "counted")
 
@@ -58,8 +57,7 @@ class _Walk:
 
 
 class _Kept:
-    """One slot's kept tensors: per block its image residual ``(B, N, C)`` and text residual, per attention its
-    keys and values (``keys="cached"``)."""
+    """One slot's kept tensors: per block its residuals (image, text), per attention its keys and values."""
 
     __slots__ = ("residual", "text", "kv")
 
@@ -70,8 +68,8 @@ class _Kept:
 
 
 class _Recompute:
-    """One call: its slot's kept tensors, whether it is partial, per level ``(tokens, recomputed, grid)``, the
-    recomputed text rows by text length, and the rotary rows its blocks share."""
+    """One call: its slot's kept tensors, partial or not, per level ``(tokens, recomputed, grid)``, the recomputed
+    text rows by text length, the rotary rows its blocks share."""
 
     __slots__ = ("kept", "partial", "share", "levels", "text", "taken", "segments", "device")
 
@@ -83,8 +81,8 @@ class _Recompute:
 
 
 class _Block:
-    """One block's call in flight: its image input, whether it is partial, its level's tokens, recomputed tokens and
-    grid, its text-stream input and recomputed text rows, and its targets' SDPA modes and gathered layouts."""
+    """One block's call in flight: its image input, partial or not, its level's tokens, recomputed tokens and grid,
+    its text stream and recomputed text rows, its targets' SDPA modes and gathered layouts."""
 
     __slots__ = ("x", "partial", "ran", "image", "index", "grid", "modes", "rows", "text", "text_index", "picked")
 
@@ -111,8 +109,7 @@ class _Site:
 
 
 def _sub(block: nn.Module, attr: str) -> nn.Module | None:
-    sub = resolve(block, attr)
-    return sub if isinstance(sub, nn.Module) else None
+    return sub if isinstance(sub := resolve(block, attr), nn.Module) else None
 
 
 class ReuseBlock:
@@ -140,57 +137,6 @@ class ReuseBlock:
         self.routes: dict[tuple[int, int], bool] = {}  # (block, target) -> whether the SDPA route reaches its calls
         self.warned = False
 
-    # ---- apply time ---------------------------------------------------------------------------------------
-    @staticmethod
-    def check(site, blocks: list[BlockSite], config) -> None:
-        """Refuse, with the reason, a denoiser whose blocks token reuse cannot follow."""
-        name = f"{site.path or type(site.module).__name__} ({site.family.name})"
-        if site.timestep is None:
-            raise TypeError(f"tokenmerge: {name} takes no timestep argument, which token reuse needs to tell the "
-                            "denoising steps apart")
-        for block in blocks:
-            if block.whole is None:
-                raise ValueError(f"tokenmerge: token reuse needs to know where {block.path} returns its image tokens "
-                                 f"(its family {site.family.name} declares no whole-block layout), so it cannot "
-                                 "patch this model")
-            if block.seq_first:
-                raise ValueError(f"tokenmerge: token reuse does not support the sequence-first blocks of {name}")
-            if not any(t.kind in (SELF, JOINT) for t in block.targets):
-                raise ValueError(f"tokenmerge: {block.path} declares no attention over its image tokens, which token "
-                                 "reuse needs")
-            for spec in block.targets:
-                if spec.refuse is not None:  # a sub-module that mixes tokens (a convolution over the grid, MoE routing)
-                    raise ValueError(f"tokenmerge: token reuse cannot patch {block.path}: its {spec.attr} mixes tokens "
-                                     f"outside attention ({spec.refuse})")
-                if spec.reuse is not None and config.keys == "fresh":
-                    raise ValueError(f"tokenmerge: token reuse with keys='fresh' cannot patch {block.path}: "
-                                     f"{spec.reuse}; keys='cached' runs the whole block on the recomputed tokens")
-                sub = _sub(block.module, spec.attr)
-                why = backend_refusal(sub, "token reuse") if spec.kind in (SELF, JOINT) and sub is not None else None
-                if why is not None:
-                    raise ValueError(f"tokenmerge: {block.path}.{spec.attr}: {why}")
-        if config.text:
-            ReuseBlock._check_text(site, blocks)
-
-    @staticmethod
-    def _check_text(site, blocks) -> None:
-        """``text=True``: refuse blocks none of which has a separate text stream whose rows lead its rotary table."""
-        streams = [b for b in blocks if b.whole.text is not None and bind(Arg(b.whole.text), b.module) is not None]
-        if not streams:
-            raise ValueError(f"tokenmerge: token reuse's text=True recomputes part of a separate text stream, and the "
-                             f"blocks of {site.family.name} have none that it knows of (Flux.1 and its kin do); leave "
-                             "text=False")
-        for b in streams:
-            rotary = b.whole.rotary
-            if rotary is not None and (rotary.layout != "tensor" or rotary.text != TEXT_BEFORE):
-                raise ValueError(f"tokenmerge: token reuse's text=True cannot follow the rotary table of {b.path} "
-                                 "(its text rows do not lead one tensor); leave text=False")
-
-    def routes(self) -> dict:
-        """``{id(module): (block, target)}`` of the modules whose diffusers cache hooks run outside the technique's
-        (the blocks: First Block Cache, MagCache)."""
-        return {id(b.module): (i, BLOCK) for i, b in enumerate(self.blocks)}
-
     def install(self) -> list:
         """Register the hooks on every patched block and its sub-modules; returns their handles."""
         handles = []
@@ -216,15 +162,9 @@ class ReuseBlock:
                 sites.append(_Site(dataclasses.replace(spec, attr=f"{spec.attr}.{spec.query}", kind=MLP),
                                    bind(_HIDDEN, query), False, optional=True))
         self.targets.append(sites)
-        named = functools.partial(_bound_all, block)
-        self.bound.append((
-            bind(_HIDDEN, block), whole.output,
-            bind(Arg(whole.text), block) if self.config.text and whole.text is not None else None,
-            tuple(zip(named([n for n, _ in site.refuse_if]), [r for _, r in site.refuse_if])),
-            bind(Arg(whole.rotary.kwarg, also=whole.rotary.also), block) if whole.rotary is not None else None,
-            bind(Arg(whole.mask.kwarg), block) if whole.mask is not None else None,
-            tuple(zip(named([p.name for p in whole.per_token]), whole.per_token)),
-            tuple(b for b in named(whole.refuse_if) if b is not None)))
+        arg, rotary, mask, per_token, refuse_if = bind_whole(site)
+        text = bind(Arg(whole.text), block) if self.config.text and whole.text is not None else None
+        self.bound.append((arg, whole.output, text, bind_refusals(site), rotary, mask, per_token, refuse_if))
         pre = block.register_forward_pre_hook(functools.partial(self.block_pre, index), with_kwargs=True)
         post = block.register_forward_hook(functools.partial(self.block_post, index), always_call=True)
         self.target_handles[(index, BLOCK)] = (pre, post)
@@ -302,7 +242,7 @@ class ReuseBlock:
         if split is not None:  # diffusers splits this block's input inside its forward (parallel.py)
             full = split.local(full)
         for bound, reason in refusals:
-            if bound is not None and bound.read(args, kwargs) is not None:
+            if bound.read(args, kwargs) is not None:
                 raise ValueError(f"tokenmerge: {site.path} got {bound.name!r}: {reason}")
         before, after = sides(full.shape[1], image, site.text, state.trailing)
         x = image_part(full, image, before)
@@ -322,14 +262,13 @@ class ReuseBlock:
         entry.text = text
         if not (self.cached and entry.partial):
             return None
-        # keys="cached": the whole block on the recomputed tokens (text and reference rows whole), rotary rows too;
-        # a call whose arguments that cannot follow runs the block on every token (one warning)
-        for bound in refuse_if:
+        # keys="cached": the block on the recomputed tokens (text, references and rotary rows follow); a call with
+        for bound in refuse_if:  # arguments that cannot follow runs on every token (one warning)
             if bound.read(args, kwargs) is not None:
                 return self._whole(entry, f"{site.path} got {bound.name!r}, which a block run on some tokens would "
                                           "make wrong (keys='fresh' can run it)")
         for bound, per in per_token:
-            if bound is not None and per.holds(bound.read(args, kwargs), image, full.shape[1]):
+            if per.holds(bound.read(args, kwargs), image, full.shape[1]):
                 return self._whole(entry, f"{site.path} got a per-token {bound.name!r}, which token reuse with "
                                           "keys='cached' does not follow (keys='fresh' does)")
         entry.picked = x.index_select(1, chosen)
@@ -509,8 +448,3 @@ class ReuseBlock:
 def _call(build, *key):
     """``build(*key)``: what a table store would keep, made in the traced graph (torch.compile)."""
     return build(*key)
-
-
-def _bound_all(module: nn.Module, names) -> list:
-    """Each of ``names`` bound to ``module``'s ``forward`` (``None`` where it takes no such argument)."""
-    return [bind(Arg(n), module) for n in names]
