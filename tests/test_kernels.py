@@ -34,6 +34,23 @@ needs_triton = pytest.mark.skipif(DEVICE is None, reason="needs triton and CUDA,
 pytestmark = pytest.mark.triton
 
 
+@pytest.fixture(autouse=True)
+def kernels_ran(request, monkeypatch):
+    """A parity test cannot pass by comparing the torch path with itself: where the Triton kernels can run, every
+    test that reaches them must launch them (``kernels_ran``: the launches) without one falling back, unless it is
+    about the fallback (``broken_triton``)."""
+    launched = []
+    if DEVICE is None or "broken_triton" in request.fixturenames:
+        yield launched
+        return
+    real = kernels._launch
+    monkeypatch.setattr(kernels, "_launch", lambda *a, **k: launched.append(a[0]) or real(*a, **k))
+    yield launched
+    assert kernels.failed() is None, f"a Triton kernel fell back to the torch operators: {kernels.failed()}"
+    if request.node.get_closest_marker("parity") is not None:
+        assert launched, "the parity test compared the torch path with itself: no Triton kernel ran"
+
+
 def _plan(rows: int, tokens: int, slots: int, device) -> MergePlan:
     """A random plan: every slot gets one token, the others land anywhere (some slots get many)."""
     dest = []
@@ -50,6 +67,7 @@ def _torch(plan: MergePlan) -> MergePlan:
     return MergePlan(plan.dest, plan.num_slots)
 
 
+@pytest.mark.parity
 @needs_triton
 @pytest.mark.parametrize("rows", [1, 2], ids=["one-pattern", "per-element"])
 @pytest.mark.parametrize("before,after", [(0, 0), (3, 0), (0, 2), (2, 5)])
@@ -89,6 +107,7 @@ def test_fused_paths_ran_and_tables_are_kept_per_layout(monkeypatch):
     assert sorted(plan._kernel_tables) == [("merge", 2, 0), ("unmerge", 2, 0)]
 
 
+@pytest.mark.parity
 @needs_triton
 def test_strided_inputs():
     """A transposed view (PixArt's patch embedding hands its first block one) is read through its strides."""
@@ -100,6 +119,7 @@ def test_strided_inputs():
     torch.testing.assert_close(plan.unmerge_update(y, y, x), x, rtol=0, atol=0)  # no update: the input back
 
 
+@pytest.mark.parity
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_is_at_least_as_accurate_as_the_torch_path(dtype):
@@ -170,6 +190,7 @@ def _flux():
     return model, inputs
 
 
+@pytest.mark.parity
 @needs_triton
 @pytest.mark.parametrize("make", [_pixart, _flux], ids=["pixart", "flux"])
 @pytest.mark.parametrize("scope", ["attention", "block"])
@@ -311,6 +332,7 @@ def test_the_bench_says_when_the_triton_kernels_did_not_run(broken_triton, tmp_p
 LAYOUTS = ["unet-sd", "wan", "hunyuan-video", "qwen-image-edit", "lumina2", "ernie-image", "cogvideox", "ltx"]
 
 
+@pytest.mark.parity
 @needs_triton
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_families_match_the_torch_kernels(name, monkeypatch):

@@ -305,8 +305,9 @@ def test_fullgraph_compile_is_refused_with_the_reason():
 @pytest.mark.compile
 @pytest.mark.parametrize("name,kwargs", [("flux", {}), ("wan", {}), ("flux", dict(keys="cached", text=True))])
 def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kwargs):
-    """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: the only graph
-    breaks), the blocks' full and partial calls compile once, and a second generation compiles nothing more."""
+    """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: a graph break at
+    each end of the call, and no other), the blocks' full and partial calls compile once, and a second generation
+    compiles nothing more."""
     from torch._dynamo.utils import counters
 
     _skip(name)
@@ -321,14 +322,16 @@ def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kw
     compiled = torch.compile(model, backend="eager")
     try:
         got = _run(compiled, calls)
-        frames = counters["frames"]["total"]
+        frames, breaks = counters["frames"]["total"], dict(counters["graph_break"])
         again = _run(compiled, calls)
         assert counters["frames"]["total"] == frames, "a second generation compiled again"
-        breaks = list(counters["graph_break"])
+        assert dict(counters["graph_break"]) == breaks, "a second generation broke the graph again"
     finally:
         tokenmerge.remove_patch(model)
         torch.compiler.reset()
-    assert breaks and all("token reuse" in reason for reason in breaks), breaks
+    # two breaks in all: the denoiser's pre-hook and hook, each run on the host (full and partial calls alike)
+    assert sum(breaks.values()) == 2 and all("token reuse" in reason for reason in breaks), breaks
+    assert sorted("CallHook.pre" in r for r in breaks) == [False, True], breaks
     for run in (got, again):
         for a, b in zip(run, eager):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -674,3 +677,93 @@ def test_kept_keys_take_a_call_whose_text_changed_length():
         else:  # every text row fresh
             lead = fresh[..., :text_rows, :]
         torch.testing.assert_close(seen["key"], torch.cat([lead, image], -2), rtol=0, atol=0)
+
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention  # (token reuse routes the name while its modes are open)
+
+
+class _Keys(torch.overrides.TorchFunctionMode):
+    """Every SDPA call's keys and values (``record``), or, with ``kept`` and ``fresh`` rows, its keys and values at
+    the kept rows replaced by ``kept``'s (the reference of keys="cached")."""
+
+    def __init__(self, kept=None, fresh=None):
+        super().__init__()
+        self.kept, self.fresh, self.seen = kept, fresh, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is not _SDPA:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value")
+        kwargs.update(zip(names, args))
+        args = ()
+        self.seen.append((kwargs["key"].clone(), kwargs["value"].clone()))
+        if self.kept is not None:
+            keep = torch.ones(kwargs["key"].shape[-2], dtype=torch.bool)
+            keep[self.fresh] = False
+            k, v = (t.clone() for t in (kwargs["key"], kwargs["value"]))
+            k[..., keep, :], v[..., keep, :] = self.kept[0][..., keep, :], self.kept[1][..., keep, :]
+            kwargs["key"], kwargs["value"] = k, v
+        return func(**kwargs)
+
+
+@pytest.mark.parametrize("text", [False, True])
+def test_cached_keys_and_text_against_an_exact_reference(text):
+    """keys="cached" (and text=True): at a partial step each block's recomputed rows (image, and text ones with
+    text=True) are the unpatched block's outputs with the other tokens' keys and values taken from their last
+    computation (recorded at the full step), and every other row is its input plus its residual of that step."""
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 2)
+    blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
+    seen = {i: [] for i in range(len(blocks))}
+    for i, block in enumerate(blocks):  # before the patch's hooks: each call's plain input, and its final output
+        block.register_forward_pre_hook(lambda m, a, kw, i=i: seen[i].append({"kwargs": dict(kw)}), with_kwargs=True,
+                                        prepend=True)
+    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached", text=text, spread=0.0)
+    patch = model._tokenmerge_patch
+    rows = []
+    for i, block in enumerate(blocks):
+        block.register_forward_hook(lambda m, a, out, i=i: seen[i][-1].update(out=out))
+        block.register_forward_pre_hook(lambda m, a: rows.append(patch.calls.state.recompute))
+    with torch.no_grad():
+        full_keys = []
+        for i, block in enumerate(blocks):  # the full step, each block under a recorder of its keys and values
+            block.register_forward_pre_hook(lambda m, a, kw: full_keys.append(_Keys().__enter__()), with_kwargs=True)
+            block.register_forward_hook(lambda m, a, out: full_keys[-1].__exit__(None, None, None))
+        model(**calls[0])
+        for block in blocks:
+            block._forward_pre_hooks.popitem()
+            block._forward_hooks.popitem()
+        model(**calls[1])
+    call = rows[-1]
+    index = call.levels[0][1]
+    tokenmerge.remove_patch(model)
+    n, txt = calls[0]["hidden_states"].shape[1], calls[0]["encoder_hidden_states"].shape[1]
+    text_rows = call.text.get(txt) if text else None
+    assert index is not None and len(index) == n // 2 and (not text or len(text_rows) == round(0.5 * txt))
+    fresh = torch.cat([text_rows if text else torch.arange(txt), txt + index])  # rows of [text | image] keys
+    for i, block in enumerate(blocks):
+        first, second = seen[i]
+        kept = full_keys[i].seen[0]
+        with torch.no_grad(), _Keys(kept, fresh):
+            want = block(**second["kwargs"])
+        got = second["out"]
+        stream = patch.blocks[i].whole.output
+        x0, x1 = first["kwargs"]["hidden_states"], second["kwargs"]["hidden_states"]
+        residual = first["out"][stream] - x0
+        others = torch.ones(n, dtype=torch.bool)
+        others[index] = False
+        torch.testing.assert_close(got[stream][:, index], want[stream][:, index], rtol=1e-4, atol=1e-5)
+        assert torch.equal(got[stream][:, others], (x1 + residual)[:, others])
+        t_at = patch.blocks[i].whole.text_output
+        if t_at is not None:
+            c0, c1 = first["kwargs"]["encoder_hidden_states"], second["kwargs"]["encoder_hidden_states"]
+            if text:
+                rest = torch.ones(txt, dtype=torch.bool)
+                rest[text_rows] = False
+                torch.testing.assert_close(got[t_at][:, text_rows], want[t_at][:, text_rows], rtol=1e-4, atol=1e-5)
+                assert torch.equal(got[t_at][:, rest], (c1 + (first["out"][t_at] - c0))[:, rest])
+            else:
+                torch.testing.assert_close(got[t_at], want[t_at], rtol=1e-4, atol=1e-5)
