@@ -8,8 +8,8 @@ off its edges; the label is the item's class. The loop (rectified flow, EMA, res
 scripts/flow_training.py. At the end: EMA weights (fp16) to --out, a JSON log, a frame-strip grid (one row per
 class) and an animated GIF beside them.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/train_fashion_video_long.py [--steps N] [--batch 8] [--out PATH] \
-        [--checkpoint PATH] [--init src/tokenmerge/fashion/weights/fashion_video.safetensors]
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/train_fashion_video_long.py [--steps 400] [--batch 8] [--lr 3e-4] \
+        [--save-every 50] [--out PATH] [--checkpoint PATH] [--init fashion/weights/fashion_video.safetensors]
 
 `--samples PNG`: no training; a frame-strip grid of the checkpoint's EMA model and exit.
 """
@@ -50,7 +50,7 @@ def main() -> None:
     if where is not None:
         sample_png = Path(sys.argv[where + 1])
         del sys.argv[where: where + 2]
-    args = arguments(__doc__, 2000, 8, VIDEO_LONG_WEIGHTS, "train-fashion-video-long.ckpt")
+    args = arguments(__doc__, 400, 8, VIDEO_LONG_WEIGHTS, "train-fashion-video-long.ckpt")
     if args.init is None:
         args.init = VIDEO_WEIGHTS
     torch.manual_seed(args.seed)
