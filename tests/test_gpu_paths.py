@@ -26,8 +26,7 @@ METHODS = {  # the defaults (one plan per level: share_plans=True), and a plan p
     "todo": None,  # ToDo 2 per side (each frame of a video)
 }
 # the refusals these tests expect (at apply time, with the family's reason); any other error fails
-REFUSED = {("sd3", "whole-block"): "scope='block' is not declared", ("sd3", "whole-block-per-block"):
-           "scope='block' is not declared"}
+REFUSED: dict = {}  # (SD3 declares its whole-block layout now)
 
 
 def _video(model) -> bool:

@@ -271,13 +271,14 @@ class QueryRows(SdpaMode):
 
 
 class CachedKeys(SdpaMode):
-    """Token reuse, ``keys="cached"``: the SDPA call over the image's keys keeps (at a full step, ``index`` None) a
+    """Token reuse, ``keys="cached"``: each SDPA call over the image's keys keeps (at a full step, ``index`` None) a
     copy of its keys and values in ``slot``, or (at a partial step: the block runs on the ``index`` tokens alone)
-    writes their fresh rows (and the text's) into the kept ones, in place, and attends to all of them.
+    writes their fresh rows (and the text's) into the kept ones, in place, and attends to all of them. An attention
+    that calls SDPA once per sample (Mochi: each prompt's valid text) keeps one pair per call.
 
-    Args: as ``QueryRows``; slot: a list holding this attention's kept ``[keys, values]`` (B, H, L, D), every row
-    of the call's sequence (text, image and reference rows); text: ``text=True``: the recomputed text tokens
-    (sorted indices; ``None``: every text row is fresh).
+    Args: as ``QueryRows``; slot: a list holding this attention's kept ``[keys, values]`` (B, H, L, D) per SDPA
+    call, every row of the call's sequence (text, image and reference rows); text: ``text=True``: the recomputed text
+    tokens (sorted indices; ``None``: every text row is fresh).
     """
 
     def __init__(self, image: int, index: torch.Tensor | None, keys: str | None, trailing: int, slot: list,
@@ -289,14 +290,16 @@ class CachedKeys(SdpaMode):
         key = kwargs["key"]
         count = self.image if self.index is None else self.index.shape[0]
         length = key.shape[-2] // self.segments
-        if self.calls or length < count:  # a second call, or not the call over the image's keys: untouched
-            return func(**kwargs)
+        if length < count or (self.index is not None and self.calls >= len(self.slot)):  # not the call over the
+            return func(**kwargs)  # image's keys, or one more than the full step made: untouched
         before, after = sides(length, count, self.keys, self.trailing)
+        pair = self.calls
         self.calls += 1
         if self.index is None:
-            self.slot[:] = [key.contiguous().clone(), kwargs["value"].contiguous().clone()]
+            del self.slot[pair:]
+            self.slot.append([key.contiguous().clone(), kwargs["value"].contiguous().clone()])
             return func(**kwargs)
-        kept = self.slot[0]
+        kept = self.slot[pair][0]
         kept_length = kept.shape[-2] // self.segments
         kept_before = before if self.text is None else kept_length - self.image - after
         fits = kept.shape[:-2] == key.shape[:-2] and kept_length == kept_before + self.image + after and (
@@ -306,15 +309,15 @@ class CachedKeys(SdpaMode):
                 raise ValueError("tokenmerge: token reuse with keys='cached' under context parallelism got a call "
                                  "whose text changed length since its keys were kept")
             kwargs["key"], kwargs["value"] = (_rebuilt(k, fresh, before, self.image, after, self.index)
-                                              for k, fresh in zip(self.slot, (key, kwargs["value"])))
+                                              for k, fresh in zip(self.slot[pair], (key, kwargs["value"])))
             return func(**kwargs)
         mask = kwargs.get("attn_mask")
         if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] > 1:
             kwargs["attn_mask"] = self._mask(mask, before, count, after)
         rows = kept_rows(self.index, self.text, kept_before, self.image, after, before, self.segments, self.tables)
-        for kept, fresh in zip(self.slot, (key, kwargs["value"])):
+        for kept, fresh in zip(self.slot[pair], (key, kwargs["value"])):
             kept.index_copy_(-2, rows, fresh)
-        kwargs["key"], kwargs["value"] = self.slot
+        kwargs["key"], kwargs["value"] = self.slot[pair]
         return func(**kwargs)
 
     def _mask(self, mask: torch.Tensor, before: int, count: int, after: int) -> torch.Tensor:

@@ -183,7 +183,10 @@ class Planner:
             if not torch.compiler.is_compiling():
                 self.small[site.level] = (grid, x.shape[-1], smallest)
             return None
-        if not self.merges:  # ToDo without query merging: the block's grid, no plan
+        if not self.merges:  # ToDo without query merging: the block's grid, no plan (an observer sees an identity)
+            observer = self.patch.observer
+            if observer is not None and hasattr(observer, "plan"):
+                observer.plan(BlockPlan(site.path, IdentityPlan(image), grid, state.grid, state.trailing))
             return BlockCall(None, grid)
         batch = 1 if self.batch_pattern else x.shape[0]  # one pattern for the batch: a merged token has one position
         key = -1 - site.level if self.shared else index

@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import ReuseConfig, ToDoConfig
-from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_BEFORE, Arg
+from ..families.spec import CROSS, JOINT, MLP, SELF, TEXT_BEFORE, TEXT_NONE, Arg
 from ..merge.kernels import missing
 from .attention import backend_refusal
 from .caches import REGISTRY_ATTR, bad_hook, cache_message, why_refused
@@ -182,3 +182,6 @@ def _check_text(site, blocks) -> None:
         if rotary is not None and (rotary.layout != "tensor" or rotary.text != TEXT_BEFORE):
             raise ValueError(f"tokenmerge: token reuse's text=True cannot follow the rotary table of {b.path} "
                              "(its text rows do not lead one tensor); leave text=False")
+        if any(t.kind in (SELF, JOINT) and t.keys not in (TEXT_BEFORE, TEXT_NONE) for t in b.targets):
+            raise ValueError(f"tokenmerge: token reuse's text=True recomputes text rows that lead the attention's "
+                             f"keys, and {b.path}'s attention puts the text after the image; leave text=False")

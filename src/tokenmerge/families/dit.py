@@ -53,14 +53,18 @@ DIT = Family(
     examples=("dit", "pixart", "latte"),
 )
 
+_SPLITS = ("its joint attention splits its output at its input's image token count, so it cannot return only some "
+           "tokens' rows")  # (keys="cached" runs the whole block on the recomputed tokens: that works)
 MMDIT = Family(
     "diffusers-mmdit",
     match=config_has("patch_size", int) & has("pos_embed") & block_has("transformer_blocks", "attn", "ff")
     & ~has("single_transformer_blocks"),
     grid=LatentGrid(patch=_PATCH),
-    blocks=(Blocks("transformer_blocks", (Target("attn", JOINT, keys=TEXT_AFTER),
+    blocks=(Blocks("transformer_blocks", (Target("attn", JOINT, keys=TEXT_AFTER, reuse=_SPLITS),
                                           Target("attn2", SELF, keys=TEXT_NONE), Target("ff", MLP)),
-                   requires=("attn", "ff"), chunk_attr="_chunk_size"),),
+                   requires=("attn", "ff"), chunk_attr="_chunk_size",
+                   # blocks return (text, image); the last one's text is None (context_pre_only)
+                   whole=Whole(output=1, text="encoder_hidden_states", text_output=0)),),
     description="Stable Diffusion 3 / 3.5 (MMDiT)",
     examples=("sd3", "sd3.5", "sd3-controlnet"),
 )

@@ -42,7 +42,7 @@ __all__ = ["FLUX2", "QWEN_IMAGE", "SANA", "SANA_SPRINT", "FAMILIES"]
 _FLUX2_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
 _FLUX2_FUSED = ("its single-stream attention computes the feed-forward of every token inside the attention call (one "
                 "fused projection, concatenated with the attention's output), which cannot keep only some tokens' "
-                "rows")
+                "rows")  # (keys="cached" runs the whole block on the recomputed tokens: that works)
 FLUX2 = Family(
     "flux2",
     match=has("x_embedder", "single_stream_modulation") & has_list("transformer_blocks", "single_transformer_blocks")
@@ -53,7 +53,7 @@ FLUX2 = Family(
         Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX2_ROTARY, mask=Mask(text=TEXT_BEFORE),
                                              keys=TEXT_BEFORE),
                                       Target("ff", MLP)), requires=("attn", "ff"),
-               whole=Whole(output=1, rotary=_FLUX2_ROTARY)),
+               whole=Whole(output=1, rotary=_FLUX2_ROTARY, text="encoder_hidden_states", text_output=0)),
         Blocks("single_transformer_blocks", (Target("attn", JOINT, text=TEXT_BEFORE, rotary=_FLUX2_ROTARY,
                                                     mask=Mask(text=TEXT_BEFORE), keys=TEXT_BEFORE,
                                                     reuse=_FLUX2_FUSED),),

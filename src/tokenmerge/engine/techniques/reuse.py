@@ -254,10 +254,9 @@ class ReuseBlock:
         if fits and text is not None:
             kept_text = kept.text.get(index)
             fits = kept_text is not None and kept_text.shape == text.shape and kept_text.dtype == text.dtype
-        if fits and self.cached:
+        if fits and self.cached:  # (a batch of another size is another slot)
             for t in range(len(self.targets[index])):
-                kv = kept.kv.get((index, t))
-                fits = fits and bool(kv) and kv[0].shape[0] == x.shape[0]
+                fits = fits and bool(kept.kv.get((index, t)))
         state.blocks[index] = entry = _Block(x, call.partial and fits, image, chosen, grid)
         entry.text = text
         if not (self.cached and entry.partial):

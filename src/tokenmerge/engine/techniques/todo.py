@@ -84,7 +84,7 @@ class PoolKeys(MergeAround):
                                  "this model")
             x = target.arg.read(args, kwargs)
             args, kwargs = target.context.replace(args, kwargs, self.downsample(x, call.grid, self.factors, self.mode))
-        if call.plan is None:  # no query merging
+        if call.plan is None and self.patch.observer is None:  # no query merging (an observer sees the phases)
             return args, kwargs
         return super().target_pre(index, t, module, args, kwargs)  # the queries merged, where ratio > 0
 
@@ -94,6 +94,6 @@ class PoolKeys(MergeAround):
             return None
         if t in call.modes:
             leave(call.modes.pop(t), NO_SDPA.format(attr=self.targets[index][t].spec.attr))
-        if call.plan is None:
+        if call.plan is None and self.patch.observer is None:
             return None
         return super().target_post(index, t, module, args, output)
