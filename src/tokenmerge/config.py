@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numbers
-from dataclasses import KW_ONLY, asdict, dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from .merge.kernels import KERNELS
+from .merge.recompute import share
 
 __all__ = ["ToMeConfig", "ToDoConfig", "ReuseConfig", "DEFAULT_SEED", "POOL_MODES", "CUDA_MIN_SIZE", "min_size_on",
            "ORDERS", "KEYS"]
@@ -16,11 +17,7 @@ POOL_MODES = ("nearest-exact", "avg", "bilinear", "trilinear")
 SCOPES = ("attention", "block")
 
 # ``min_size=None`` on CUDA: calls whose merged hidden states hold fewer elements per sample (tokens x channels) run
-# unmerged. Chosen from the H200 table (benchmarks/results/gpu/gpu-table.md, eager, one step): below it merging was
-# slower than vanilla or no faster even at its zero-overhead limit (SD 1.5 at 512, 4096 tokens x 320 channels: ToMe
-# 0.83x, limit 0.93x, ToDo 0.96x; SDXL at 1024, 4096 x 640: ToMe 0.91x, limit 1.00x, ToDo 1.01x), above it merging
-# paid (PixArt-alpha at 1024, 4096 x 1152: ToMe with share_plans 1.17x, ToDo 1.29x; Flux.1 at 1024, 4096 x 3072:
-# 1.25x; Wan 2.1 1.3B 480p x 81, 32760 x 1536: 1.86x).
+# unmerged, the size below which merging did not pay on the GPU table (docs/gpu.md, "Small calls").
 CUDA_MIN_SIZE = 4096 * 1024
 
 
@@ -82,9 +79,9 @@ def _check_bool(name: str, value) -> bool:
 
 
 @dataclass(frozen=True)
-class _WhenAndReuse:
-    """What both methods share, keyword-only (after each method's own fields): the schedule, plan reuse and
-    the matching's reach."""
+class _Schedule:
+    """What ToMe and ToDo share, keyword-only (after each method's own fields): the schedule, plans kept across
+    steps and the matching's reach."""
 
     _: KW_ONLY
     start: float = 0.0
@@ -104,7 +101,7 @@ class _WhenAndReuse:
         "transformer"): ``share_plans``, or where it is ``None`` (the default) on transformers only."""
         return self.share_plans if self.share_plans is not None else kind != "unet"
 
-    def _check_when_and_reuse(self, upper: float) -> None:
+    def _check_shared(self, upper: float) -> None:
         _check_blocks(self, "every block the level rule selects", "range(0, 28, 2)")
         if self.ratio_end is not None:
             end = self.ratio_end
@@ -157,12 +154,10 @@ class _WhenAndReuse:
         span = (progress - self.start) / (self.stop - self.start)
         return self.ratio + (self.ratio_end - self.ratio) * min(max(span, 0.0), 1.0)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
-class ToMeConfig(_WhenAndReuse):
+class ToMeConfig(_Schedule):
     """Settings of ToMe for Stable Diffusion (same names and meanings as ``tomesd.apply_patch``).
 
     Args:
@@ -252,11 +247,11 @@ class ToMeConfig(_WhenAndReuse):
         if self.seed is not None:
             _check_int("seed", self.seed, 0, "None or an integer >= 0")
         object.__setattr__(self, "ratio", float(ratio))
-        self._check_when_and_reuse(upper)
+        self._check_shared(upper)
 
 
 @dataclass(frozen=True)
-class ToDoConfig(_WhenAndReuse):
+class ToDoConfig(_Schedule):
     """Settings of ToDo (token downsampling, arXiv 2402.13573): self-attention's keys and values come from
     the token grid pooled by ``downsample`` per side; queries stay full (or are merged by ToMe: ``ratio``).
 
@@ -303,7 +298,7 @@ class ToDoConfig(_WhenAndReuse):
         # the query merging is ToMe's: validated as such
         tome = ToMeConfig(self.ratio, self.max_downsample, self.sx, self.sy, self.use_rand, seed=self.seed, st=self.st)
         object.__setattr__(self, "ratio", tome.ratio)
-        self._check_when_and_reuse(1.0 - 1.0 / (self.sx * self.sy * self.st))
+        self._check_shared(1.0 - 1.0 / (self.sx * self.sy * self.st))
 
     @property
     def pools(self) -> bool:
@@ -336,8 +331,8 @@ class ReuseConfig:
     """Settings of ``apply_reuse`` (validated when made; see its docstring).
 
     Example:
-        >>> ReuseConfig(fraction=0.35, warmup=4).partial_at(10)
-        True
+        >>> ReuseConfig(fraction=0.35, warmup=2).schedule(4)
+        [None, None, 0.35, 0.35]
     """
 
     fraction: float = 0.5
@@ -396,28 +391,13 @@ class ReuseConfig:
         """Whether any token is ever reused (``fraction=1`` recomputes every token: an exact no-op)."""
         return self.fraction < 1.0 or (self.fraction_end is not None and self.fraction_end < 1.0)
 
-    def fraction_at(self, progress: float, first: float) -> float:
-        """The share recomputed at a partial step at denoising ``progress`` (0 = noise, 1 = the end), the
-        generation's first partial step having been at ``first``: ``fraction`` there, moving linearly to
-        ``fraction_end`` at the end."""
-        if self.fraction_end is None or first >= 1.0:
-            return self.fraction
-        a = min(1.0, max(0.0, (progress - first) / (1.0 - first)))
-        return self.fraction + (self.fraction_end - self.fraction) * a
-
     def schedule(self, steps: int) -> list[float | None]:
         """The share recomputed at each of ``steps`` steps whose timesteps fall linearly from noise (progress
-        ``k / steps``, as the embedded models' sampler): ``None`` for a full step."""
-        partial = [k for k in range(steps) if self.partial_at(k)]
-        first = partial[0] / steps if partial else 0.0
-        return [self.fraction_at(k / steps, first) if self.partial_at(k) else None for k in range(steps)]
-
-    def partial_at(self, step: int) -> bool:
-        """Whether step ``step`` (0 = the generation's first denoising step) is a partial one."""
-        if not self.reuses or step < self.warmup:
-            return False
-        return not (self.every and (step - self.warmup + 1) % self.every == 0)
-
-    def full_steps(self, steps: int) -> int:
-        """How many of a generation's ``steps`` steps are full (every token recomputed)."""
-        return sum(not self.partial_at(k) for k in range(steps))
+        ``k / steps``, as the embedded models' sampler): ``None`` for a full step (``merge.recompute.share``)."""
+        out, first = [], None
+        for k in range(steps):
+            part = share(k, k / steps, first, self.fraction, self.fraction_end, self.warmup, self.every) \
+                if self.reuses else None
+            first = k / steps if part is not None and first is None else first
+            out.append(part)
+        return out
