@@ -34,6 +34,20 @@ def _call(model, inputs, t: float):
         return torch.cat([x.flatten().float() for x in all_tensors(model(**kw))])
 
 
+def _tiled_and_alone(model, tiles, times, patch) -> tuple[list, list]:
+    """Each tile's outputs at each time, called tile after tile at every time under one ``patch(model)``, and
+    called alone (a patch of its own) at every time."""
+    patch(model)
+    tiled = [[_call(model, tile, t) for tile in tiles] for t in times]  # (time, tile)
+    tokenmerge.remove_patch(model)
+    alone = []
+    for tile in tiles:
+        patch(model)
+        alone.append([_call(model, tile, t) for t in times])
+        tokenmerge.remove_patch(model)
+    return [list(per_tile) for per_tile in zip(*tiled)], alone
+
+
 def _flux():
     _skip("flux")
     entry = CATALOGUE["flux"]
@@ -59,17 +73,10 @@ def test_tiles_of_two_sizes_per_step_each_equal_a_run_of_that_tile_alone():
     tiles = [entry.inputs(batch=2, grid=(4, 4), seed=0), entry.inputs(batch=2, grid=(4, 4), seed=1),
              entry.inputs(batch=2, grid=(2, 4), seed=2)]
     times = [1.0, 0.8, 0.6, 0.4, 0.2]
-    tokenmerge.apply_reuse(model, 0.5, warmup=1)
-    tiled = [[_call(model, tile, t) for tile in tiles] for t in times]
-    tokenmerge.remove_patch(model)
-    for k, tile in enumerate(tiles):
-        tokenmerge.apply_reuse(model, 0.5, warmup=1)
-        alone = [_call(model, tile, t) for t in times]
-        tokenmerge.remove_patch(model)
-        for step, out in enumerate(alone):
-            assert torch.equal(tiled[step][k], out), (k, step)
-    vanilla = _call(model, tiles[0], times[-1])
-    assert not torch.equal(tiled[-1][0], vanilla)  # the reuse acted
+    tiled, alone = _tiled_and_alone(model, tiles, times, lambda m: tokenmerge.apply_reuse(m, 0.5, warmup=1))
+    for k in range(len(tiles)):
+        assert all(torch.equal(a, b) for a, b in zip(tiled[k], alone[k])), k
+    assert not torch.equal(tiled[0][-1], _call(model, tiles[0], times[-1]))  # the reuse acted
 
 
 def test_batched_and_unbatched_calls_keep_their_own_state():
@@ -159,14 +166,9 @@ def test_tome_kept_plans_follow_each_tile():
     entry, model = _flux()
     tiles = [entry.inputs(batch=2, grid=(4, 4), seed=0), entry.inputs(batch=2, grid=(2, 4), seed=2)]
     times = [1.0, 0.8, 0.6, 0.4]
-    tokenmerge.apply_patch(model, 0.5, reuse_steps=2)
-    tiled = [[_call(model, tile, t) for tile in tiles] for t in times]
-    tokenmerge.remove_patch(model)
-    for k, tile in enumerate(tiles):
-        tokenmerge.apply_patch(model, 0.5, reuse_steps=2)
-        alone = [_call(model, tile, t) for t in times]
-        tokenmerge.remove_patch(model)
-        assert all(torch.equal(tiled[s][k], a) for s, a in enumerate(alone)), k
+    tiled, alone = _tiled_and_alone(model, tiles, times, lambda m: tokenmerge.apply_patch(m, 0.5, reuse_steps=2))
+    for k in range(len(tiles)):
+        assert all(torch.equal(a, b) for a, b in zip(tiled[k], alone[k])), k
 
 
 def test_the_clock_tells_steps_places_and_generations():
