@@ -18,6 +18,7 @@ from .api import (
     remove_patch,
 )
 from .config import ReuseConfig, ToDoConfig, ToMeConfig
+from .faithful import accelerate
 from .families import Family, register_family, registered_families, unregister_family
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __all__ = [
     "ToDoConfig",
     "ToMeConfig",
     "__version__",
+    "accelerate",
     "apply_config",
     "apply_patch",
     "apply_reuse",

@@ -133,6 +133,8 @@ def _notes(patches) -> tuple[str, ...]:
     notes = []
     for p in patches:
         cfg, family = p.config, p.site.family
+        if p.chosen is not None and p.chosen not in notes:
+            notes.append(p.chosen)
         if isinstance(cfg, ReuseConfig):
             wanted = [NOTE_REUSE_MEMORY] + [NOTE_REUSE_KEYS] * (cfg.keys == "cached") + [NOTE_REUSE_TEXT] * cfg.text
             notes += [note for note in wanted if note not in notes]

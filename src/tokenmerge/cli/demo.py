@@ -10,8 +10,8 @@ from .quality import EMBEDDED_PROMPTS, _check_methods, add_common, embedded, loa
 
 HELP = """\
 Generate the same prompts and seeds with the vanilla model and with a few token-reduction settings (on the
-transformers, token reuse beside ToMe: the faithful choice there), print a timing and fidelity table and write a
-comparison grid. Offline, no download: by default it runs the three small
+transformers, tokenmerge.accelerate, which picks token reuse there, beside ToMe), print a timing and fidelity table
+and write a comparison grid. Offline, no download: by default it runs the three small
 models that ship inside tokenmerge, trained on Fashion-MNIST, on five of its classes: a diffusers UNet (32x32
 images, 1024 tokens at its finest level), a Flux.1-style transformer (256 image tokens beside 4 text tokens) and a
 Wan-style video transformer (8-frame clips, 512 tokens), then times one denoising step of the Wan 2.1 1.3B
@@ -42,11 +42,11 @@ def add_parser(sub) -> None:
 # five so that the demo stays within a few minutes on 2 cores
 CLASSES = (0, 1, 3, 7, 8)
 # the embedded transformers' parts of the demo: (--model name, output stem, methods)
-# the transformers: ToMe in every step, and in the second half of the steps only (start=0.5), beside token reuse,
-# the faithful setting on transformers, at a setting of each model's frontier (benchmarks/results/frontier/)
-TRANSFORMERS = (("fashion-dit", "demo-dit", ("tome:0.5", "tome:0.5,start=0.5", "reuse:0.5,warmup=3,keys=cached",
-                                             "todo:2")),
-                ("fashion-video", "demo-video", ("tome:0.5", "tome:0.5,start=0.5", "reuse:0.3", "todo:1x2x2")))
+# the transformers: tokenmerge.accelerate (token reuse at the frontier's points: benchmarks/results/frontier/), the
+# faithful setting there, beside ToMe in every step and in the second half of the steps only (start=0.5)
+TRANSFORMERS = (("fashion-dit", "demo-dit", ("auto", "auto,speed=fast", "tome:0.5", "tome:0.5,start=0.5", "todo:2")),
+                ("fashion-video", "demo-video", ("auto", "auto,speed=fast", "tome:0.5", "tome:0.5,start=0.5",
+                                                 "todo:1x2x2")))
 # the speed figure: one block of the real-width Wan preset is enough for a per-block speed-up (the others are alike)
 # and keeps it under a minute on 2 cores; ToDo's speed-up at this size is small (`tokenmerge bench` gives it)
 SPEED = dict(preset="wan-1b", resolution="480x832", frames=9,

@@ -60,6 +60,7 @@ class Patch:
         self.watch: Watch | None = None
         self.registries: list = []  # diffusers hook registries watched (caches.py)
         self.parallel: tuple | None = None  # (the model's context-parallel config, its Split): parallel.py
+        self.chosen: str | None = None  # what tokenmerge.accelerate chose, and why (describe_patch's first note)
         self._handles: list = []
 
     def install(self) -> None:

@@ -27,11 +27,13 @@ METHODS = {
             "axis: 1x2x2 (each video frame), 2x2x2 (frames too)",
     "tomesd": "the reference tomesd package, on the same blocks as ours; VALUE = ratio (default 0.5)",
     "reuse": "token reuse (apply_reuse): after warmup full steps, each step recomputes a moving share of the image "
-             "tokens in every block, the others keep their cached block residual; VALUE = that share (default 0.5); "
+             "tokens in every block, the others keep their kept block residual; VALUE = that share (default 0.5); "
              "options warmup=, fraction_end=, keys=cached, text=true, spread=, every=, order=, seed=, blocks=(i,j,...)",
+    "auto": "tokenmerge.accelerate: the faithful setting for the model (ToMe on a UNet, token reuse on a "
+            "transformer); no VALUE; option speed=faithful|balanced|fast (default balanced)",
 }
 # methods whose state carries across steps: the bench times their steady partial step after a full one
-STATEFUL = ("reuse",)
+STATEFUL = ("reuse", "auto")
 # reuse options that do not change a step's work (the schedule, which tokens): the bench's record omits them
 SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end")
 # Speed references for the bench only: their outputs are meaningless as images.
@@ -177,6 +179,12 @@ class MethodSpec:
             ToDoConfig(downsample=self.value, **self.kwargs())
         elif self.name == "reuse":
             self.reuse_config()
+        elif self.name == "auto":
+            from ..faithful import SPEEDS
+
+            unknown = set(self.kwargs()) - {"speed"}
+            if unknown or self.kwargs().get("speed", "balanced") not in SPEEDS:
+                raise ValueError(f"auto takes one option, speed= one of {', '.join(SPEEDS)}")
         elif self.name == "tomesd":
             ToMeConfig(ratio=self.value)
             unknown = set(self.kwargs()) - {"sx", "sy", "use_rand", "merge_attn", "merge_crossattn", "merge_mlp",
@@ -205,6 +213,8 @@ class MethodSpec:
             tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()), code_paths=code_paths)
         elif self.name == "reuse":
             tokenmerge.apply_config(model, self.reuse_config())
+        elif self.name == "auto":
+            tokenmerge.accelerate(model, **self.kwargs())
         elif self.name == "limit":
             from .limits import slice_match  # the engine's N-D matcher signature
 
