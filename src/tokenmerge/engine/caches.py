@@ -25,7 +25,7 @@ import sys
 
 from ..config import ToDoConfig
 
-__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "CHAIN_HOOK", "ChainHook", "bad_hook", "what_hook",
+__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "CHAIN_HOOK", "ChainHook", "bad_hook",
            "cache_message", "why_refused", "route", "watch_registries", "unwatch"]
 
 REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)

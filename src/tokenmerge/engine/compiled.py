@@ -15,7 +15,7 @@ import sys
 import torch
 from torch import nn
 
-__all__ = ["forget_compiled", "compiled_in_place", "regional_message", "on_host", "HOST_REASON"]
+__all__ = ["forget_compiled", "compiled_in_place", "regional_message", "on_host"]
 
 HOST_REASON = ("tokenmerge: token reuse (apply_reuse) decides at each denoiser call, on the host, whether the step "
                "is full or partial and which tokens it recomputes (from the timestep): compile the denoiser without "

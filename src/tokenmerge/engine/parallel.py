@@ -38,8 +38,8 @@ from .caches import REGISTRY_ATTR
 from .call import PARALLEL_ATTR, NoGrid
 from .discover import bind
 
-__all__ = ["PARALLEL_ATTR", "SPLIT_HOOK", "Shard", "Split", "check_block_input", "check_install", "shard_grid",
-           "shard_of", "split_of"]
+__all__ = ["PARALLEL_ATTR", "Shard", "Split", "check_block_input", "check_install", "shard_grid", "shard_of",
+           "split_of"]
 
 SPLIT_HOOK = "cp_input---"  # diffusers' name prefix of a ContextParallelSplitHook (hooks/context_parallel.py)
 _HIDDEN = "hidden_states"  # the argument diffusers' plans split the image stream by

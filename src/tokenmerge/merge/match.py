@@ -41,9 +41,9 @@ from .windows import (
     window_grid,
 )
 
-__all__ = ["Matching", "GlobalMatching", "LocalMatching", "matching", "best_matches", "local_best_matches",
-           "normalize_radius", "random_offsets", "window_split", "window_dst", "window_destinations", "mix32",
-           "seed_key", "block_salts", "window_hashes", "step_key", "PATHS"]
+__all__ = ["Matching", "GlobalMatching", "LocalMatching", "matching", "best_matches", "normalize_radius",
+           "random_offsets", "window_split", "window_destinations", "mix32", "block_salts", "window_hashes",
+           "step_key", "PATHS"]
 
 # ---- the random destination choice: every hash constant of the library ----------------------------------------
 _MASK32 = 0xFFFFFFFF

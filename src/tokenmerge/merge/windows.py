@@ -20,8 +20,8 @@ import math
 
 import torch
 
-__all__ = ["num_windows", "window_grid", "check_grid", "tile_sizes", "LOCAL_TILE", "grid_tables", "top_left",
-           "choice_tables", "tiling", "rest_candidates", "far", "slices", "rank_slots"]
+__all__ = ["num_windows", "window_grid", "check_grid", "tile_sizes", "top_left", "choice_tables", "tiling",
+           "rest_candidates", "far", "slices", "rank_slots"]
 
 # Local matching cuts the windows into tiles of LOCAL_TILE windows per axis (2-D; at least 2 * radius) and scores
 # each tile's tokens against its neighbourhood's destinations in one small product.

@@ -37,7 +37,7 @@ from ..call import coarsen, image_part, join, sides, take_mask, take_rotary
 from ..compiled import on_host
 from ..discover import bind, bind_refusals, bind_whole, resolve
 
-__all__ = ["ReuseBlock", "BLOCK"]
+__all__ = ["ReuseBlock"]
 
 BLOCK = -1  # the "target" index of a block's own hooks (how caches.route names them)
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
