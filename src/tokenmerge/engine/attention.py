@@ -24,6 +24,7 @@ sequence.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import torch
@@ -234,6 +235,7 @@ def _some(n) -> bool:
     return not _known_true(n == 0)
 
 
+@dataclasses.dataclass(eq=False)
 class QueryRows(SdpaMode):
     """Token reuse, ``keys="fresh"``: each SDPA call over the image's queries keeps only the query rows of the
     recomputed image tokens (and every text or reference row); keys and values pass whole. A mask with a row per
@@ -245,10 +247,12 @@ class QueryRows(SdpaMode):
         keys: where text sits in the attention call's sequence (``Target.keys``); trailing: reference tokens.
     """
 
-    def __init__(self, image: int, index: torch.Tensor, keys: str | None, trailing: int, segments: int = 1,
-                 tables: Tables = TABLES):
-        self.image, self.index, self.keys, self.trailing = image, index, keys or TEXT_NONE, trailing
-        self.segments, self.tables = segments, tables
+    image: int
+    index: torch.Tensor
+    keys: str | None
+    trailing: int
+    segments: int = 1
+    tables: Tables = TABLES
 
     def attend(self, func, kwargs: dict):
         query = kwargs["query"]  # (B, H, L, D)
@@ -256,7 +260,7 @@ class QueryRows(SdpaMode):
         if length < self.image:  # not a call over the image's queries (e.g. a second attention over other tokens)
             return func(**kwargs)
         self.calls += 1
-        before, after = sides(length, self.image, self.keys, self.trailing)
+        before, after = sides(length, self.image, self.keys or TEXT_NONE, self.trailing)
         rows = sided_rows(self.index, before, self.image, after, self.tables)
         if self.segments > 1:  # the same rows of each rank's segment
             rows = (self.tables.get(arange, self.segments, rows.device)[:, None] * length + rows).flatten()
@@ -270,6 +274,7 @@ class QueryRows(SdpaMode):
         return out.new_zeros(query.shape[:-1] + out.shape[-1:]).index_copy_(-2, rows, out)
 
 
+@dataclasses.dataclass(eq=False)
 class CachedKeys(SdpaMode):
     """Token reuse, ``keys="cached"``: each SDPA call over the image's keys keeps (at a full step, ``index`` None) a
     copy of its keys and values in ``slot``, or (at a partial step: the block runs on the ``index`` tokens alone)
@@ -281,10 +286,14 @@ class CachedKeys(SdpaMode):
     tokens (sorted indices; ``None``: every text row is fresh).
     """
 
-    def __init__(self, image: int, index: torch.Tensor | None, keys: str | None, trailing: int, slot: list,
-                 text: torch.Tensor | None = None, segments: int = 1, tables: Tables = TABLES):
-        self.image, self.index, self.keys, self.trailing, self.slot = image, index, keys or TEXT_NONE, trailing, slot
-        self.text, self.segments, self.tables = text, segments, tables
+    image: int
+    index: torch.Tensor | None
+    keys: str | None
+    trailing: int
+    slot: list
+    text: torch.Tensor | None = None
+    segments: int = 1
+    tables: Tables = TABLES
 
     def attend(self, func, kwargs: dict):
         key = kwargs["key"]
@@ -292,7 +301,7 @@ class CachedKeys(SdpaMode):
         length = key.shape[-2] // self.segments
         if length < count or (self.index is not None and self.calls >= len(self.slot)):  # not the call over the
             return func(**kwargs)  # image's keys, or one more than the full step made: untouched
-        before, after = sides(length, count, self.keys, self.trailing)
+        before, after = sides(length, count, self.keys or TEXT_NONE, self.trailing)
         pair = self.calls
         self.calls += 1
         if self.index is None:

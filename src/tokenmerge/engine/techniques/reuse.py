@@ -47,50 +47,53 @@ NO_SDPA = ("tokenmerge: token reuse found no scaled_dot_product_attention call o
            "default 'native' backend)")
 
 
+@dataclasses.dataclass(slots=True)
 class _Walk:
     """The generation's round-robin: its first partial step's progress, each partial step's share."""
 
-    __slots__ = ("first", "shares", "counted")
+    first: float | None = None
+    shares: list = dataclasses.field(default_factory=list)
+    counted: int = -1
 
-    def __init__(self) -> None:
-        self.first, self.shares, self.counted = None, [], -1
 
-
+@dataclasses.dataclass(slots=True)
 class _Kept:
     """One slot's kept tensors: per block its residuals (image, text), per attention its keys and values."""
 
-    __slots__ = ("residual", "text", "kv")
-
-    def __init__(self) -> None:
-        self.residual: dict[int, torch.Tensor] = {}
-        self.text: dict[int, torch.Tensor] = {}
-        self.kv: dict[tuple[int, int], list] = {}
+    residual: dict = dataclasses.field(default_factory=dict)  # block -> (B, N, C)
+    text: dict = dataclasses.field(default_factory=dict)  # block -> (B, T, C)
+    kv: dict = dataclasses.field(default_factory=dict)  # (block, target) -> [[keys, values] per SDPA call]
 
 
+@dataclasses.dataclass(slots=True)
 class _Recompute:
-    """One call: its slot's kept tensors, partial or not, per level ``(tokens, recomputed, grid)``, the recomputed
-    text rows by text length, the rotary rows its blocks share."""
+    """One call: its slot's kept tensors, per level ``(tokens, recomputed, grid)``, text rows, shared rotary rows."""
 
-    __slots__ = ("kept", "partial", "share", "levels", "text", "taken", "segments", "device")
+    kept: _Kept
+    partial: bool
+    share: float
+    segments: int
+    device: object
+    levels: dict = dataclasses.field(default_factory=dict)
+    text: dict = dataclasses.field(default_factory=dict)
+    taken: list = dataclasses.field(default_factory=list)
 
-    def __init__(self, kept: _Kept, partial: bool, share_: float, segments: int, device) -> None:
-        self.kept, self.partial, self.share, self.segments, self.device = kept, partial, share_, segments, device
-        self.levels: dict[int, tuple] = {}
-        self.text: dict[int, torch.Tensor] = {}
-        self.taken: list = []
 
-
+@dataclasses.dataclass(slots=True)
 class _Block:
-    """One block's call in flight: its image input, partial or not, its level's tokens, recomputed tokens and grid,
-    its text stream and recomputed text rows, its targets' SDPA modes and gathered layouts."""
+    """One block's call in flight: its inputs, its level's recomputed tokens, its targets' modes and layouts."""
 
-    __slots__ = ("x", "partial", "ran", "image", "index", "grid", "modes", "rows", "text", "text_index", "picked")
-
-    def __init__(self, x, partial: bool, image: int, index, grid: tuple) -> None:
-        self.x, self.partial, self.ran, self.image, self.index, self.grid = x, partial, False, image, index, grid
-        self.text = self.text_index = self.picked = None
-        self.modes: dict[int, object] = {}
-        self.rows: dict[int, tuple[int, int]] = {}
+    x: torch.Tensor
+    partial: bool
+    image: int
+    index: torch.Tensor | None
+    grid: tuple
+    text: torch.Tensor | None = None
+    ran: bool = False
+    text_index: torch.Tensor | None = None
+    picked: torch.Tensor | None = None
+    modes: dict = dataclasses.field(default_factory=dict)
+    rows: dict = dataclasses.field(default_factory=dict)
 
     def close(self) -> None:
         while self.modes:
@@ -99,8 +102,7 @@ class _Block:
 
 @dataclasses.dataclass(frozen=True)
 class _Site:
-    """A hooked sub-module of a block: its spec, input argument, whether it is attention, and whether it is optional
-    (an attention's query projection: a call not laid out as the attention's input passes untouched)."""
+    """A hooked sub-module of a block (optional: a query projection, passed untouched off its attention's layout)."""
 
     spec: object
     arg: object
@@ -196,8 +198,12 @@ class ReuseBlock:
         steps = clock.kept.get(_WALK)
         if steps is None:
             steps = clock.kept[_WALK] = _Walk()
-        part = share(clock.step, progress, steps.first, cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.every) \
-            if self.reuses else None
+        step = clock.step  # its share (merge.recompute.share: a constant share needs no call)
+        if not self.reuses or step < cfg.warmup or (cfg.every and (step - cfg.warmup + 1) % cfg.every == 0):
+            part = None
+        else:
+            part = cfg.fraction if cfg.fraction_end is None else share(step, progress, steps.first, cfg.fraction,
+                                                                      cfg.fraction_end, cfg.warmup, cfg.every)
         if part is not None and steps.counted != clock.step:  # a new partial step (its other calls take the same)
             steps.first = progress if steps.first is None else steps.first
             steps.shares.append(part)
@@ -257,8 +263,7 @@ class ReuseBlock:
         if fits and self.cached:  # (a batch of another size is another slot)
             for t in range(len(self.targets[index])):
                 fits = fits and bool(kept.kv.get((index, t)))
-        state.blocks[index] = entry = _Block(x, call.partial and fits, image, chosen, grid)
-        entry.text = text
+        state.blocks[index] = entry = _Block(x, call.partial and fits, image, chosen, grid, text)
         if not (self.cached and entry.partial):
             return None
         # keys="cached": the block on the recomputed tokens (text, references and rotary rows follow); a call with
@@ -339,8 +344,8 @@ class ReuseBlock:
         if self.config.spread:  # the recomputed tokens' change since their last computation, given to their neighbours
             change = fresh - residual.index_select(1, chosen)
             residual.index_copy_(1, chosen, fresh)
-            weight = (self.tables.get if not torch.compiler.is_compiling() else _call)(  # eager: a table per
-                spread_weights, chosen, entry.grid, self.config.spread, change.dtype, change.device)  # recomputed set
+            weight = (self.tables.get if not torch.compiler.is_compiling() else lambda build, *key: build(*key))(
+                spread_weights, chosen, entry.grid, self.config.spread, change.dtype, change.device)  # eager: a table
             spread(residual, change, chosen, entry.grid, weight)
         else:
             residual.index_copy_(1, chosen, fresh)
@@ -443,7 +448,3 @@ class ReuseBlock:
         parts[at] = seq
         return type(output)(parts)
 
-
-def _call(build, *key):
-    """``build(*key)``: what a table store would keep, made in the traced graph (torch.compile)."""
-    return build(*key)
