@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gzip
 import json
 import math
 import sys
@@ -23,24 +22,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from tokenmerge.fashion.data import load_split  # noqa: E402
 from tokenmerge.fashion.model import NULL_CLASS, WEIGHTS, build_unet  # noqa: E402
 from tokenmerge.fashion.pipeline import ClassEncoder  # noqa: E402
 
 DATA = Path("/usr/share/datasets/fashion-mnist")
-
-
-def load_split(split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-    """Images as (N, 1, 32, 32) in [-1, 1] (28 x 28 padded with background), labels as (N,)."""
-    prefix = "train" if split == "train" else "t10k"
-    images_file, labels_file = DATA / f"{prefix}-images-idx3-ubyte.gz", DATA / f"{prefix}-labels-idx1-ubyte.gz"
-    if not images_file.exists():
-        raise SystemExit(f"{images_file} is missing: install it with `apt-get install dataset-fashion-mnist`")
-    with gzip.open(images_file) as f:
-        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
-    with gzip.open(labels_file) as f:
-        labels = np.frombuffer(f.read(), np.uint8, offset=8)
-    x = torch.from_numpy(images.copy()).float() / 127.5 - 1.0
-    return F.pad(x, (2, 2, 2, 2), value=-1.0), torch.from_numpy(labels.astype(np.int64))
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flow_training import arguments, save_grid, train  # noqa: E402
-from train_fashion import load_split  # noqa: E402
 
+from tokenmerge.fashion.data import load_split  # noqa: E402
 from tokenmerge.fashion.dit import DIT_WEIGHTS, ClassText, FashionDiT, build_dit  # noqa: E402
 from tokenmerge.fashion.model import CLASS_NAMES, NULL_CLASS  # noqa: E402
 

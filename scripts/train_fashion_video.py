@@ -25,40 +25,21 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flow_training import arguments, save_grid, train  # noqa: E402
-from train_fashion import load_split  # noqa: E402
 
+from tokenmerge.fashion.data import load_split, moving_clips  # noqa: E402
 from tokenmerge.fashion.model import CLASS_NAMES, NULL_CLASS  # noqa: E402
 from tokenmerge.fashion.video import FRAMES, SIZE, VIDEO_WEIGHTS, ClassTokens, FashionVideo, build_video  # noqa: E402
 
 ITEM = 24
 
 
-def bounce(start: torch.Tensor, speed: torch.Tensor, span: int) -> torch.Tensor:
-    """Positions (n, FRAMES) of a point moving from ``start`` at ``speed`` px/frame in [0, span], reflected."""
-    p = start[:, None] + speed[:, None] * torch.arange(FRAMES)
-    p = torch.remainder(p, 2 * span)
-    return torch.where(p > span, 2 * span - p, p)
-
-
 def clips(items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """(n, 1, 28, 28) items in [-1, 1] -> (n, 1, FRAMES, SIZE, SIZE) moving clips (integer pixel steps)."""
-    n, span = items.shape[0], SIZE - ITEM
-    small = F.interpolate(items[:, :, 2:-2, 2:-2], size=(ITEM, ITEM), mode="area")  # the 28x28 item's content
-    angle = torch.rand(n, generator=generator) * 2 * torch.pi
-    speed = 1 + torch.rand(n, generator=generator)
-    ys = bounce(torch.rand(n, generator=generator) * span, speed * torch.sin(angle), span).round().long()
-    xs = bounce(torch.rand(n, generator=generator) * span, speed * torch.cos(angle), span).round().long()
-    out = torch.full((n, 1, FRAMES, SIZE, SIZE), -1.0)
-    for i in range(n):
-        for f in range(FRAMES):
-            y, x = int(ys[i, f]), int(xs[i, f])
-            out[i, :, f, y: y + ITEM, x: x + ITEM] = small[i]
-    return out
+    return moving_clips(items, FRAMES, SIZE, ITEM, generator)
 
 
 def save_gif(frames: torch.Tensor, path: Path) -> None:

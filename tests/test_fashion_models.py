@@ -73,7 +73,9 @@ def test_video_frames_and_strips_agree(video):
 def test_moving_clips_move_and_stay_in_frame():
     _need("WanTransformer3DModel")  # the script imports the video model's module
     sys.path.insert(0, str(SCRIPTS))
-    from train_fashion_video import ITEM, bounce, clips
+    from train_fashion_video import ITEM, clips
+
+    from tokenmerge.fashion.data import bounce
 
     items = torch.full((6, 1, 28, 28), -1.0)
     items[:, :, 2:-2, 2:-2] = 1.0  # a bright 24 x 24 square
@@ -83,7 +85,7 @@ def test_moving_clips_move_and_stay_in_frame():
     assert (bright == ITEM * ITEM).all()
     moved = (c[:, :, 1:] != c[:, :, :-1]).flatten(2).any(-1)
     assert moved.float().mean() > 0.5  # most frame pairs differ (1-2 px a frame, rounded)
-    p = bounce(torch.tensor([7.5]), torch.tensor([2.0]), 8)
+    p = bounce(torch.tensor([7.5]), torch.tensor([2.0]), 8, 8)
     assert p.min() >= 0 and p.max() <= 8 and torch.allclose(p[0, :3], torch.tensor([7.5, 6.5, 4.5]))
 
 

@@ -1,8 +1,9 @@
 """The hot path stays small and readable: one steady denoiser call, profiled with ``sys.setprofile``, runs through at
 most 5 files and 28 functions of the library for every technique: ToMe (both scopes) and ToDo on the tiny UNet, PixArt
 and Flux.1 models, token reuse's partial step (keys fresh, cached, text=True) on a tiny 2-block Flux.1, which makes at
-most 150 library Python calls (issue 48: 345-520 before token reuse joined the shared engine). Generator expressions and comprehensions count as functions
-on Python 3.11 (3.12 inlines comprehensions); a generator's every resumption counts as a call.
+most 150 library Python calls (issue 48: 345-520 before token reuse joined the shared engine). Generator expressions
+and comprehensions count as functions on Python 3.11 (3.12 inlines comprehensions); a generator's every resumption
+counts as a call.
 
 The Triton kernels (``kernels="triton"``) are not counted here: on a CPU they run under Triton's interpreter, whose
 kernel bodies are Python (compiled on a GPU), and they add ``merge/kernels.py``, their launcher, to the 5 files.

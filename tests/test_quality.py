@@ -193,19 +193,19 @@ def test_demo_end_to_end(tmp_path, capsys):
         assert "fashion-dit: skipped" in printed and "fashion-video: skipped" in printed
         return
     dit, video = _report(out, "demo-dit"), _report(out, "demo-video")
-    assert [m["label"] for m in dit["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 start=0.5",
-                                                     "reuse 0.5 warmup=3 keys=cached", "todo 2"]
-    assert [m["label"] for m in video["methods"]] == ["vanilla", "tome 0.5", "tome 0.5 start=0.5", "reuse 0.3",
-                                                       "todo 1x2x2"]
+    assert [m["label"] for m in dit["methods"]] == ["vanilla", "auto", "auto speed=fast", "tome 0.5",
+                                                     "tome 0.5 start=0.5", "todo 2"]
+    assert [m["label"] for m in video["methods"]] == ["vanilla", "auto", "auto speed=fast", "tome 0.5",
+                                                       "tome 0.5 start=0.5", "todo 1x2x2"]
     assert video["frames"] == 8 and "temporal_psnr_mean" in video["methods"][1]
     assert dit["prompts"] == video["prompts"] == 5
     assert not (out / "demo-speed.md").exists()
     from PIL import Image
 
-    with Image.open(out / "demo-video.gif") as gif:  # the cached clips, 8 frames, the 5 methods side by side, 4x
-        assert gif.n_frames == 8 and gif.size == (5 * 32 * 4, 32 * 4)
+    with Image.open(out / "demo-video.gif") as gif:  # the cached clips, 8 frames, the 6 methods side by side, 4x
+        assert gif.n_frames == 8 and gif.size == (6 * 32 * 4, 32 * 4)
         gif.seek(3)
-        frame = gif.convert("L").resize((5 * 32, 32), Image.NEAREST)
+        frame = gif.convert("L").resize((6 * 32, 32), Image.NEAREST)
     with Image.open(video["images"][0]["image"]) as strip:  # vanilla's clip of the first prompt, as cached
         assert frame.crop((0, 0, 32, 32)).tobytes() == strip.convert("L").crop((3 * 32, 0, 4 * 32, 32)).tobytes()
 

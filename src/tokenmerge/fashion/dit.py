@@ -76,36 +76,40 @@ class FashionDiT(TimestepMixin, DiffusionPipeline):
     """Prompt -> images with the embedded DiT: ``FashionDiT(...)(["a sneaker"], num_inference_steps=20)``."""
 
     class_names = CLASS_NAMES
+    size = SIZE  # pixels a side
 
     def __init__(self, transformer, text: ClassText):
         super().__init__()
         self.register_modules(transformer=transformer, text=text)
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, tokens: torch.Tensor, pooled: torch.Tensor):
-        ids = image_ids(SIZE, x.device)
+        ids = image_ids(self.size, x.device)
         txt_ids = torch.zeros(tokens.shape[1], 3, device=x.device)
         out = self.transformer(hidden_states=pack(x), encoder_hidden_states=tokens, pooled_projections=pooled,
                                timestep=t, img_ids=ids, txt_ids=txt_ids, return_dict=False)[0]
-        return unpack(out)
+        return unpack(out, self.size)
+
+    def encode(self, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prompts' ``(tokens, pooled)``, and those of no prompt (classifier-free guidance's unconditional)."""
+        ids = torch.tensor(class_ids(prompts), device=device)
+        return (*self.text(ids), *self.text(torch.full_like(ids, NULL_CLASS)))
 
     @torch.no_grad()
     def __call__(self, prompt: str | list[str], num_inference_steps: int = 20, guidance_scale: float = 2.0,
                  generator: torch.Generator | None = None, latents: torch.Tensor | None = None,
                  output_type: str = "pil"):
-        """Images ``(B, 1, 32, 32)`` in [0, 1] (``output_type="pt"``), PIL or numpy, in ``.images``."""
+        """Images ``(B, 1, size, size)`` in [0, 1] (``output_type="pt"``), PIL or numpy, in ``.images``."""
         from .pipeline import as_output
 
         check_call(num_inference_steps, output_type)
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         param = next(self.transformer.parameters())
         device, dtype = param.device, param.dtype
-        ids = torch.tensor(class_ids(prompts), device=device)
-        tokens, pooled = self.text(ids)
+        tokens, pooled, null_tokens, null_pooled = self.encode(prompts, device)
         if guidance_scale != 1.0:
-            null_tokens, null_pooled = self.text(torch.full_like(ids, NULL_CLASS))
             tokens, pooled = torch.cat([null_tokens, tokens]), torch.cat([null_pooled, pooled])
         tokens, pooled = tokens.to(dtype), pooled.to(dtype)
-        shape = (len(prompts), 1, SIZE, SIZE)
+        shape = (len(prompts), 1, self.size, self.size)
         x = latents.to(device, dtype) if latents is not None else \
             torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
         x = euler(lambda inp, t: self.velocity(inp, t, tokens, pooled), x, num_inference_steps, guidance_scale, self)

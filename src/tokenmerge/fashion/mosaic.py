@@ -17,13 +17,13 @@ import re
 from pathlib import Path
 
 import torch
-from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin
+from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from . import dit
 from .data import MOSAIC_WORDS, mosaic_prompts
-from .flow import TimestepMixin, check_call, euler, load_parts, transformer_class
-from .model import CLASS_NAMES
+from .flow import load_parts, transformer_class
 
 __all__ = ["MOSAIC_CONFIG", "MOSAIC_WEIGHTS", "SIZE", "PATCH", "TEXT_TOKENS", "VOCAB", "build_mosaic",
            "SentenceEncoder", "FashionMosaic", "load_fashion_mosaic", "tokenize", "pack", "unpack", "image_ids"]
@@ -86,25 +86,19 @@ class SentenceEncoder(ModelMixin, ConfigMixin):
 
 def pack(x: torch.Tensor) -> torch.Tensor:
     """(B, 1, 64, 64) pixels -> (B, 1024, 4) tokens of 2 x 2 pixels, row-major over the 32 x 32 grid."""
-    b, c, h, w = x.shape
-    x = x.reshape(b, c, h // PATCH, PATCH, w // PATCH, PATCH).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
+    return dit.pack(x)
 
 
 def unpack(tokens: torch.Tensor, size: int = SIZE) -> torch.Tensor:
-    b, g = tokens.shape[0], size // PATCH
-    x = tokens.reshape(b, g, g, 1, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, 1, size, size)
+    return dit.unpack(tokens, size)
 
 
 def image_ids(size: int = SIZE, device=None) -> torch.Tensor:
     """Flux's (N, 3) position ids of the image tokens: (0, row, column)."""
-    g = size // PATCH
-    rows, cols = torch.meshgrid(torch.arange(g, device=device), torch.arange(g, device=device), indexing="ij")
-    return torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).float()
+    return dit.image_ids(size, device)
 
 
-class FashionMosaic(TimestepMixin, DiffusionPipeline):
+class FashionMosaic(dit.FashionDiT):
     """Sentence -> 64 x 64 mosaic: ``FashionMosaic(...)(["a bag at the top left"], num_inference_steps=20)``.
 
     Example:
@@ -113,47 +107,23 @@ class FashionMosaic(TimestepMixin, DiffusionPipeline):
         torch.Size([1, 1, 64, 64])
     """
 
-    class_names = CLASS_NAMES
+    size = SIZE
     layout = "mosaic"  # what ``tokenmerge quality`` reads to score each 32 px cell against the sentence
-
-    def __init__(self, transformer, text: SentenceEncoder):
-        super().__init__()
-        self.register_modules(transformer=transformer, text=text)
 
     @staticmethod
     def prompts(count: int = 32, seed: int = 0) -> list[str]:
         """The quality prompts: ``count`` random sentences, the same for a ``seed`` everywhere."""
         return mosaic_prompts(count, seed)
 
-    def velocity(self, x: torch.Tensor, t: torch.Tensor, tokens: torch.Tensor, pooled: torch.Tensor):
-        ids = image_ids(SIZE, x.device)
-        txt_ids = torch.zeros(tokens.shape[1], 3, device=x.device)
-        out = self.transformer(hidden_states=pack(x), encoder_hidden_states=tokens, pooled_projections=pooled,
-                               timestep=t, img_ids=ids, txt_ids=txt_ids, return_dict=False)[0]
-        return unpack(out)
+    def encode(self, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids = tokenize(prompts).to(device)
+        return (*self.text(ids), *self.text(torch.full_like(ids, PAD)))
 
-    @torch.no_grad()
     def __call__(self, prompt: str | list[str], num_inference_steps: int = 20, guidance_scale: float = 3.0,
                  generator: torch.Generator | None = None, latents: torch.Tensor | None = None,
                  output_type: str = "pil"):
         """Images ``(B, 1, 64, 64)`` in [0, 1] (``output_type="pt"``), PIL or numpy, in ``.images``."""
-        from .pipeline import as_output
-
-        check_call(num_inference_steps, output_type)
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        param = next(self.transformer.parameters())
-        device, dtype = param.device, param.dtype
-        ids = tokenize(prompts).to(device)
-        tokens, pooled = self.text(ids)
-        if guidance_scale != 1.0:
-            null_tokens, null_pooled = self.text(torch.full_like(ids, PAD))
-            tokens, pooled = torch.cat([null_tokens, tokens]), torch.cat([null_pooled, pooled])
-        tokens, pooled = tokens.to(dtype), pooled.to(dtype)
-        shape = (len(prompts), 1, SIZE, SIZE)
-        x = latents.to(device, dtype) if latents is not None else \
-            torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
-        x = euler(lambda inp, t: self.velocity(inp, t, tokens, pooled), x, num_inference_steps, guidance_scale, self)
-        return as_output((x.float().clamp(-1, 1) + 1) / 2, output_type)
+        return super().__call__(prompt, num_inference_steps, guidance_scale, generator, latents, output_type)
 
 
 def load_fashion_mosaic(weights: str | Path | None = None) -> FashionMosaic:

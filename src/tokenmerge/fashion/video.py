@@ -87,7 +87,7 @@ class FashionVideo(TimestepMixin, DiffusionPipeline):
         if guidance_scale != 1.0:
             tokens = torch.cat([self.text(torch.full_like(ids, NULL_CLASS)), tokens])
         tokens = tokens.to(dtype)
-        shape = (len(prompts), 1, FRAMES, SIZE, SIZE)
+        shape = (len(prompts), 1, self.frames, SIZE, SIZE)
         x = latents.to(device, dtype) if latents is not None else \
             torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
         x = euler(lambda inp, t: self.velocity(inp, t, tokens), x, num_inference_steps, guidance_scale, self)

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from .flow import check_call, euler, load_parts
-from .model import NULL_CLASS, class_ids
-from .video import SIZE, ClassTokens, FashionVideo, build_video, strip
+from .flow import load_parts
+from .video import ClassTokens, FashionVideo, build_video
 
 __all__ = ["LONG_FRAMES", "VIDEO_LONG_WEIGHTS", "FashionVideoLong", "load_fashion_video_long"]
 
@@ -36,30 +33,6 @@ class FashionVideoLong(FashionVideo):
     """
 
     frames = LONG_FRAMES  # what ``tokenmerge quality`` reads to score clips per frame
-
-    @torch.no_grad()
-    def __call__(self, prompt: str | list[str], num_inference_steps: int = 20, guidance_scale: float = 2.0,
-                 generator: torch.Generator | None = None, latents: torch.Tensor | None = None,
-                 output_type: str = "pil"):
-        from .pipeline import as_output
-
-        check_call(num_inference_steps, output_type)
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        param = next(self.transformer.parameters())
-        device, dtype = param.device, param.dtype
-        ids = torch.tensor(class_ids(prompts), device=device)
-        tokens = self.text(ids)
-        if guidance_scale != 1.0:
-            tokens = torch.cat([self.text(torch.full_like(ids, NULL_CLASS)), tokens])
-        tokens = tokens.to(dtype)
-        shape = (len(prompts), 1, LONG_FRAMES, SIZE, SIZE)
-        x = latents.to(device, dtype) if latents is not None else \
-            torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
-        x = euler(lambda inp, t: self.velocity(inp, t, tokens), x, num_inference_steps, guidance_scale, self)
-        frames = ((x.float().clamp(-1, 1) + 1) / 2).permute(0, 2, 1, 3, 4)  # (B, F, 1, H, W)
-        out = as_output(strip(frames), output_type)
-        out.frames = frames
-        return out
 
 
 def load_fashion_video_long(weights: str | Path | None = None) -> FashionVideoLong:

@@ -338,9 +338,11 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
         if value or pairs:
             raise ValueError(f"method spec {quote(text)}: vanilla takes no value or options")
         return MethodSpec("vanilla")
+    if name == "auto" and value:
+        raise ValueError(f"method spec {quote(text)}: auto takes no value (its option speed= is the knob)")
     number = _value(value) if value else DEFAULTS.get(name, 2 if name in _FACTOR_METHODS else 0.5)
     per_axis = isinstance(number, tuple) and name in _FACTOR_METHODS
-    if not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
+    if name != "auto" and not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
         hint = " (ToDo: or a factor per axis such as 1x2x2)" if name in _FACTOR_METHODS else ""
         raise ValueError(f"method spec {quote(text)}: the value after ':' must be a number{hint}, "
                          f"got {quote(value, 40)}")
@@ -363,8 +365,8 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
             if number != int(number) or number < 1:
                 raise ValueError(f"{name}'s value must be a positive integer, got {value}")
             number = int(number)
-        spec = MethodSpec(name, number if name in _FACTOR_METHODS or name in CACHES else float(number),
-                          tuple(options))
+        spec = MethodSpec(name, None if name == "auto" else number if name in _FACTOR_METHODS or name in CACHES
+                          else float(number), tuple(options))
         spec.check()
     except ImportError as err:
         raise ValueError(f"method spec {quote(text)}: {err}") from None
