@@ -9,7 +9,7 @@ the bottom right"; empty cells not said). A tenth of the prompts are dropped to 
 guidance. The loop (rectified flow, EMA, resumable checkpoints, fp16 EMA weights, JSON log) is
 scripts/flow_training.py. At the end: the weights to --out, the log beside them, a sample grid and its sentences.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/train_fashion_mosaic.py [--steps 2400] [--batch 16] [--out PATH] \
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/train_fashion_mosaic.py [--steps 1600] [--batch 16] [--out PATH] \
         [--checkpoint PATH]
 
 `--init-transformer PATH` (default: the shipped fashion-dit weights, fashion/weights/fashion_dit.safetensors, a
@@ -66,7 +66,7 @@ def main() -> None:
     samples = _take("--samples")
     samples = Path(samples) if samples is not None else None
     init = _take("--init-transformer", str(DIT_WEIGHTS))
-    args = arguments(__doc__, 2400, 16, MOSAIC_WEIGHTS, "train-fashion-mosaic.ckpt")
+    args = arguments(__doc__, 1600, 16, MOSAIC_WEIGHTS, "train-fashion-mosaic.ckpt")
     torch.manual_seed(args.seed)
     model, text = build_mosaic(), SentenceEncoder()
     if samples is not None:
