@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tokenmerge.cli import main
 
@@ -766,3 +767,33 @@ def test_compiled_token_reuse_times_its_partial_step(tmp_path, monkeypatch, fast
     assert reuse["compiled_vs_eager"] == pytest.approx(0.0, abs=1e-5)
     assert records[("vanilla compiled", True)]["fullgraph"] is True and calls.count(True) == 2  # both tried it
     assert partial
+
+
+def test_a_later_steps_inputs_keep_the_unchanged_tensors():
+    """The partial step's inputs carry the full step's ids, masks and text (the same objects, as a pipeline passes
+    them), so a count of a steady call does not include the host reads of new ids; changed tensors stay new."""
+    from tokenmerge.bench.steps import _unchanged
+
+    ids, t0, t1 = torch.zeros(4, 3), torch.tensor([1.0]), torch.tensor([0.45])
+    first = {"img_ids": ids, "timestep": t0, "hidden_states": torch.ones(1, 4, 8)}
+    later = _unchanged({"img_ids": ids.clone(), "timestep": t1, "hidden_states": torch.ones(1, 4, 8)}, first)
+    assert later["img_ids"] is ids and later["hidden_states"] is first["hidden_states"] and later["timestep"] is t1
+    pair = _unchanged([dict(later), {"img_ids": torch.ones(4, 3)}], [first, first])
+    assert pair[0]["img_ids"] is ids and pair[1]["img_ids"] is not ids
+
+
+def test_a_table_made_from_another_of_its_store():
+    """A build marked ``takes_tables`` gets the store: token reuse's round-robin window is made from the order
+    table of its grid, built once per store (not again for every window)."""
+    from tokenmerge.merge import recompute
+    from tokenmerge.merge.plan import Tables
+
+    tables, made = Tables(), []
+    real = recompute._order
+    try:
+        recompute._order = lambda *key: made.append(key) or real(*key)
+        windows = [recompute.select((4, 4), "grid", 4, 0, start, "cpu", tables) for start in (0, 4, 8)]
+    finally:
+        recompute._order = real
+    assert len(made) == 1 and len(tables) == 4
+    assert sorted(torch.cat(windows).tolist()) == sorted(set(torch.cat(windows).tolist()))  # no token twice

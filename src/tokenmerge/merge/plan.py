@@ -64,7 +64,8 @@ def _symbolic(key) -> bool:
 
 class Tables:
     """Tables built by ``build(*key)`` (pure shape logic: ints, tuples and devices in, tensors out), kept per
-    ``(build, key)``, the ``maxsize`` most recent.
+    ``(build, key)``, the ``maxsize`` most recent. A ``build`` marked ``takes_tables`` is called ``build(store,
+    *key)``: a table made from another of the store's.
 
     Example:
         >>> tables = Tables()
@@ -80,7 +81,7 @@ class Tables:
     def get(self, build, *key):
         """``build(*key)``, from the store (built on first use)."""
         if torch.compiler.is_compiling():  # a constant of the graph; traced where the key is symbolic
-            return build(*key) if _symbolic(key) else traced_constant(self.key, "_make", build, key)
+            return self._build(build, key) if _symbolic(key) else traced_constant(self.key, "_make", build, key)
         value = self._built.get((build, key))
         return self._make(build, key) if value is None else value
 
@@ -88,10 +89,13 @@ class Tables:
         """Build (or find) a table outside tracing: a miss of ``get``, or what a traced constant runs."""
         value = self._built.get((build, key))
         if value is None:
-            value = self._built[(build, key)] = build(*key)
+            value = self._built[(build, key)] = self._build(build, key)
             if len(self._built) > self.maxsize:
                 self._built.popitem(last=False)
         return value
+
+    def _build(self, build, key):
+        return build(self, *key) if getattr(build, "takes_tables", False) else build(*key)
 
     def clear(self) -> None:
         """Drop every table (and the device memory it holds)."""

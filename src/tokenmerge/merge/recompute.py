@@ -77,18 +77,21 @@ def recomputed_at(grid: tuple[int, ...], shares: list[float], order: str, seed: 
     return tables.get(window, grid, order, count, seed, start % tokens, torch.device(device))
 
 
-def window(grid: tuple[int, ...], order: str, count: int, seed: int, start: int, device) -> torch.Tensor:
-    """What ``select`` keeps in its table store (the order made again for each: a few host operations, once per
-    window of a patch's round-robin)."""
+def window(tables: Tables, grid: tuple[int, ...], order: str, count: int, seed: int, start: int,
+           device) -> torch.Tensor:
+    """What ``select`` keeps in its table store: the window of the order (itself a table, on the host) from
+    ``start``, sorted, on ``device``."""
     n = math.prod(grid)
-    walk = _order(grid, order, count, seed)
-    picked = walk[(torch.arange(count) + start) % n]
+    picked = tables.get(_order, grid, order, count, seed)[(torch.arange(count) + start) % n]
     return picked.sort().values.to(device)
+
+
+window.takes_tables = True
 
 
 def _order(grid: tuple[int, ...], order: str, count: int, seed: int) -> torch.Tensor:
     """A permutation of the ``N`` image tokens (raster order over ``grid``) whose consecutive windows of ``count``
-    are each spread over the image."""
+    are each spread over the image (a table of the host, made once per grid and count)."""
     n = math.prod(grid)
     i = torch.arange(n)
     if order == "random":
