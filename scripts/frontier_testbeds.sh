@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The frontiers on the testbeds nearer real token counts (#49): fashion-mosaic (Flux.1 layout, 1,024 image + 32 text
+# tokens a call) and fashion-video-long (Wan layout, 2,048 tokens a call), each setting's fidelity on the trained
+# model (PSNR, SSIM, the classifier's FD and prompt adherence), its speed from the bench at real widths (the Flux.1
+# and Wan presets' tables in benchmarks/results/perf, as the 32 px testbeds' frontiers), joined by scripts/frontier.py.
+# Settings are chosen on seeds 0-1 and reported on seeds 2-5: two quality runs per model over one image cache.
+#
+#   bash scripts/frontier_testbeds.sh [mosaic|video|all] [CACHE_DIR]
+#
+# The generation runs split the methods over two processes (one thread each); the report runs then read the cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHAT="${1:-all}"
+CACHE="${2:-/tmp/frontier-testbeds}"
+export OMP_NUM_THREADS=1
+Q=(.venv/bin/tokenmerge quality --no-progress --steps 20)
+R=(--out benchmarks/results/quality)
+
+IMAGE_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2 fbc:0.1 fbc:0.2 taylorseer:5 pab:2 \
+reuse:0.5,warmup=3,keys=cached"
+IMAGE_B="reuse:0.5,warmup=4,keys=cached,text=true reuse:0.5,warmup=3,keys=cached,text=true \
+reuse:0.4,warmup=3,keys=cached,text=true reuse:0.3,warmup=3,keys=cached,text=true \
+reuse:0.55,fraction_end=0.25,warmup=2,keys=cached,text=true reuse:0.5,warmup=3,keys=cached,text=true+fbc:0.08 \
+reuse:0.4,warmup=3,keys=cached,text=true+fbc:0.1 reuse:0.3,warmup=3,keys=cached,text=true+fbc:0.1 \
+reuse:0.5,warmup=5,keys=cached,text=true reuse:0.6,warmup=4,keys=cached,text=true reuse:0.4,warmup=5,keys=cached,text=true \
+reuse:0.3,warmup=6,keys=cached,text=true,spread=0.5"
+VIDEO_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2x2x2 fbc:0.1 fbc:0.2 pab:2 reuse:0.5,keys=cached"
+VIDEO_B="reuse:0.4 reuse:0.35 reuse:0.3 reuse:0.25 reuse:0.2 reuse:0.3+fbc:0.1 reuse:0.25+fbc:0.1 reuse:0.2+fbc:0.1"
+
+run() {  # model, prompts args, stem
+  local model="$1" prompts="$2" stem="$3" a="$4" b="$5"
+  # generate: two processes, all six seeds (the selection and the report runs below read the cache; their own
+  # tables go to the cache folder)
+  "${Q[@]}" --out "$CACHE/gen" --model "$model" $prompts --seeds 0 1 2 3 4 5 --cache "$CACHE/$model" --stem "$stem-gen-a" \
+    --methods $a > "$CACHE/$model-a.log" 2>&1 &
+  "${Q[@]}" --out "$CACHE/gen" --model "$model" $prompts --seeds 0 1 2 3 4 5 --cache "$CACHE/$model" --stem "$stem-gen-b" \
+    --methods $b > "$CACHE/$model-b.log" 2>&1
+  wait
+  "${Q[@]}" "${R[@]}" --model "$model" $prompts --seeds 0 1 --cache "$CACHE/$model" --stem "$stem-select" --methods $a $b
+  "${Q[@]}" "${R[@]}" --model "$model" $prompts --seeds 2 3 4 5 --cache "$CACHE/$model" --stem "$stem" --methods $a $b
+}
+
+mkdir -p "$CACHE"
+if [ "$WHAT" = mosaic ] || [ "$WHAT" = all ]; then
+  run fashion-mosaic "--prompts mosaics --count 8" quality-fashion-mosaic "$IMAGE_A" "$IMAGE_B"
+  .venv/bin/python scripts/frontier.py --bench benchmarks/results/perf/cpu-flux-2+4-1024-scope.jsonl \
+    benchmarks/results/perf/cpu-flux-2+4-1024-reuse.jsonl benchmarks/results/perf/cpu-flux-2+4-1024-reuse-low.jsonl \
+    benchmarks/results/perf/cpu-flux-2+4-1024-reuse-text.jsonl \
+    --quality benchmarks/results/quality/quality-fashion-mosaic.json --out benchmarks/results/frontier \
+    --stem frontier-flux-mosaic --title "Flux.1-style mosaic DiT (1,024 image + 32 text tokens)"
+fi
+if [ "$WHAT" = video ] || [ "$WHAT" = all ]; then
+  run fashion-video-long "--prompts classes --count 5" quality-fashion-video-long "$VIDEO_A" "$VIDEO_B"
+  .venv/bin/python scripts/frontier.py --bench benchmarks/results/perf/cpu-wan-2b-480x832x33-scope.jsonl \
+    benchmarks/results/perf/cpu-wan-2b-480x832x33-reuse.jsonl \
+    --quality benchmarks/results/quality/quality-fashion-video-long.json --out benchmarks/results/frontier \
+    --stem frontier-wan-video-long --title "Wan-style long-video DiT (2,048 tokens)"
+fi
