@@ -3,8 +3,9 @@
 Per kind of denoiser it takes the setting the committed frontiers chose (speed measured by the bench, fidelity on the
 trained embedded models: ``docs/guides/reuse.md``, ``benchmarks/results/frontier/``): a UNet gets ToMe (faithful
 there, and its usual sizes left unmerged on CUDA by ``min_size``); an image transformer token reuse with kept keys
-(``speed="faithful"``: >= 32 dB on both image testbeds, the 1,024-token mosaic and the 256-token DiT; ``"balanced"``: the 256-token DiT's >= 32 dB
-point; ``"fast"``: its >= 29 dB point); a video transformer token reuse at the video frontiers' >= 31 dB point.
+(``speed="faithful"``: >= 32 dB on both image testbeds, the 1,024-token mosaic and the 256-token DiT;
+``"balanced"``: the 256-token DiT's >= 32 dB point; ``"fast"``: its >= 29 dB point); a video transformer token reuse
+at the video frontiers' >= 31 dB point.
 Where token reuse cannot follow a model's blocks, the model is left unpatched with one warning saying why (merging
 every step is not faithful on a transformer). ``describe_patch`` says what was chosen and why.
 """
