@@ -221,3 +221,33 @@ def test_a_block_cache_with_whole_block_merging_is_refused(video):
                 _gen(video, steps=2)
         assert tokenmerge.describe_patch(video) is None
     assert torch.equal(_gen(video, steps=2).images, plain)
+
+
+def test_magcache_calibrates_once_then_skips_and_comes_off(dit):
+    """MagCache without ratios: refused by name until calibrated; ``calibrate`` runs one generation in diffusers'
+    calibration mode (it skips nothing), keeps one ratio per step for the transformer (once per step count), and
+    the cache then skips linear work and comes off bit-identically."""
+    from tokenmerge.quality.run import linear_work
+    from tokenmerge.tools import caches
+    from tokenmerge.tools.methods import parse_spec
+
+    _need_cache("MagCacheConfig")
+    spec = parse_spec("magcache:100")
+    assert spec.text == "magcache:100" and caches.needs_calibration(spec)
+    assert not caches.needs_calibration(parse_spec("fbc:0.1"))
+    assert caches.needs_calibration(parse_spec("reuse:0.5+magcache:0.1"))
+    caches._RATIOS.pop(dit.transformer, None)
+    with pytest.raises(ValueError, match="mag_ratios"):
+        with spec.applied(dit):
+            pass
+    with linear_work(dit) as plain_work:
+        plain = _gen(dit, steps=6).images
+    runs = []
+    ratios = caches.calibrate(dit, lambda: runs.append(_gen(dit, steps=6).images), 6)
+    assert len(ratios) == 6 and all(r > 0 for r in ratios) and torch.equal(runs[0], plain)  # nothing skipped
+    assert caches.calibrate(dit, lambda: runs.append(None), 6) is ratios and len(runs) == 1  # kept
+    with spec.applied(dit):
+        with linear_work(dit) as work:
+            cached = _gen(dit, steps=6).images
+    assert torch.isfinite(cached).all() and not torch.equal(cached, plain) and 0 < work[0] < plain_work[0]
+    assert torch.equal(_gen(dit, steps=6).images, plain)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..tools.caches import calibrate, needs_calibration
 from ..tools.methods import MethodSpec
 from ..tools.timing import timed
 from .cache import ImageCache
@@ -107,6 +108,9 @@ def generate_items(pipe, job: QualityJob, items: list[tuple[str, int]], device, 
     cache = ImageCache(job.cache)
     job.cache.mkdir(parents=True, exist_ok=True)
     todo = [(p, s, spec) for p, s in items for spec in job.all_specs if cache.load(job.key(spec, p, s)) is None]
+    if any(needs_calibration(spec) for _, _, spec in todo):  # MagCache's ratios: from the run's first item
+        prompt, seed = items[0]
+        calibrate(pipe, lambda: pipe(prompt, **_call_kwargs(job, prompt, seed, device, job.steps)), job.steps)
     if todo:  # warm-up: one short run per method, untimed, so the first timed image pays no start-up cost
         for spec in {t[2] for t in todo}:
             _generate(pipe, job, spec, todo[0][0], todo[0][1], device, min(job.steps, 2))

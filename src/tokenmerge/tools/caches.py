@@ -12,21 +12,34 @@ transformer models do. VALUE is the setting a user turns first; other fields of 
 - ``pab[:block_skip_range]``: Pyramid Attention Broadcast (default 2): the spatial self-attention's output is
   computed every ``block_skip_range`` steps and broadcast in between, for timesteps in (100, 800) of 0..1000.
 
-MagCache needs per-model magnitude ratios calibrated first, and FasterCache needs callbacks into the pipeline's
-guidance; neither is offered here.
+- ``magcache[:threshold]``: MagCache (default threshold 0.06, diffusers' default): whole steps of the blocks are
+  skipped while the accumulated error, predicted from the model's magnitude ratios, stays below the threshold.
+  The ratios are the model's: without ``mag_ratios``, ``tokenmerge quality`` calibrates them first (diffusers'
+  calibration mode, one generation of the run's first prompt and seed that skips nothing; ``calibrate``).
+
+FasterCache needs callbacks into the pipeline's guidance; it is not offered here.
 """
 
 from __future__ import annotations
 
-__all__ = ["CACHES", "cache_config", "enable", "disable"]
+import ast
+import contextlib
+import io
+import logging
+import weakref
+
+__all__ = ["CACHES", "cache_config", "enable", "disable", "calibrate", "needs_calibration"]
 
 CACHES = {
     "fbc": "diffusers' First Block Cache; VALUE = threshold (default 0.05)",
     "taylorseer": "diffusers' TaylorSeer cache; VALUE = cache_interval (default 5)",
     "pab": "diffusers' Pyramid Attention Broadcast; VALUE = spatial_attention_block_skip_range (default 2)",
+    "magcache": "diffusers' MagCache; VALUE = threshold (default 0.06), its ratios calibrated on the model first",
 }
-DEFAULTS = {"fbc": 0.05, "taylorseer": 5, "pab": 2}
-_VALUE_FIELD = {"fbc": "threshold", "taylorseer": "cache_interval", "pab": "spatial_attention_block_skip_range"}
+DEFAULTS = {"fbc": 0.05, "taylorseer": 5, "pab": 2, "magcache": 0.06}
+_VALUE_FIELD = {"fbc": "threshold", "taylorseer": "cache_interval", "pab": "spatial_attention_block_skip_range",
+                "magcache": "threshold"}
+_RATIOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # transformer -> its calibrated ratios
 
 
 def _hooks():
@@ -56,6 +69,19 @@ def cache_config(name: str, value, options: dict, pipe=None):
             return t
 
         return hooks.PyramidAttentionBroadcastConfig(current_timestep_callback=timestep, **kwargs)
+    if name == "magcache":
+        if not hasattr(hooks, "MagCacheConfig"):
+            raise ImportError("MagCache needs diffusers >= 0.37")
+        if "mag_ratios" not in kwargs:
+            ratios = _RATIOS.get(_denoiser(pipe)) if pipe is not None else None
+            if pipe is not None and ratios is None:
+                raise ValueError("tokenmerge: MagCache needs the model's magnitude ratios: pass mag_ratios=[...] or "
+                                 "calibrate first (tools.caches.calibrate)")
+            if ratios is None:  # a spec checked before any model: its options only
+                kwargs["calibrate"] = True
+            else:
+                kwargs.update(mag_ratios=ratios, num_inference_steps=len(ratios))
+        return hooks.MagCacheConfig(**kwargs)
     raise ValueError(f"unknown cache {name!r}; one of {', '.join(CACHES)}")
 
 
@@ -74,3 +100,44 @@ def enable(pipe, name: str, value, options: dict) -> None:
 
 def disable(pipe) -> None:
     _denoiser(pipe).disable_cache()
+
+
+def needs_calibration(spec) -> bool:
+    """Whether ``spec`` (a method, or a combination) runs MagCache without ratios of its own."""
+    parts = getattr(spec, "parts", (spec,))
+    return any(p.name == "magcache" and "mag_ratios" not in p.kwargs() for p in parts)
+
+
+def calibrate(pipe, run, steps: int) -> list[float]:
+    """Calibrate MagCache's ratios for ``pipe``'s transformer at ``steps`` steps: ``run()`` (one generation) under
+    diffusers' calibration mode, which skips nothing and reports the ratios at the end (read from its log); kept
+    for the transformer (``cache_config`` takes them) and returned. Once per transformer and step count."""
+    model = _denoiser(pipe)
+    known = _RATIOS.get(model)
+    if known is not None and len(known) == steps:
+        return known
+    log, seen = logging.getLogger("diffusers.hooks.mag_cache"), []
+
+    class _Seen(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler, level = _Seen(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    model.enable_cache(_hooks().MagCacheConfig(calibrate=True, num_inference_steps=steps))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # (it prints them too)
+            run()
+    finally:
+        model.disable_cache()
+        log.removeHandler(handler)
+        log.setLevel(level)
+    found = [m.split(":", 1)[1] for m in seen if m.startswith("MagCache Calibration Results:")]
+    if not found:
+        raise RuntimeError("MagCache's calibration reported no ratios (a diffusers whose MagCache logs otherwise)")
+    ratios = [float(r) for r in ast.literal_eval(found[-1].strip())]
+    if len(ratios) != steps:
+        raise RuntimeError(f"MagCache's calibration gave {len(ratios)} ratios for {steps} steps")
+    _RATIOS[model] = ratios
+    return ratios
