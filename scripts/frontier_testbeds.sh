@@ -17,15 +17,18 @@ Q=(.venv/bin/tokenmerge quality --no-progress --steps 20)
 R=(--out benchmarks/results/quality)
 
 IMAGE_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2 fbc:0.1 fbc:0.2 taylorseer:5 pab:2 \
-reuse:0.5,warmup=3,keys=cached"
+magcache:0.06 magcache:0.12 magcache:0.25 reuse:0.5,warmup=3,keys=cached"
 IMAGE_B="reuse:0.5,warmup=4,keys=cached,text=true reuse:0.5,warmup=3,keys=cached,text=true \
 reuse:0.4,warmup=3,keys=cached,text=true reuse:0.3,warmup=3,keys=cached,text=true \
 reuse:0.55,fraction_end=0.25,warmup=2,keys=cached,text=true reuse:0.5,warmup=3,keys=cached,text=true+fbc:0.08 \
 reuse:0.4,warmup=3,keys=cached,text=true+fbc:0.1 reuse:0.3,warmup=3,keys=cached,text=true+fbc:0.1 \
 reuse:0.5,warmup=5,keys=cached,text=true reuse:0.6,warmup=4,keys=cached,text=true reuse:0.4,warmup=5,keys=cached,text=true \
-reuse:0.3,warmup=6,keys=cached,text=true,spread=0.5"
-VIDEO_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2x2x2 fbc:0.1 fbc:0.2 pab:2 reuse:0.5,keys=cached"
-VIDEO_B="reuse:0.4 reuse:0.35 reuse:0.3 reuse:0.25 reuse:0.2 reuse:0.3+fbc:0.1 reuse:0.25+fbc:0.1 reuse:0.2+fbc:0.1"
+reuse:0.3,warmup=6,keys=cached,text=true,spread=0.5 \
+reuse:0.5,warmup=5,keys=cached,text=true+magcache:0.12 reuse:0.4,warmup=5,keys=cached,text=true+magcache:0.12"
+VIDEO_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2x2x2 fbc:0.1 fbc:0.2 pab:2 reuse:0.5,keys=cached \
+magcache:0.06 magcache:0.12 magcache:0.25"
+VIDEO_B="reuse:0.4 reuse:0.35 reuse:0.3 reuse:0.25 reuse:0.2 reuse:0.3+fbc:0.1 reuse:0.25+fbc:0.1 reuse:0.2+fbc:0.1 \
+reuse:0.4+magcache:0.12 reuse:0.3+magcache:0.12"
 
 run() {  # model, prompts args, stem
   local model="$1" prompts="$2" stem="$3" a="$4" b="$5"
