@@ -89,3 +89,20 @@ def test_the_method_spec():
     assert spec.stateful
     with pytest.raises(ValueError, match="speed= one of"):
         parse_spec("auto,speed=slow")
+
+
+def test_the_arguments_page_gives_each_speeds_settings():
+    """docs/arguments.md's table of accelerate's speeds is the code's (each row: the UNet ratio, the image and the
+    video transformers' token reuse settings)."""
+    from pathlib import Path
+
+    from tokenmerge import faithful
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "arguments.md").read_text()
+    for speed in faithful.SPEEDS:
+        image, video = faithful._IMAGE[speed], faithful._VIDEO[speed]
+        row = next(line for line in page.splitlines() if line.startswith(f'| `"{speed}"`'))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == f"{faithful._UNET[speed]:g}", row
+        assert cells[2] == f"`fraction={image['fraction']:g}, warmup={image['warmup']}`", row
+        assert cells[3] == f"`fraction={video['fraction']:g}`", row
