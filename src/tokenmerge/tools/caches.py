@@ -71,7 +71,7 @@ def cache_config(name: str, value, options: dict, pipe=None):
         return hooks.PyramidAttentionBroadcastConfig(current_timestep_callback=timestep, **kwargs)
     if name == "magcache":
         if not hasattr(hooks, "MagCacheConfig"):
-            raise ImportError("MagCache needs diffusers >= 0.37")
+            raise ImportError("this diffusers has no MagCache (diffusers.hooks.MagCacheConfig)")
         if "mag_ratios" not in kwargs:
             ratios = _RATIOS.get(_denoiser(pipe)) if pipe is not None else None
             if pipe is not None and ratios is None:
@@ -122,9 +122,10 @@ def calibrate(pipe, run, steps: int) -> list[float]:
         def emit(self, record):
             seen.append(record.getMessage())
 
-    handler, level = _Seen(), log.level
+    handler, level, propagate = _Seen(), log.level, log.propagate
     log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    log.setLevel(logging.INFO)  # its INFO records to this handler alone, not diffusers' (they would print)
+    log.propagate = False
     model.enable_cache(_hooks().MagCacheConfig(calibrate=True, num_inference_steps=steps))
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # (it prints them too)
@@ -133,6 +134,7 @@ def calibrate(pipe, run, steps: int) -> list[float]:
         model.disable_cache()
         log.removeHandler(handler)
         log.setLevel(level)
+        log.propagate = propagate
     found = [m.split(":", 1)[1] for m in seen if m.startswith("MagCache Calibration Results:")]
     if not found:
         raise RuntimeError("MagCache's calibration reported no ratios (a diffusers whose MagCache logs otherwise)")
