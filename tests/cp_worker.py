@@ -41,6 +41,7 @@ REUSE = {
     "reuse": {"fraction": 0.5, "warmup": 1},
     "reuse_cached": {"fraction": 0.5, "warmup": 1, "keys": "cached"},
     "reuse_text": {"fraction": 0.5, "warmup": 1, "keys": "cached", "text": True},  # Flux.1 only
+    "reuse_extrapolate": {"fraction": 0.5, "warmup": 1, "keys": "cached", "extrapolate": 1.0},
 }
 REUSE_CASES = ("wan", "flux", "ltx", "wan-3-frames")
 STEPS = 3

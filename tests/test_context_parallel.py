@@ -260,7 +260,7 @@ def test_refused_at_apply_when_it_cannot_be_right(ranks):
 
 
 REUSE_FAMILIES = ("wan", "flux", "ltx", "wan-3-frames")
-REUSE_METHODS = ("reuse", "reuse_cached", "reuse_text")
+REUSE_METHODS = ("reuse", "reuse_cached", "reuse_text", "reuse_extrapolate")
 
 
 def _reuse(ranks, name, method):

@@ -161,7 +161,7 @@ def apply_todo(
 
 def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: float | None = None,
                 spread: float = 0.3, keys: str = "fresh", text: bool = False, every: int = 0, order: str = "grid",
-                seed: int | None = None, blocks=None):
+                seed: int | None = None, blocks=None, extrapolate: float = 0.0):
     """Patch a diffusion transformer with token reuse, in place: after ``warmup`` full steps, each step recomputes
     ``fraction`` of the image tokens in every block and reuses the rest.
 
@@ -206,6 +206,13 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
             recomputing all of them is a quarter of a partial step's work at ``fraction=0.4``. One more stored
             tensor of the text stream's size per block. A call with an attention mask (Chroma's) recomputes every
             text token. ``False`` (default): every text token is recomputed at every step.
+        extrapolate: move each kept residual along its token's last measured change (a first-order step in the
+            denoising progress read from the timestep, TaylorSeer's idea per token), times this factor in [0, 1];
+            with ``keys="cached"`` the kept keys and values move half as far, and with ``text=True`` the text
+            stream's too. A token's change is measured each time it is recomputed (at least two computations: one
+            full step and one partial one, or two full steps); 0 (default): kept residuals held as computed. Twice
+            the kept memory. On the mosaic testbed (1,024 image tokens) 1 was 2-4 dB more faithful at the same
+            work.
         every: after the warm-up, every ``every``-th step is a full one again (0, the default: none).
         order: how the recomputed tokens are chosen: ``"grid"`` (default: the same ranks of every 2x2 window of the
             token grid, frames in pairs on video), ``"strided"`` (every k-th token in raster order), ``"random"`` (a
@@ -225,7 +232,7 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
     """
     return apply_config(model, ReuseConfig(fraction, warmup, every, order, seed,
                                            tuple(blocks) if blocks is not None else None, fraction_end, spread,
-                                           keys, text))
+                                           keys, text, extrapolate))
 
 
 def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matcher=None, downsampler=None,

@@ -345,6 +345,7 @@ class ReuseConfig:
     spread: float = 0.3
     keys: str = "fresh"
     text: bool = False
+    extrapolate: float = 0.0
 
     # what the other patches' configs say, read by the shared lifecycle (api.py), the engine and guards
     max_downsample = None
@@ -366,6 +367,11 @@ class ReuseConfig:
         if isinstance(sp, bool) or not isinstance(sp, numbers.Real) or not 0.0 <= float(sp) <= 1.0:
             raise ValueError(f"spread must be a number in [0, 1]; got {sp!r}")
         object.__setattr__(self, "spread", float(sp))
+        ex = self.extrapolate
+        if isinstance(ex, bool) or not isinstance(ex, numbers.Real) or not 0.0 <= float(ex) <= 1.0:
+            raise ValueError(f"extrapolate must be a number in [0, 1] (0: kept residuals held; 1: moved along their "
+                             f"last change, first order); got {ex!r}")
+        object.__setattr__(self, "extrapolate", float(ex))
         object.__setattr__(self, "warmup", _check_int("warmup", self.warmup, 1, "an integer >= 1 (the first step "
                                                       "fills the caches: it is always a full step)"))
         object.__setattr__(self, "every", _check_int("every", self.every, 0, "an integer >= 0"))

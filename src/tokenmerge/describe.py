@@ -42,7 +42,8 @@ class PatchInfo:
             end = "" if c.fraction_end is None else f" fraction_end={c.fraction_end:g}"
             lines = [f"tokenmerge token reuse: fraction={c.fraction:g} (recomputed per partial step){end} "
                      f"warmup={c.warmup} every={c.every} keys={c.keys}" + (" text=True" if c.text else "")
-                     + f" spread={c.spread:g} order={c.order} seed={c.effective_seed}"]
+                     + f" spread={c.spread:g}" + (f" extrapolate={c.extrapolate:g}" if c.extrapolate else "")
+                     + f" order={c.order} seed={c.effective_seed}"]
             lines += [f"  {d.path or '<model>'} ({d.class_name}, {d.family}): {len(d.blocks)}/{d.total_blocks} "
                       "transformer blocks patched" for d in self.denoisers]
             return "\n".join(lines + [f"  note: {note}" for note in self.notes])
@@ -126,6 +127,8 @@ NOTE_REUSE_MEMORY = (
 NOTE_REUSE_KEYS = ("keys='cached' keeps the keys and values of every token (text too) of each patched attention as "
                    "well: two more tensors per attention")
 NOTE_REUSE_TEXT = "text=True keeps one tensor of each block's text-stream output as well"
+NOTE_REUSE_EXTRAPOLATE = ("extrapolate keeps a slope beside each of those tensors (kept residuals, keys and values): "
+                          "twice their memory")
 
 
 def _notes(patches) -> tuple[str, ...]:
@@ -136,7 +139,8 @@ def _notes(patches) -> tuple[str, ...]:
         if p.chosen is not None and p.chosen not in notes:
             notes.append(p.chosen)
         if isinstance(cfg, ReuseConfig):
-            wanted = [NOTE_REUSE_MEMORY] + [NOTE_REUSE_KEYS] * (cfg.keys == "cached") + [NOTE_REUSE_TEXT] * cfg.text
+            wanted = [NOTE_REUSE_MEMORY] + [NOTE_REUSE_KEYS] * (cfg.keys == "cached") + [NOTE_REUSE_TEXT] * cfg.text \
+                + [NOTE_REUSE_EXTRAPOLATE] * bool(cfg.extrapolate)
             notes += [note for note in wanted if note not in notes]
             continue
         small = _small_note(p)

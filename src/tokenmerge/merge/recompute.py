@@ -7,6 +7,10 @@ kept residuals take their recomputed neighbours' change, and where fresh rows go
   sorted: round-robin, every token once every ``ceil(N / count)`` partial steps.
 - ``spread_weights`` / ``spread``: each token not recomputed gets ``alpha`` x the mean change of the recomputed
   tokens in its 3x3 (video: 3x3x3) neighbourhood (ClusCa's idea).
+- ``since`` / ``slope_of`` / ``write_kept`` / ``extrapolated`` / ``row_gaps``: ``extrapolate=``: each kept
+  residual (and kept key and value) moves along its token's last measured change per unit of denoising progress (a
+  first-order Taylor step per token, TaylorSeer's idea, with the recomputed tokens' changes measured as they come
+  round).
 - ``kept_rows``: the rows of a kept key sequence that a partial step's fresh keys overwrite (text, image and
   reference rows; one segment per rank under Ulysses context parallelism).
 """
@@ -20,7 +24,8 @@ import torch.nn.functional as F
 
 from .plan import TABLES, Tables, arange, sided_rows
 
-__all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread", "kept_rows"]
+__all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread", "since", "slope_of", "extrapolated",
+           "write_kept", "row_gaps", "kept_rows"]
 
 
 def share(step: int, progress: float, first: float | None, fraction: float, fraction_end: float | None,
@@ -148,6 +153,80 @@ def _box(x: torch.Tensor, grid: tuple) -> torch.Tensor:
         out.narrow(axis, 0, size - 1).add_(y.narrow(axis, 1, size - 1))
         y = out / 3
     return y.reshape(b, n, c)
+
+
+def since(when: dict, key, tokens: int, index: torch.Tensor | None, progress: float, factor: float,
+          device) -> tuple | None:
+    """The denoising progress since tokens were last computed, for one level of one slot; ``when[key]`` ``(N,)``
+    holds each token's progress at its last computation and is moved here to this call's. Returns ``None`` when
+    nothing was computed before (no change known), ``(gap, None)`` at a full step (``index`` ``None``: every token's
+    gap), ``(gap of the recomputed tokens (|S|,), factor x every token's gap (N,), 0 at the recomputed)`` at a
+    partial one."""
+    last = when.get(key)
+    if last is None or last.shape[0] != tokens:
+        when[key] = torch.full((tokens,), progress, dtype=torch.float32, device=device)
+        return None
+    gap = (progress - last).clamp_min(1e-6)
+    if index is None:
+        last.fill_(progress)
+        return gap, None
+    ahead = gap.index_fill(0, index, 0.0).mul_(factor)
+    at = gap.index_select(0, index)
+    last.index_fill_(0, index, progress)
+    return at, ahead
+
+
+def slope_of(new: torch.Tensor, old: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
+    """``(new - old) / gap``: the change per unit of progress of rows ``(..., n, C)`` (residuals, keys, values) over
+    their gaps ``(n,)``."""
+    return (new - old).div_(gap.to(new.dtype)[:, None])
+
+
+def extrapolated(kept: torch.Tensor, slope: torch.Tensor, ahead: torch.Tensor) -> torch.Tensor:
+    """Every row's ``kept + slope x ahead`` (rows ``(..., n, C)``; ``ahead`` ``(n,)`` from ``since``: 0 at the
+    recomputed ones)."""
+    return torch.addcmul(kept, slope, ahead.to(kept.dtype)[:, None])
+
+
+def write_kept(kept: dict, key, slopes: dict, slope_key, fresh: torch.Tensor, index: torch.Tensor | None,
+           gaps) -> torch.Tensor | None:
+    """Write ``fresh`` ``(B, n, C)`` into the kept ``kept[key]`` at ``index`` (``None``: all of it), and with ``gaps``
+    (``extrapolate=``) the fresh rows' change per unit of progress into ``slopes[slope_key]``; returns the slopes
+    every row moves along at a partial step (``None``: none)."""
+    was = kept.get(key)
+    if index is None:
+        if gaps is not None and was is not None and was.shape == fresh.shape:
+            slopes[slope_key] = slope_of(fresh, was, gaps[0])
+        else:
+            slopes.pop(slope_key, None)
+        kept[key] = fresh
+        return None
+    slope = None
+    if gaps is not None:
+        slope = slopes.get(slope_key)
+        if slope is None:  # no change measured yet: held until a token's first is
+            slope = slopes[slope_key] = torch.zeros_like(was)
+        slope.index_copy_(1, index, slope_of(fresh, was.index_select(1, index), gaps[0]))
+    was.index_copy_(1, index, fresh)
+    return slope
+
+
+def row_gaps(image: tuple, text: tuple | None, fresh_before: int, before: int, after: int, segments: int) -> tuple:
+    """The gaps of a key sequence's rows from ``since``'s of its image (and text) tokens: ``(at, ahead)``, ``at`` for
+    a partial step's fresh ``[text | recomputed | after]`` rows (text rows without gaps, recomputed at every step,
+    take 1: their slopes are never used), ``ahead`` for the kept ``[before | image | after]`` rows (0 where fresh;
+    ``None`` at a full step, whose every row is fresh); repeated over ``segments`` (one sequence per rank under
+    Ulysses attention, every rank's gaps alike)."""
+    at, ahead = image
+    text_at, text_ahead = text if text is not None else (None, None)
+    one = at.new_ones(1)
+    parts = [text_at if text_at is not None else one.expand(fresh_before), at, one.expand(after)]
+    at = torch.cat(parts).repeat(segments)
+    if ahead is not None:
+        zero = ahead.new_zeros(1)
+        parts = [text_ahead if text_ahead is not None else zero.expand(before), ahead, zero.expand(after)]
+        ahead = torch.cat(parts).repeat(segments)
+    return at, ahead
 
 
 def kept_rows(index: torch.Tensor, text: torch.Tensor | None, before: int, image: int, after: int, fresh_before: int,

@@ -26,22 +26,22 @@ import math
 import warnings
 
 import torch
-from torch import nn
 
-from ...families.spec import JOINT, MLP, SELF, TEXT_NONE, TEXT_STREAM, Arg, BlockSite
+from ...families.spec import TEXT_NONE, TEXT_STREAM, Arg, BlockSite
 from ...merge.plan import Tables
-from ...merge.recompute import recomputed_at, share, spread, spread_weights
+from ...merge.recompute import extrapolated, recomputed_at, share, since, spread, spread_weights, write_kept
 from ..attention import CachedKeys, Probe, QueryRows, leave
 from ..caches import ChainHook
 from ..call import coarsen, image_part, join, sides, take_mask, take_rotary
 from ..compiled import on_host
-from ..discover import bind, bind_refusals, bind_whole, resolve
+from ..discover import bind, bind_refusals, bind_whole
+from .reuse_sites import Site, hooked_sites, sub_module
 
 __all__ = ["ReuseBlock"]
 
 BLOCK = -1  # the "target" index of a block's own hooks (how caches.route names them)
-_HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 _WALK = "walk"  # the clock's kept entry of the generation's round-robin
+TEXT = "text"  # extrapolate: (TEXT, length) names a text stream's gaps, (TEXT, block) its slopes
 NO_SDPA = ("tokenmerge: token reuse found no scaled_dot_product_attention call over the image tokens in {where}: its "
            "attention backend computes attention another way (token reuse works with PyTorch's SDPA, diffusers' "
            "default 'native' backend)")
@@ -63,6 +63,8 @@ class _Kept:
     residual: dict = dataclasses.field(default_factory=dict)  # block -> (B, N, C)
     text: dict = dataclasses.field(default_factory=dict)  # block -> (B, T, C)
     kv: dict = dataclasses.field(default_factory=dict)  # (block, target) -> [[keys, values] per SDPA call]
+    slope: dict = dataclasses.field(default_factory=dict)  # extrapolate: block -> (B, N, C) change per progress
+    when: dict = dataclasses.field(default_factory=dict)  # extrapolate: level -> (N,) progress last computed at
 
 
 @dataclasses.dataclass(slots=True)
@@ -77,6 +79,7 @@ class _Recompute:
     levels: dict = dataclasses.field(default_factory=dict)
     text: dict = dataclasses.field(default_factory=dict)
     taken: list = dataclasses.field(default_factory=list)
+    gaps: dict = dataclasses.field(default_factory=dict)  # extrapolate: level -> merge.recompute.since's gaps
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,18 +103,14 @@ class _Block:
             self.modes.popitem()[1].close()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Site:
-    """A hooked sub-module of a block (optional: a query projection, passed untouched off its attention's layout)."""
-
-    spec: object
-    arg: object
-    attention: bool
-    optional: bool = False
-
-
-def _sub(block: nn.Module, attr: str) -> nn.Module | None:
-    return sub if isinstance(sub := resolve(block, attr), nn.Module) else None
+def _gaps(call: _Recompute, entry: _Block, level: int) -> tuple:
+    """``extrapolate=``: the gaps (``merge.recompute.since``) of the block's image tokens and text stream, each
+    ``None`` where there are none or they do not fit how the block runs (a block of a partial call run whole)."""
+    image = call.gaps.get(level)
+    text = call.gaps.get((TEXT, entry.text.shape[1])) if entry.text is not None else None
+    image = image if image is not None and (image[1] is None) != entry.partial else None
+    text = text if text is not None and (text[1] is None) == (entry.text_index is None) else None
+    return image, text
 
 
 class ReuseBlock:
@@ -132,7 +131,7 @@ class ReuseBlock:
         self.order, self.seed = cfg.order, cfg.effective_seed
         self.tables = Tables()  # the recomputed tokens' indices and row tables, released at removal
         self.levels = sorted({b.level for b in self.blocks})
-        self.targets: list[list[_Site]] = []  # per block, its hooked sub-modules
+        self.targets: list[list[Site]] = []  # per block, its hooked sub-modules
         self.bound: list[tuple] = []  # per block: input, output index, text arg, refusals, (rotary, mask, ...)
         self.text_arg = None  # text=True: the denoiser's argument named as the blocks' text stream
         self.target_handles: dict = {}  # (block, BLOCK) -> the block's torch hooks' handles (caches.route)
@@ -150,19 +149,7 @@ class ReuseBlock:
 
     def _install_block(self, index: int, site: BlockSite) -> list:
         block, whole = site.module, site.whole
-        sites = []
-        for spec in (*site.targets, *site.pointwise):
-            sub = _sub(block, spec.attr)
-            if sub is None:
-                continue
-            attention = spec.kind in (SELF, JOINT) and spec in site.targets
-            if self.cached and not attention:  # the whole block runs on the recomputed tokens: nothing to gather
-                continue
-            sites.append(_Site(spec, bind(_HIDDEN, sub), attention))
-            query = _sub(sub, spec.query) if attention and spec.query and not self.cached else None
-            if query is not None:  # the queries of the tokens that are not recomputed are never attended
-                sites.append(_Site(dataclasses.replace(spec, attr=f"{spec.attr}.{spec.query}", kind=MLP),
-                                   bind(_HIDDEN, query), False, optional=True))
+        sites = hooked_sites(site, self.cached)
         self.targets.append(sites)
         arg, rotary, mask, per_token, refuse_if = bind_whole(site)
         text = bind(Arg(whole.text), block) if self.config.text and whole.text is not None else None
@@ -172,7 +159,7 @@ class ReuseBlock:
         self.target_handles[(index, BLOCK)] = (pre, post)
         handles = [pre, post]
         for t, hooked in enumerate(sites):
-            sub = _sub(block, hooked.spec.attr)
+            sub = sub_module(block, hooked.spec.attr)
             handles += [sub.register_forward_pre_hook(functools.partial(self.target_pre, index, t), with_kwargs=True),
                         sub.register_forward_hook(functools.partial(self.target_post, index, t))]
         return handles
@@ -191,7 +178,7 @@ class ReuseBlock:
         if progress is None:
             self._warn_once("a call got no timestep, which token reuse needs to tell the steps apart")
             return None
-        cfg, clock = self.config, state.clock
+        cfg, clock, ex = self.config, state.clock, self.config.extrapolate
         kept = clock.kept.get(state.slot)
         if kept is None:
             kept = clock.kept[state.slot] = _Kept()
@@ -217,9 +204,14 @@ class ReuseBlock:
             index = recomputed_at(grid, steps.shares, self.order, self.seed, device, self.tables) if call.partial \
                 else None
             call.levels[level] = (image, index, grid)
-        text = self.text_arg.read(args, kwargs) if call.partial and self.text_arg is not None else None
+            call.gaps[level] = since(kept.when, level, image, index, progress, ex, device) if ex else None
+        text = self.text_arg.read(args, kwargs) if (call.partial or ex) and self.text_arg is not None else None
         if isinstance(text, torch.Tensor) and text.dim() == 3 and state.shard is None:  # text=True: chosen here
-            call.text[text.shape[1]] = recomputed_at((text.shape[1],), steps.shares, "strided", 0, device, self.tables)
+            length = text.shape[1]
+            if call.partial:
+                call.text[length] = recomputed_at((length,), steps.shares, "strided", 0, device, self.tables)
+            call.gaps[TEXT, length] = since(kept.when, (TEXT, length), length, call.text.get(length), progress, ex,
+                                            device) if ex else None
         return None
 
     def _warn_once(self, reason: str) -> None:
@@ -327,29 +319,36 @@ class ReuseBlock:
         before, after = sides(seq.shape[1], ran_on, site.text, state.trailing)
         out = image_part(seq, ran_on, before)
         text = None  # text=True: the text stream's output (the recomputed tokens' fresh, the others' input + residual)
+        gaps, text_gaps = _gaps(call, entry, site.level) if self.config.extrapolate else (None, None)
         if entry.text is not None and not isinstance(output, torch.Tensor):
-            out_text = output[site.whole.text_output]
-            if entry.text_index is None:  # every text token computed (a full step, or a call with a mask): kept
-                kept.text[index] = out_text - entry.text
-            else:
-                kept_text = kept.text[index]
-                kept_text.index_copy_(1, entry.text_index, out_text - entry.text.index_select(1, entry.text_index))
-                text = entry.text + kept_text
-        if not entry.partial:
-            kept.residual[index] = out - x  # the block residual of every token
+            out_text, rows = output[site.whole.text_output], entry.text_index
+            if rows is None:  # every text token computed (a full step, or a call with a mask): kept
+                write_kept(kept.text, index, kept.slope, (TEXT, index), out_text - entry.text, None, text_gaps)
+            elif text_gaps is None:
+                kept.text[index].index_copy_(1, rows, out_text - entry.text.index_select(1, rows))
+                text = entry.text + kept.text[index]
+            else:  # extrapolate: the kept rows moved along their slopes
+                slope = write_kept(kept.text, index, kept.slope, (TEXT, index), out_text - entry.text.index_select(
+                    1, rows), rows, text_gaps)
+                text = entry.text + extrapolated(kept.text[index], slope, text_gaps[1])
+        if not entry.partial:  # the block residual of every token (extrapolate: and its change since it was kept)
+            write_kept(kept.residual, index, kept.slope, index, out - x, None, gaps)
             return None
         residual = kept.residual[index]
         fresh = (out if self.cached else out.index_select(1, chosen)) - (
             x.index_select(1, chosen) if entry.picked is None else entry.picked)
-        if self.config.spread:  # the recomputed tokens' change since their last computation, given to their neighbours
-            change = fresh - residual.index_select(1, chosen)
+        if self.config.spread:  # the recomputed tokens' change since their last computation (extrapolate: since where
+            slope = kept.slope.get(index) if gaps is not None else None  # it had moved), given to their neighbours
+            change = fresh - (residual.index_select(1, chosen) if slope is None else extrapolated(
+                residual.index_select(1, chosen), slope.index_select(1, chosen), gaps[0] * self.config.extrapolate))
+        if gaps is None:
             residual.index_copy_(1, chosen, fresh)
+        slope = None if gaps is None else write_kept(kept.residual, index, kept.slope, index, fresh, chosen, gaps)
+        if self.config.spread:
             weight = (self.tables.get if not torch.compiler.is_compiling() else lambda build, *key: build(*key))(
                 spread_weights, chosen, entry.grid, self.config.spread, change.dtype, change.device)  # eager: a table
             spread(residual, change, chosen, entry.grid, weight)
-        else:
-            residual.index_copy_(1, chosen, fresh)
-        seq = join(seq, x + residual, before, after)
+        seq = join(seq, x + (residual if slope is None else extrapolated(residual, slope, gaps[1])), before, after)
         if at is None or isinstance(output, torch.Tensor):
             return seq
         parts = list(output)
@@ -371,8 +370,9 @@ class ReuseBlock:
             entry.modes[-1 - t] = Probe().open_both()
         if self.cached:  # keep every token's keys and values (full step), or write the fresh rows in (partial)
             slot = call.kept.kv.setdefault((index, t), [])
+            gaps = _gaps(call, entry, self.blocks[index].level) if self.config.extrapolate else (None, None)
             mode = CachedKeys(entry.image, entry.index if entry.partial else None, hooked.spec.keys, state.trailing,
-                              slot, entry.text_index, call.segments, self.tables)
+                              slot, entry.text_index, call.segments, self.tables, gaps if gaps[0] is not None else None)
         elif not entry.partial:
             return None
         elif hooked.attention:  # every token in; only the recomputed tokens' queries inside the attention call
@@ -382,7 +382,7 @@ class ReuseBlock:
         entry.modes[t] = mode.open(route=bool(route))
         return None
 
-    def _gather(self, entry: _Block, hooked: _Site, trailing: int, args, kwargs):
+    def _gather(self, entry: _Block, hooked: Site, trailing: int, args, kwargs):
         """A per-token sub-module's input at the recomputed rows (its text and reference rows whole)."""
         x = hooked.arg.read(args, kwargs)
         layout = TEXT_NONE if hooked.spec.text == TEXT_STREAM else hooked.spec.text
@@ -420,7 +420,7 @@ class ReuseBlock:
             return None
         return self._scatter(index, hooked, entry, output, state)
 
-    def _scatter(self, index: int, hooked: _Site, entry: _Block, output, state):
+    def _scatter(self, index: int, hooked: Site, entry: _Block, output, state):
         """The sub-module's output with its image rows (the recomputed tokens') scattered back to all N rows."""
         spec = hooked.spec
         at = spec.output_image if isinstance(output, (tuple, list)) else None
