@@ -54,9 +54,12 @@ def test_accelerate_picks_the_faithful_setting_or_says_why_not(name):
     if family.kind == "unet":
         assert isinstance(info.config, ToMeConfig) and info.config.ratio == 0.5
     elif grid_rank(family.grid) >= 3:
-        assert isinstance(info.config, ReuseConfig) and info.config.fraction == 0.35
+        assert isinstance(info.config, ReuseConfig) and info.config.fraction == 0.3 and info.config.keys == "cached"
+        assert info.config.extrapolate == 1.0
     else:
-        assert isinstance(info.config, ReuseConfig) and info.config.keys == "cached" and info.config.warmup == 3
+        cfg = info.config
+        assert isinstance(cfg, ReuseConfig) and cfg.keys == "cached" and cfg.warmup == 4 and cfg.extrapolate == 1.0
+        assert (cfg.fraction, cfg.fraction_end) == (0.5, 0.2)
     out = _run(model, calls)
     assert all(torch.isfinite(t).all() for t in out)
     tokenmerge.remove_patch(model)
@@ -70,10 +73,11 @@ def test_the_knob_and_the_text_stream():
     with pytest.raises(ValueError, match="speed must be one of faithful, balanced, fast"):
         tokenmerge.accelerate(model, speed="max")
     assert tokenmerge.describe_patch(model) is None
-    for speed, fraction, warmup in (("faithful", 0.5, 5), ("balanced", 0.5, 3), ("fast", 0.4, 3)):
+    for speed, fraction, end in (("faithful", 0.5, None), ("balanced", 0.5, 0.2), ("fast", 0.4, 0.2)):
         tokenmerge.accelerate(model, speed=speed)
         cfg = tokenmerge.describe_patch(model).config
-        assert (cfg.fraction, cfg.warmup, cfg.keys, cfg.text) == (fraction, warmup, "cached", True)
+        assert (cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.keys, cfg.text, cfg.extrapolate) == (
+            fraction, end, 4, "cached", True, 1.0)
     assert "text too" in str(tokenmerge.describe_patch(model))
     tokenmerge.remove_patch(model)
     pixart = CATALOGUE["pixart"].build()  # no separate text stream: keys cached, text recomputed
@@ -104,5 +108,9 @@ def test_the_arguments_page_gives_each_speeds_settings():
         row = next(line for line in page.splitlines() if line.startswith(f'| `"{speed}"`'))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == f"{faithful._UNET[speed]:g}", row
-        assert cells[2] == f"`fraction={image['fraction']:g}, warmup={image['warmup']}`", row
-        assert cells[3] == f"`fraction={video['fraction']:g}`", row
+        assert cells[2] == _cell(image), row
+        assert cells[3] == _cell(video), row
+
+
+def _cell(setting: dict) -> str:
+    return "`" + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in setting.items()) + "`"

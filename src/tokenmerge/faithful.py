@@ -2,10 +2,11 @@
 
 Per kind of denoiser it takes the setting the committed frontiers chose (speed measured by the bench, fidelity on the
 trained embedded models: ``docs/guides/reuse.md``, ``benchmarks/results/frontier/``): a UNet gets ToMe (faithful
-there, and its usual sizes left unmerged on CUDA by ``min_size``); an image transformer token reuse with kept keys
-(``speed="faithful"``: >= 32 dB on both image testbeds, the 1,024-token mosaic and the 256-token DiT;
-``"balanced"``: the 256-token DiT's >= 32 dB point; ``"fast"``: its >= 29 dB point); a video transformer token reuse
-at the video frontiers' >= 31 dB point.
+there, and its usual sizes left unmerged on CUDA by ``min_size``); an image transformer token reuse with kept keys,
+extrapolated (``speed="faithful"``: >= 36 dB on both image testbeds, the 1,024-token mosaic and the 256-token DiT;
+``"balanced"``: >= 32 dB on both, the fastest such point of the mosaic's frontier; ``"fast"``: >= 30 dB on both); a
+video transformer token reuse extrapolated (``"faithful"``: keys fresh, >= 34 dB on the 2,048-token video;
+``"balanced"``: >= 32 dB; ``"fast"``: >= 30 dB with kept keys).
 Where token reuse cannot follow a model's blocks, the model is left unpatched with one warning saying why (merging
 every step is not faithful on a transformer). ``describe_patch`` says what was chosen and why.
 """
@@ -25,9 +26,11 @@ __all__ = ["accelerate", "SPEEDS"]
 SPEEDS = ("faithful", "balanced", "fast")
 # the frontiers' points (docs/guides/reuse.md has their speed and PSNR): per kind and speed
 _UNET = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on the UNets' finest level
-_IMAGE = {"faithful": dict(fraction=0.5, warmup=5), "balanced": dict(fraction=0.5, warmup=3),
-          "fast": dict(fraction=0.4, warmup=3)}  # with keys="cached" (and text=True where the blocks have text)
-_VIDEO = {"faithful": dict(fraction=0.4), "balanced": dict(fraction=0.35), "fast": dict(fraction=0.3)}
+_IMAGE = {"faithful": dict(fraction=0.5, warmup=4), "balanced": dict(fraction=0.5, fraction_end=0.2, warmup=4),
+          "fast": dict(fraction=0.4, fraction_end=0.2, warmup=4)}  # keys="cached" (text=True where the blocks have
+# a text stream), extrapolate=1
+_VIDEO = {"faithful": dict(fraction=0.3), "balanced": dict(fraction=0.3, keys="cached"),
+          "fast": dict(fraction=0.25, keys="cached")}  # extrapolate=1
 
 
 def _kind(model) -> str:
@@ -47,15 +50,22 @@ def _attempts(kind: str, speed: str) -> list[tuple]:
         return [(ToMeConfig(ratio=ratio), f"a UNet: ToMe at ratio {ratio:g} (faithful on UNets: they merge at their "
                                           "finest level only; on CUDA, calls too small to pay run unmerged)")]
     if kind == "image":
-        base = _IMAGE[speed]
-        why = (f"an image transformer: token reuse at the image frontier's {speed} point (fraction "
-               f"{base['fraction']:g}, warmup {base['warmup']}, keys cached")
-        return [(ReuseConfig(**base, keys="cached", text=True), why + ", text too)"),
-                (ReuseConfig(**base, keys="cached"), why + "; its blocks have no separate text stream)")]
-    base = _VIDEO[speed]
-    why = f"a video transformer: token reuse at the video frontier's {speed} point (fraction {base['fraction']:g}"
+        base = {**_IMAGE[speed], "keys": "cached", "extrapolate": 1.0}
+        why = f"an image transformer: token reuse at the image frontier's {speed} point ({_setting(base)}, extrapolated"
+        return [(ReuseConfig(**base, text=True), why + ", text too)"),
+                (ReuseConfig(**base), why + "; its blocks have no separate text stream)")]
+    base = {**_VIDEO[speed], "extrapolate": 1.0}
+    why = f"a video transformer: token reuse at the video frontier's {speed} point ({_setting(base)}, extrapolated"
     return [(ReuseConfig(**base), why + ")"),
-            (ReuseConfig(**base, keys="cached"), why + ", keys cached: its attention cannot keep some tokens' rows)")]
+            (ReuseConfig(**{**base, "keys": "cached"}), why + "; keys cached: its attention cannot keep some tokens' "
+                                                               "rows)")]
+
+
+def _setting(base: dict) -> str:
+    """A preset's settings in words: ``fraction 0.5 to 0.2, warmup 4``."""
+    words = [f"fraction {base['fraction']:g}" + (f" to {base['fraction_end']:g}" if "fraction_end" in base else "")]
+    words += [f"{key} {base[key]}" for key in ("warmup", "keys") if key in base]
+    return ", ".join(words)
 
 
 def accelerate(model, speed: str = "balanced"):
