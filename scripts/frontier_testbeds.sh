@@ -25,10 +25,22 @@ reuse:0.4,warmup=3,keys=cached,text=true+fbc:0.1 reuse:0.3,warmup=3,keys=cached,
 reuse:0.5,warmup=5,keys=cached,text=true reuse:0.6,warmup=4,keys=cached,text=true reuse:0.4,warmup=5,keys=cached,text=true \
 reuse:0.3,warmup=6,keys=cached,text=true,spread=0.5 \
 reuse:0.5,warmup=5,keys=cached,text=true+magcache:0.12 reuse:0.4,warmup=5,keys=cached,text=true+magcache:0.12"
+# extrapolate=1: the kept residuals, keys and values move along their measured change
+X=keys=cached,text=true,extrapolate=1
+IMAGE_A="$IMAGE_A reuse:0.5,warmup=3,$X reuse:0.5,warmup=4,$X reuse:0.4,warmup=4,$X reuse:0.35,warmup=4,$X \
+reuse:0.5,fraction_end=0.2,warmup=4,$X+fbc:0.08 reuse:0.5,fraction_end=0.2,warmup=4,$X+magcache:0.06 \
+magcache:0.08 magcache:0.1 reuse:0.35,warmup=4,$X+fbc:0.2"
+IMAGE_B="$IMAGE_B reuse:0.5,fraction_end=0.2,warmup=4,$X reuse:0.4,fraction_end=0.2,warmup=4,$X \
+reuse:0.35,fraction_end=0.2,warmup=4,$X reuse:0.35,warmup=4,$X+fbc:0.1 reuse:0.35,warmup=4,$X+magcache:0.06"
 VIDEO_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2x2x2 fbc:0.1 fbc:0.2 pab:2 reuse:0.5,keys=cached \
 magcache:0.06 magcache:0.12 magcache:0.25"
 VIDEO_B="reuse:0.4 reuse:0.35 reuse:0.3 reuse:0.25 reuse:0.2 reuse:0.3+fbc:0.1 reuse:0.25+fbc:0.1 reuse:0.2+fbc:0.1 \
 reuse:0.4+magcache:0.12 reuse:0.3+magcache:0.12"
+Y=keys=cached,extrapolate=1
+VIDEO_A="$VIDEO_A reuse:0.3,extrapolate=1 reuse:0.4,$Y reuse:0.3,$Y reuse:0.25,$Y reuse:0.3,$Y+fbc:0.1 \
+reuse:0.3,$Y+magcache:0.06 magcache:0.35 magcache:0.5"
+VIDEO_B="$VIDEO_B reuse:0.4,fraction_end=0.1,$Y reuse:0.25,fraction_end=0.1,$Y reuse:0.4,fraction_end=0.1,$Y+fbc:0.1 \
+reuse:0.25,$Y+fbc:0.1 reuse:0.4,fraction_end=0.1,$Y+magcache:0.06"
 
 run() {  # model, prompts args, stem
   local model="$1" prompts="$2" stem="$3" a="$4" b="$5"
@@ -48,14 +60,14 @@ if [ "$WHAT" = mosaic ] || [ "$WHAT" = all ]; then
   run fashion-mosaic "--prompts mosaics --count 8" quality-fashion-mosaic "$IMAGE_A" "$IMAGE_B"
   .venv/bin/python scripts/frontier.py --bench benchmarks/results/perf/cpu-flux-2+4-1024-scope.jsonl \
     benchmarks/results/perf/cpu-flux-2+4-1024-reuse.jsonl benchmarks/results/perf/cpu-flux-2+4-1024-reuse-low.jsonl \
-    benchmarks/results/perf/cpu-flux-2+4-1024-reuse-text.jsonl \
+    benchmarks/results/perf/cpu-flux-2+4-1024-reuse-text.jsonl benchmarks/results/perf/cpu-flux-2+4-1024-reuse-extrapolate.jsonl \
     --quality benchmarks/results/quality/quality-fashion-mosaic.json --out benchmarks/results/frontier \
     --stem frontier-flux-mosaic --title "Flux.1-style mosaic DiT (1,024 image + 32 text tokens)"
 fi
 if [ "$WHAT" = video ] || [ "$WHAT" = all ]; then
   run fashion-video-long "--prompts classes --count 5" quality-fashion-video-long "$VIDEO_A" "$VIDEO_B"
   .venv/bin/python scripts/frontier.py --bench benchmarks/results/perf/cpu-wan-2b-480x832x33-scope.jsonl \
-    benchmarks/results/perf/cpu-wan-2b-480x832x33-reuse.jsonl \
+    benchmarks/results/perf/cpu-wan-2b-480x832x33-reuse.jsonl benchmarks/results/perf/cpu-wan-2b-480x832x33-reuse-extrapolate.jsonl \
     --quality benchmarks/results/quality/quality-fashion-video-long.json --out benchmarks/results/frontier \
     --stem frontier-wan-video-long --title "Wan-style long-video DiT (2,048 tokens)"
 fi
