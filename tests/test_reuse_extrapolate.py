@@ -131,8 +131,12 @@ def test_describe_names_it_and_its_memory():
 def test_it_is_more_faithful_on_the_trained_dit():
     """On the trained 256-token DiT (seeded, 12 steps), token reuse's output is nearer vanilla's with
     ``extrapolate=1`` than without, at the same schedule."""
+    import diffusers
+
     from tokenmerge.fashion import load_fashion_dit
 
+    if not hasattr(diffusers, "FluxTransformer2DModel"):
+        pytest.skip(f"diffusers {diffusers.__version__} has no FluxTransformer2DModel (the embedded DiT's class)")
     pipe = load_fashion_dit()
 
     def run():
