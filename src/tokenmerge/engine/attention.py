@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..families.spec import TEXT_NONE
 from ..merge.plan import TABLES, Tables, arange, sided_rows
-from ..merge.recompute import extrapolated, kept_rows, row_gaps, slope_of
+from ..merge.recompute import extrapolated, kept_rows, row_gaps, slope_of, write_rows
 from .call import sides
 
 try:
@@ -288,8 +288,9 @@ class CachedKeys(SdpaMode):
     Args: as ``QueryRows``; slot: a list holding this attention's kept ``[keys, values]`` (B, H, L, D) per SDPA
     call, every row of the call's sequence (text, image and reference rows), and with ``gaps`` their slopes after
     them; text: ``text=True``: the recomputed text tokens (sorted indices; ``None``: every text row is fresh);
-    gaps: ``extrapolate=``: ``merge.recompute.since``'s gaps of the image tokens and of the text's (or ``None``):
-    the kept rows attended move along their slopes.
+    gaps: ``extrapolate=``: ``merge.recompute.since``'s gaps of the image tokens and of the text's (or ``None``),
+    and the call's store where the rows' gaps are kept for its other attentions: the kept rows attended move along
+    their slopes.
     """
 
     image: int
@@ -315,7 +316,7 @@ class CachedKeys(SdpaMode):
             kept = [key.contiguous().clone(), kwargs["value"].contiguous().clone()]
             old = self.slot[pair] if pair < len(self.slot) else None
             if self.gaps is not None and old is not None and old[0].shape == key.shape:  # extrapolate: the slopes
-                at = row_gaps(*self.gaps, before, before, after, self.segments)[0]
+                at = self._row_gaps(before, before, after)[0]
                 kept += [slope_of(new, was, at) for new, was in zip(kept, old)]
             del self.slot[pair:]
             self.slot.append(kept)
@@ -340,17 +341,29 @@ class CachedKeys(SdpaMode):
         if self.gaps is not None and len(kept) == 2:  # extrapolate: no change measured yet (held until one is)
             kept += [torch.zeros_like(kept[0]), torch.zeros_like(kept[1])]
         if self.gaps is not None:  # extrapolate: the fresh rows' slopes, the kept rows moved along theirs
-            at, ahead = row_gaps(*self.gaps, before, kept_before, after, self.segments)
+            at, ahead = self._row_gaps(before, kept_before, after)
             for was, slope, fresh in zip(kept, kept[2:], (key, kwargs["value"])):
-                slope.index_copy_(-2, rows, slope_of(fresh, was.index_select(-2, rows), at))
-                was.index_copy_(-2, rows, fresh)
-            ahead = ahead * KEYS_AHEAD
+                write_rows(was, slope, fresh, rows, at)
             kwargs["key"], kwargs["value"] = (extrapolated(was, slope, ahead) for was, slope in zip(kept, kept[2:]))
             return func(**kwargs)
         for was, fresh in zip(kept, (key, kwargs["value"])):
             was.index_copy_(-2, rows, fresh)
         kwargs["key"], kwargs["value"] = kept[:2]
         return func(**kwargs)
+
+    def _row_gaps(self, fresh_before: int, before: int, after: int) -> tuple:
+        """``merge.recompute.row_gaps`` of this call's key sequences laid out so, ``ahead`` times ``KEYS_AHEAD``:
+        made once per call and layout, kept in the call's store for every block's attention (afresh under
+        torch.compile, which fuses it)."""
+        image, text, store = self.gaps
+        key = ("rows", id(image[0]), None if text is None else id(text[0]), fresh_before, before, after)
+        found = None if torch.compiler.is_compiling() else store.get(key)
+        if found is None:
+            at, ahead = row_gaps(image, text, fresh_before, before, after, self.segments)
+            found = (at, None if ahead is None else ahead * KEYS_AHEAD)
+            if not torch.compiler.is_compiling():
+                store[key] = found
+        return found
 
     def _mask(self, mask: torch.Tensor, before: int, count: int, after: int) -> torch.Tensor:
         """A mask made by the model for this call: its key columns extended to every kept token (a mask made over

@@ -7,7 +7,8 @@ kept residuals take their recomputed neighbours' change, and where fresh rows go
   sorted: round-robin, every token once every ``ceil(N / count)`` partial steps.
 - ``spread_weights`` / ``spread``: each token not recomputed gets ``alpha`` x the mean change of the recomputed
   tokens in its 3x3 (video: 3x3x3) neighbourhood (ClusCa's idea).
-- ``since`` / ``slope_of`` / ``write_kept`` / ``extrapolated`` / ``row_gaps``: ``extrapolate=``: each kept
+- ``since`` / ``in_dtype`` / ``slope_of`` / ``write_rows`` / ``write_kept`` / ``extrapolated`` / ``row_gaps``:
+  ``extrapolate=``: each kept
   residual (and kept key and value) moves along its token's last measured change per unit of denoising progress (a
   first-order Taylor step per token, TaylorSeer's idea, with the recomputed tokens' changes measured as they come
   round).
@@ -24,8 +25,8 @@ import torch.nn.functional as F
 
 from .plan import TABLES, Tables, arange, sided_rows
 
-__all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread", "since", "slope_of", "extrapolated",
-           "write_kept", "row_gaps", "kept_rows"]
+__all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread", "since", "in_dtype", "slope_of",
+           "extrapolated", "write_rows", "write_kept", "row_gaps", "kept_rows"]
 
 
 def share(step: int, progress: float, first: float | None, fraction: float, fraction_end: float | None,
@@ -160,8 +161,8 @@ def since(when: dict, key, tokens: int, index: torch.Tensor | None, progress: fl
     """The denoising progress since tokens were last computed, for one level of one slot; ``when[key]`` ``(N,)``
     holds each token's progress at its last computation and is moved here to this call's. Returns ``None`` when
     nothing was computed before (no change known), ``(gap, None)`` at a full step (``index`` ``None``: every token's
-    gap), ``(gap of the recomputed tokens (|S|,), factor x every token's gap (N,), 0 at the recomputed)`` at a
-    partial one."""
+    gap), ``(gap of the recomputed tokens (|S|,), factor x every token's gap (N,), 0 at the recomputed, factor x
+    the recomputed tokens' gap)`` at a partial one."""
     last = when.get(key)
     if last is None or last.shape[0] != tokens:
         when[key] = torch.full((tokens,), progress, dtype=torch.float32, device=device)
@@ -173,7 +174,21 @@ def since(when: dict, key, tokens: int, index: torch.Tensor | None, progress: fl
     ahead = gap.index_fill(0, index, 0.0).mul_(factor)
     at = gap.index_select(0, index)
     last.index_fill_(0, index, progress)
-    return at, ahead
+    return at, ahead, at * factor
+
+
+def in_dtype(store: dict, key, dtype: torch.dtype) -> tuple | None:
+    """``store[key]`` (``since``'s gaps, or ``None``) in ``dtype``: converted once per call and dtype, kept in
+    ``store`` under ``(key, dtype)`` for every block of the call (afresh under torch.compile, which fuses it)."""
+    gaps = store.get(key)
+    if gaps is None:
+        return None
+    found = None if torch.compiler.is_compiling() else store.get((key, dtype))
+    if found is None:
+        found = tuple(None if g is None else g.to(dtype) for g in gaps)
+        if not torch.compiler.is_compiling():
+            store[key, dtype] = found
+    return found
 
 
 def slope_of(new: torch.Tensor, old: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
@@ -201,14 +216,22 @@ def write_kept(kept: dict, key, slopes: dict, slope_key, fresh: torch.Tensor, in
             slopes.pop(slope_key, None)
         kept[key] = fresh
         return None
-    slope = None
-    if gaps is not None:
-        slope = slopes.get(slope_key)
-        if slope is None:  # no change measured yet: held until a token's first is
-            slope = slopes[slope_key] = torch.zeros_like(was)
-        slope.index_copy_(1, index, slope_of(fresh, was.index_select(1, index), gaps[0]))
-    was.index_copy_(1, index, fresh)
+    if gaps is None:
+        was.index_copy_(1, index, fresh)
+        return None
+    slope = slopes.get(slope_key)
+    if slope is None:  # no change measured yet: held until a token's first is
+        slope = slopes[slope_key] = torch.zeros_like(was)
+    write_rows(was, slope, fresh, index, gaps[0])
     return slope
+
+
+def write_rows(kept: torch.Tensor, slope: torch.Tensor, fresh: torch.Tensor, index: torch.Tensor,
+               gap: torch.Tensor) -> None:
+    """Write ``fresh`` rows ``(..., |S|, C)`` into ``kept`` ``(..., n, C)`` at ``index`` (the rows' axis, -2), and
+    their change per unit of progress since the rows kept there (``gap`` ``(|S|,)``) into ``slope``."""
+    slope.index_copy_(-2, index, slope_of(fresh, kept.index_select(-2, index), gap))
+    kept.index_copy_(-2, index, fresh)
 
 
 def row_gaps(image: tuple, text: tuple | None, fresh_before: int, before: int, after: int, segments: int) -> tuple:
@@ -217,8 +240,8 @@ def row_gaps(image: tuple, text: tuple | None, fresh_before: int, before: int, a
     take 1: their slopes are never used), ``ahead`` for the kept ``[before | image | after]`` rows (0 where fresh;
     ``None`` at a full step, whose every row is fresh); repeated over ``segments`` (one sequence per rank under
     Ulysses attention, every rank's gaps alike)."""
-    at, ahead = image
-    text_at, text_ahead = text if text is not None else (None, None)
+    at, ahead = image[:2]
+    text_at, text_ahead = text[:2] if text is not None else (None, None)
     one = at.new_ones(1)
     parts = [text_at if text_at is not None else one.expand(fresh_before), at, one.expand(after)]
     at = torch.cat(parts).repeat(segments)

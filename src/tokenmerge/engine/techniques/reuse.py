@@ -29,7 +29,7 @@ import torch
 
 from ...families.spec import TEXT_NONE, TEXT_STREAM, Arg, BlockSite
 from ...merge.plan import Tables
-from ...merge.recompute import extrapolated, recomputed_at, share, since, spread, spread_weights, write_kept
+from ...merge.recompute import extrapolated, in_dtype, recomputed_at, share, since, spread, spread_weights, write_kept
 from ..attention import CachedKeys, Probe, QueryRows, leave
 from ..caches import ChainHook
 from ..call import coarsen, image_part, join, sides, take_mask, take_rotary
@@ -79,7 +79,7 @@ class _Recompute:
     levels: dict = dataclasses.field(default_factory=dict)
     text: dict = dataclasses.field(default_factory=dict)
     taken: list = dataclasses.field(default_factory=list)
-    gaps: dict = dataclasses.field(default_factory=dict)  # extrapolate: level -> merge.recompute.since's gaps
+    gaps: dict = dataclasses.field(default_factory=dict)  # extrapolate: level -> since's gaps (and made from them)
 
 
 @dataclasses.dataclass(slots=True)
@@ -106,11 +106,10 @@ class _Block:
 def _gaps(call: _Recompute, entry: _Block, level: int) -> tuple:
     """``extrapolate=``: the gaps (``merge.recompute.since``) of the block's image tokens and text stream, each
     ``None`` where there are none or they do not fit how the block runs (a block of a partial call run whole)."""
-    image = call.gaps.get(level)
-    text = call.gaps.get((TEXT, entry.text.shape[1])) if entry.text is not None else None
-    image = image if image is not None and (image[1] is None) != entry.partial else None
-    text = text if text is not None and (text[1] is None) == (entry.text_index is None) else None
-    return image, text
+    image = in_dtype(call.gaps, level, entry.x.dtype)
+    text = in_dtype(call.gaps, (TEXT, entry.text.shape[1]), entry.x.dtype) if entry.text is not None else None
+    return (image if image is not None and (image[1] is None) != entry.partial else None,
+            text if text is not None and (text[1] is None) == (entry.text_index is None) else None)
 
 
 class ReuseBlock:
@@ -340,7 +339,7 @@ class ReuseBlock:
         if self.config.spread:  # the recomputed tokens' change since their last computation (extrapolate: since where
             slope = kept.slope.get(index) if gaps is not None else None  # it had moved), given to their neighbours
             change = fresh - (residual.index_select(1, chosen) if slope is None else extrapolated(
-                residual.index_select(1, chosen), slope.index_select(1, chosen), gaps[0] * self.config.extrapolate))
+                residual.index_select(1, chosen), slope.index_select(1, chosen), gaps[2]))
         if gaps is None:
             residual.index_copy_(1, chosen, fresh)
         slope = None if gaps is None else write_kept(kept.residual, index, kept.slope, index, fresh, chosen, gaps)
@@ -372,7 +371,8 @@ class ReuseBlock:
             slot = call.kept.kv.setdefault((index, t), [])
             gaps = _gaps(call, entry, self.blocks[index].level) if self.config.extrapolate else (None, None)
             mode = CachedKeys(entry.image, entry.index if entry.partial else None, hooked.spec.keys, state.trailing,
-                              slot, entry.text_index, call.segments, self.tables, gaps if gaps[0] is not None else None)
+                              slot, entry.text_index, call.segments, self.tables,
+                              None if gaps[0] is None else (*gaps, call.gaps))
         elif not entry.partial:
             return None
         elif hooked.attention:  # every token in; only the recomputed tokens' queries inside the attention call
