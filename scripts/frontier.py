@@ -45,10 +45,16 @@ def _step_speed(speed: dict, spec: MethodSpec):
     return None, ""
 
 
+SKIP_TIMED_AT = 0.001  # a skipped step (share 0: one token) is timed by the bench's partial step at a fraction this
+# small or smaller (one token at the bench's widths)
+
+
 def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
     """(speed-up, how) of token reuse over a generation of ``steps`` steps: its full steps at the bench's measured
     full step, each partial step at the bench's measured partial step of its fraction (linearly interpolated
-    between the measured fractions: a step's work is affine in the tokens it recomputes)."""
+    between the measured fractions: a step's work is affine in the tokens it recomputes), each skipped step
+    (``skip=``: one token) at the bench's partial step of the smallest fraction, if that is at most
+    ``SKIP_TIMED_AT``."""
     measured = steps_by_fraction.get(spec.steady().options)
     if not measured:
         return None, ""
@@ -61,6 +67,8 @@ def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
     full = sum(fulls) / len(fulls)  # the full step does not depend on the fraction: the mean of its measures
 
     def partial(f):  # time of a partial step over vanilla's
+        if f == 0.0:  # a skipped step
+            return measured[fractions[0]][1] if fractions[0] <= SKIP_TIMED_AT else None
         if f in measured:
             return measured[f][1]
         lower = [g for g in fractions if g < f]
@@ -73,11 +81,13 @@ def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
     times = [full if f is None else partial(f) for f in schedule]
     if any(t is None for t in times):
         return None, ""
-    n_full = sum(f is None for f in schedule)
-    used = sorted({f for f in schedule if f is not None})
-    at = (f"{used[0]:g}" if len(used) == 1 else f"{used[0]:.2f} to {used[-1]:.2f}") + (
-        "" if all(f in measured for f in used) else ", interpolated between measured fractions")
-    return 1 / (sum(times) / steps), f"measured steps: {n_full} full + {steps - n_full} partial of {steps} (at {at})"
+    n_full, n_skipped = sum(f is None for f in schedule), sum(f == 0.0 for f in schedule)
+    used = sorted({f for f in schedule if f})
+    at = "" if not used else " (at " + (f"{used[0]:g}" if len(used) == 1 else f"{used[0]:.2f} to {used[-1]:.2f}") + (
+        "" if all(f in measured for f in used) else ", interpolated between measured fractions") + ")"
+    skipped = f" + {n_skipped} skipped (one token: at {fractions[0]:g})" if n_skipped else ""
+    return 1 / (sum(times) / steps), (f"measured steps: {n_full} full + {steps - n_full - n_skipped} partial"
+                                      f"{at}{skipped} of {steps}")
 
 
 def _reuse_table(bench: list[dict]) -> dict:
@@ -153,8 +163,8 @@ def markdown(pts, notes, bench_cmds, quality_cmd: str, title: str) -> str:
     lines += ["", "Speed-up, how: measured = the bench's step time (medians, interleaved); on N% of steps = a "
               "schedule (start/stop): the measured step speed-up on that share of the steps, vanilla on the rest; "
               "measured steps (token reuse): the bench's measured full step (a generation's first) and partial step "
-              "(its fraction's, or interpolated between two measured fractions), averaged over the generation's "
-              "schedule; "
+              "(its fraction's, or interpolated between two measured fractions; a skipped step, one token: the "
+              "smallest measured fraction's), averaged over the generation's schedule; "
               "counted = 1 / the share of vanilla's nn.Linear multiply-adds the cache ran on the trained model (zero "
               "overhead: an upper bound); x counted = times the cache's further saving on top of the token "
               "reduction (its linear work over the combination's)."]

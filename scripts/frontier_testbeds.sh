@@ -32,6 +32,11 @@ reuse:0.5,fraction_end=0.2,warmup=4,$X+fbc:0.08 reuse:0.5,fraction_end=0.2,warmu
 magcache:0.08 magcache:0.1 reuse:0.35,warmup=4,$X+fbc:0.2"
 IMAGE_B="$IMAGE_B reuse:0.5,fraction_end=0.2,warmup=4,$X reuse:0.4,fraction_end=0.2,warmup=4,$X \
 reuse:0.35,fraction_end=0.2,warmup=4,$X reuse:0.35,warmup=4,$X+fbc:0.1 reuse:0.35,warmup=4,$X+magcache:0.06"
+# skip=: token reuse's step cache (rounds of skipped steps, every kept residual moved, and a computed one)
+IMAGE_A="$IMAGE_A reuse:1,warmup=4,$X,skip=1 reuse:1,warmup=4,$X,skip=2 reuse:1,warmup=4,$X,skip=3 \
+reuse:1,warmup=4,$X,skip=4 reuse:0.5,warmup=4,$X,skip=1 taylorseer:2 taylorseer:3"
+IMAGE_B="$IMAGE_B reuse:1,warmup=3,$X,skip=2 reuse:1,warmup=3,$X,skip=3 reuse:0.7,warmup=4,$X,skip=1 \
+reuse:0.85,warmup=4,$X,skip=2 reuse:0.5,warmup=4,$X+magcache:0.12"
 VIDEO_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2x2x2 fbc:0.1 fbc:0.2 pab:2 reuse:0.5,keys=cached \
 magcache:0.06 magcache:0.12 magcache:0.25"
 VIDEO_B="reuse:0.4 reuse:0.35 reuse:0.3 reuse:0.25 reuse:0.2 reuse:0.3+fbc:0.1 reuse:0.25+fbc:0.1 reuse:0.2+fbc:0.1 \
@@ -41,6 +46,8 @@ VIDEO_A="$VIDEO_A reuse:0.3,extrapolate=1 reuse:0.4,$Y reuse:0.3,$Y reuse:0.25,$
 reuse:0.3,$Y+magcache:0.06 magcache:0.35 magcache:0.5"
 VIDEO_B="$VIDEO_B reuse:0.4,fraction_end=0.1,$Y reuse:0.25,fraction_end=0.1,$Y reuse:0.4,fraction_end=0.1,$Y+fbc:0.1 \
 reuse:0.25,$Y+fbc:0.1 reuse:0.4,fraction_end=0.1,$Y+magcache:0.06"
+VIDEO_A="$VIDEO_A reuse:1,warmup=4,$Y,skip=1 reuse:1,warmup=4,$Y,skip=2 reuse:1,warmup=4,$Y,skip=3 \
+reuse:1,warmup=4,$Y,skip=4 reuse:1,warmup=5,$Y,skip=3 reuse:1,warmup=3,$Y,skip=4 reuse:0.6,warmup=4,$Y,skip=1"
 
 run() {  # model, prompts args, stem
   local model="$1" prompts="$2" stem="$3" a="$4" b="$5"
@@ -61,6 +68,7 @@ if [ "$WHAT" = mosaic ] || [ "$WHAT" = all ]; then
   .venv/bin/python scripts/frontier.py --bench benchmarks/results/perf/cpu-flux-2+4-1024-scope.jsonl \
     benchmarks/results/perf/cpu-flux-2+4-1024-reuse.jsonl benchmarks/results/perf/cpu-flux-2+4-1024-reuse-low.jsonl \
     benchmarks/results/perf/cpu-flux-2+4-1024-reuse-text.jsonl benchmarks/results/perf/cpu-flux-2+4-1024-reuse-extrapolate.jsonl \
+    benchmarks/results/perf/cpu-flux-2+4-1024-reuse-skip.jsonl \
     --quality benchmarks/results/quality/quality-fashion-mosaic.json --out benchmarks/results/frontier \
     --stem frontier-flux-mosaic --title "Flux.1-style mosaic DiT (1,024 image + 32 text tokens)"
 fi
@@ -68,6 +76,7 @@ if [ "$WHAT" = video ] || [ "$WHAT" = all ]; then
   run fashion-video-long "--prompts classes --count 5" quality-fashion-video-long "$VIDEO_A" "$VIDEO_B"
   .venv/bin/python scripts/frontier.py --bench benchmarks/results/perf/cpu-wan-2b-480x832x33-scope.jsonl \
     benchmarks/results/perf/cpu-wan-2b-480x832x33-reuse.jsonl benchmarks/results/perf/cpu-wan-2b-480x832x33-reuse-extrapolate.jsonl \
+    benchmarks/results/perf/cpu-wan-2b-480x832x33-reuse-skip.jsonl \
     --quality benchmarks/results/quality/quality-fashion-video-long.json --out benchmarks/results/frontier \
     --stem frontier-wan-video-long --title "Wan-style long-video DiT (2,048 tokens)"
 fi

@@ -3,13 +3,16 @@ TaylorSeer on whole blocks, both orders of enabling, checked against a reference
 
 What a skipped step does (docs/guides/token-reuse.md): the cache's hook sits above token reuse's on each block, so a
 block the cache skips or predicts runs none of token reuse's hooks, and its kept residual stays as it was; the step
-still moves token reuse's clock (the denoiser's own hook runs), so its round-robin moves on as in a run without the
-cache. The reference follows each block through the run: where the block ran, a full step's output is the unpatched
-block's, a partial step's recomputed tokens are the unpatched block's and the others are their input plus the kept
-residual (the reference's own copy, updated where the block ran: ``spread=0``).
+still moves token reuse's clock (the denoiser's own hook runs), but a step cut short (a block that did not run) does
+not move its round-robin: the next partial step recomputes the same tokens. The reference follows each block through
+the run: where the block ran, a full step's output is the unpatched block's, a partial step's recomputed tokens are
+the unpatched block's and the others are their input plus the kept residual (the reference's own copy, updated where
+the block ran: ``spread=0``).
 """
 
 from __future__ import annotations
+
+import collections
 
 import pytest
 import torch
@@ -92,13 +95,20 @@ def test_reuse_with_a_skipping_cache_follows_its_reference_step_by_step(cache, c
         tokenmerge.remove_patch(model)
     assert steps == list(range(STEPS))  # every call a step of the clock, skipped or not
     assert len(sites) * STEPS > len(log) > len(sites), "the cache must skip some block calls, not all"
-    # the clock: each call's recomputed tokens are the round-robin of its step, the skipped steps counted
+    # the clock: each call's recomputed tokens are the round-robin's next window; a step the cache cut short (not
+    # every block ran) recomputed its tokens in too few blocks, so the next step takes the same window again
     n, seed = calls[0]["hidden_states"].shape[1], patch.config.effective_seed
+    ran = collections.Counter(e["step"] for e in log)
+    window, short = {}, 0
+    for step in range(1, STEPS):
+        window[step] = step - 1 - short
+        short += ran[step] < len(sites)
+    assert short, "the cache must cut some partial steps short"
     for e in log:
         if e["step"] == 0:
             assert e["index"] is None
         else:
-            assert torch.equal(e["index"], select((4, 4), "grid", n // 2, seed, (e["step"] - 1) * (n // 2), "cpu"))
+            assert torch.equal(e["index"], select((4, 4), "grid", n // 2, seed, window[e["step"]] * (n // 2), "cpu"))
     assert len({e["step"] for e in log}) > 2  # partial steps after skipped ones among them
     kept = {}
     checked = 0
@@ -123,3 +133,46 @@ def test_reuse_with_a_skipping_cache_follows_its_reference_step_by_step(cache, c
             checked += 1
         kept[e["block"]] = got - x
     assert checked, "no partial block call was checked"
+
+
+@pytest.mark.parametrize("cache", ["fbc", "magcache"])
+def test_a_step_the_cache_cuts_short_leaves_the_tokens_progress(cache):
+    """extrapolate=: a step where not every block ran leaves each token's recorded progress (its kept rows' gaps run
+    from where they were computed) and the round-robin; a step where every block ran moves the recomputed tokens'."""
+    if available("flux") is not None:
+        pytest.skip(available("flux"))
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = [entry.inputs(batch=2)]
+    for _ in range(STEPS - 1):
+        calls.append(later_step(model, calls[-1], 0.9))
+    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached", extrapolate=1.0)
+    config = _config(cache)
+    if cache == "fbc":  # (the extrapolated first block changes less from step to step)
+        config.threshold = 0.19
+    model.enable_cache(config)
+    patch = model._tokenmerge_patch
+    ran = collections.Counter()
+    _record(model, log := [])
+    moved = []
+    try:
+        with torch.no_grad(), model.cache_context("predict"):
+            for c in calls:
+                before = patch.calls.state.clock.kept.get(next(iter(patch.calls.state.clock.kept), None))
+                before = None if before is None else before.when.get(0)
+                before = None if before is None else before.clone()
+                model(**c)
+                step = patch.calls.state.clock.step
+                ran[step] = sum(e["step"] == step for e in log)
+                kept = next(k for k in patch.calls.state.clock.kept.values() if hasattr(k, "when"))
+                moved.append((step, before, kept.when[0].clone()))
+    finally:
+        model.disable_cache()
+        tokenmerge.remove_patch(model)
+    short = [(s, b, a) for s, b, a in moved if b is not None and ran[s] < len(patch.blocks)]
+    whole = [(s, b, a) for s, b, a in moved if b is not None and ran[s] == len(patch.blocks)]
+    assert short and whole, f"the cache must cut some steps short and leave others whole: {ran}"
+    for _, b, a in short:
+        assert torch.equal(a, b)
+    for _, b, a in whole:
+        assert not torch.equal(a, b)

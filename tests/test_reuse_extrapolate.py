@@ -12,7 +12,7 @@ from tiny_denoisers import CATALOGUE
 import tokenmerge
 from tokenmerge.config import ReuseConfig
 from tokenmerge.engine.attention import KEYS_AHEAD
-from tokenmerge.merge.recompute import since, write_kept
+from tokenmerge.merge.recompute import settle, since, write_kept
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 
@@ -94,21 +94,28 @@ def test_extrapolated_rows_against_a_reference(factor):
 def test_a_token_moves_along_the_change_of_its_own_last_two_computations():
     """Partial steps only after one full step: a token's slope is its change between its last two computations
     (0 until it has two), over the progress between them; the others move by it times the progress since."""
-    when, kept, slopes = {}, {}, {}
-    assert since(when, 0, 4, None, 0.1, 1.0, "cpu") is None  # the first computation: nothing to measure
+    when, kept, slopes, moves = {}, {}, {}, []
+    assert since(when, 0, 4, None, 0.1, 1.0, moves) is None  # the first computation: nothing to measure
+    settle(when, moves, "cpu")
     write_kept(kept, 0, slopes, 0, torch.zeros(1, 4, 1), None, None)
     a = torch.tensor([0, 1])
-    gaps = since(when, 0, 4, a, 0.3, 1.0, "cpu")
+    gaps = since(when, 0, 4, a, 0.3, 1.0, moves)
     torch.testing.assert_close(gaps[0], torch.tensor([0.2, 0.2]))
     torch.testing.assert_close(gaps[1], torch.tensor([0.0, 0.0, 0.2, 0.2]))
+    torch.testing.assert_close(when[0], torch.tensor([0.1] * 4))  # moved once the call has run (settle)
+    settle(when, moves, "cpu")
+    assert not moves
     slope = write_kept(kept, 0, slopes, 0, torch.tensor([[[1.0], [2.0]]]), a, gaps)
     torch.testing.assert_close(slope.flatten(), torch.tensor([5.0, 10.0, 0.0, 0.0]))
     b = torch.tensor([2, 3])
-    gaps = since(when, 0, 4, b, 0.4, 0.5, "cpu")  # half way: tokens 0 and 1 were computed 0.1 ago
+    gaps = since(when, 0, 4, b, 0.4, 0.5, moves)  # half way: tokens 0 and 1 were computed 0.1 ago
     torch.testing.assert_close(gaps[1], torch.tensor([0.05, 0.05, 0.0, 0.0]))
     slope = write_kept(kept, 0, slopes, 0, torch.tensor([[[3.0], [4.0]]]), b, gaps)
     torch.testing.assert_close(slope.flatten(), torch.tensor([5.0, 10.0, 10.0, 40.0 / 3]))
+    settle(when, moves, "cpu")
     torch.testing.assert_close(when[0], torch.tensor([0.3, 0.3, 0.4, 0.4]))
+    since(when, 0, 4, a, 0.6, 1.0, moves)  # a call a cache cut short is never settled: the progress stays
+    torch.testing.assert_close(since(when, 0, 4, a, 0.7, 1.0, [])[0], torch.tensor([0.4, 0.4]))
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, True, "1"])

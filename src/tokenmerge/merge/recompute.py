@@ -7,11 +7,10 @@ kept residuals take their recomputed neighbours' change, and where fresh rows go
   sorted: round-robin, every token once every ``ceil(N / count)`` partial steps.
 - ``spread_weights`` / ``spread``: each token not recomputed gets ``alpha`` x the mean change of the recomputed
   tokens in its 3x3 (video: 3x3x3) neighbourhood (ClusCa's idea).
-- ``since`` / ``in_dtype`` / ``slope_of`` / ``write_rows`` / ``write_kept`` / ``extrapolated`` / ``row_gaps``:
-  ``extrapolate=``: each kept
-  residual (and kept key and value) moves along its token's last measured change per unit of denoising progress (a
-  first-order Taylor step per token, TaylorSeer's idea, with the recomputed tokens' changes measured as they come
-  round).
+- ``since`` / ``settle`` / ``in_dtype`` / ``slope_of`` / ``write_rows`` / ``write_kept`` / ``extrapolated`` /
+  ``row_gaps``: ``extrapolate=``: each kept residual (and kept key and value) moves along its token's last measured
+  change per unit of denoising progress (a first-order Taylor step per token, TaylorSeer's idea, with the recomputed
+  tokens' changes measured as they come round).
 - ``kept_rows``: the rows of a kept key sequence that a partial step's fresh keys overwrite (text, image and
   reference rows; one segment per rank under Ulysses context parallelism).
 """
@@ -25,24 +24,27 @@ import torch.nn.functional as F
 
 from .plan import TABLES, Tables, arange, sided_rows
 
-__all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread", "since", "in_dtype", "slope_of",
-           "extrapolated", "write_rows", "write_kept", "row_gaps", "kept_rows"]
+__all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread", "since", "settle", "in_dtype",
+           "slope_of", "extrapolated", "write_rows", "write_kept", "row_gaps", "kept_rows"]
 
 
 def share(step: int, progress: float, first: float | None, fraction: float, fraction_end: float | None,
-          warmup: int, every: int) -> float | None:
+          warmup: int, every: int, skip: int = 0) -> float | None:
     """The share of image tokens that step ``step`` of a generation (0: its first) recomputes, ``None`` for a full
-    step: the first ``warmup`` steps and every ``every``-th after them are full; a partial step at denoising
-    ``progress`` (0: noise, 1: the end) recomputes ``fraction``, moving linearly to ``fraction_end`` at the end from
-    the generation's first partial step (at ``first``; ``None``: this one)."""
+    step: the first ``warmup`` steps and every ``every``-th after them are full; after them, steps come in rounds of
+    ``skip`` skipped ones (share 0: one token recomputed, every other one's kept residual carried) and a computed
+    one; a computed step at denoising ``progress`` (0: noise, 1: the end) recomputes ``fraction``, moving linearly to
+    ``fraction_end`` at the end from the generation's first partial step (at ``first``; ``None``: this one), a full
+    step where that share is 1."""
     if step < warmup or (every and (step - warmup + 1) % every == 0):
         return None
-    if fraction_end is None:
-        return fraction
+    if skip and (step - warmup + 1) % (skip + 1):
+        return 0.0
+    part = fraction
     first = progress if first is None else first
-    if first >= 1.0:
-        return fraction
-    return fraction + (fraction_end - fraction) * min(1.0, max(0.0, (progress - first) / (1.0 - first)))
+    if fraction_end is not None and first < 1.0:
+        part += (fraction_end - fraction) * min(1.0, max(0.0, (progress - first) / (1.0 - first)))
+    return None if part >= 1.0 else part
 
 
 def walk(shares: list[float], tokens: int) -> tuple[int, int]:
@@ -157,24 +159,36 @@ def _box(x: torch.Tensor, grid: tuple) -> torch.Tensor:
 
 
 def since(when: dict, key, tokens: int, index: torch.Tensor | None, progress: float, factor: float,
-          device) -> tuple | None:
+          moves: list) -> tuple | None:
     """The denoising progress since tokens were last computed, for one level of one slot; ``when[key]`` ``(N,)``
-    holds each token's progress at its last computation and is moved here to this call's. Returns ``None`` when
-    nothing was computed before (no change known), ``(gap, None)`` at a full step (``index`` ``None``: every token's
-    gap), ``(gap of the recomputed tokens (|S|,), factor x every token's gap (N,), 0 at the recomputed, factor x
-    the recomputed tokens' gap)`` at a partial one."""
+    holds each token's progress at its last computation, moved to this call's by ``settle`` once the call has run
+    (``moves`` collects it: a step a cache skipped computed nothing). Returns ``None`` when nothing was computed
+    before (no change known), ``(gap, None)`` at a full step (``index`` ``None``: every token's gap), ``(gap of the
+    recomputed tokens (|S|,), factor x every token's gap (N,), 0 at the recomputed, factor x the recomputed tokens'
+    gap)`` at a partial one."""
     last = when.get(key)
+    moves.append((key, tokens, index, progress))
     if last is None or last.shape[0] != tokens:
-        when[key] = torch.full((tokens,), progress, dtype=torch.float32, device=device)
         return None
     gap = (progress - last).clamp_min(1e-6)
     if index is None:
-        last.fill_(progress)
         return gap, None
     ahead = gap.index_fill(0, index, 0.0).mul_(factor)
     at = gap.index_select(0, index)
-    last.index_fill_(0, index, progress)
     return at, ahead, at * factor
+
+
+def settle(when: dict, moves: list, device) -> None:
+    """Move ``when`` to the progress of the tokens a call computed (``since``'s ``moves``, emptied)."""
+    while moves:
+        key, tokens, index, progress = moves.pop()
+        last = when.get(key)
+        if last is None or last.shape[0] != tokens:
+            when[key] = torch.full((tokens,), progress, dtype=torch.float32, device=device)
+        elif index is None:
+            last.fill_(progress)
+        else:
+            last.index_fill_(0, index, progress)
 
 
 def in_dtype(store: dict, key, dtype: torch.dtype) -> tuple | None:

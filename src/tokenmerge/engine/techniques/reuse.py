@@ -20,7 +20,6 @@ beside the image (``sides``), the block's output layout (``Whole``), pointwise l
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import warnings
@@ -29,87 +28,22 @@ import torch
 
 from ...families.spec import TEXT_NONE, TEXT_STREAM, Arg, BlockSite
 from ...merge.plan import Tables
-from ...merge.recompute import extrapolated, in_dtype, recomputed_at, share, since, spread, spread_weights, write_kept
+from ...merge.recompute import extrapolated, recomputed_at, settle, share, since, spread, spread_weights, write_kept
 from ..attention import CachedKeys, Probe, QueryRows, leave
 from ..caches import ChainHook
 from ..call import coarsen, image_part, join, sides, take_mask, take_rotary
 from ..compiled import on_host
 from ..discover import bind, bind_refusals, bind_whole
 from .reuse_sites import Site, hooked_sites, sub_module
+from .reuse_state import TEXT, Block, Kept, Recompute, Walk, gaps_of
 
 __all__ = ["ReuseBlock"]
 
 BLOCK = -1  # the "target" index of a block's own hooks (how caches.route names them)
 _WALK = "walk"  # the clock's kept entry of the generation's round-robin
-TEXT = "text"  # extrapolate: (TEXT, length) names a text stream's gaps, (TEXT, block) its slopes
 NO_SDPA = ("tokenmerge: token reuse found no scaled_dot_product_attention call over the image tokens in {where}: its "
            "attention backend computes attention another way (token reuse works with PyTorch's SDPA, diffusers' "
            "default 'native' backend)")
-
-
-@dataclasses.dataclass(slots=True)
-class _Walk:
-    """The generation's round-robin: its first partial step's progress, each partial step's share."""
-
-    first: float | None = None
-    shares: list = dataclasses.field(default_factory=list)
-    counted: int = -1
-
-
-@dataclasses.dataclass(slots=True)
-class _Kept:
-    """One slot's kept tensors: per block its residuals (image, text), per attention its keys and values."""
-
-    residual: dict = dataclasses.field(default_factory=dict)  # block -> (B, N, C)
-    text: dict = dataclasses.field(default_factory=dict)  # block -> (B, T, C)
-    kv: dict = dataclasses.field(default_factory=dict)  # (block, target) -> [[keys, values] per SDPA call]
-    slope: dict = dataclasses.field(default_factory=dict)  # extrapolate: block -> (B, N, C) change per progress
-    when: dict = dataclasses.field(default_factory=dict)  # extrapolate: level -> (N,) progress last computed at
-
-
-@dataclasses.dataclass(slots=True)
-class _Recompute:
-    """One call: its slot's kept tensors, per level ``(tokens, recomputed, grid)``, text rows, shared rotary rows."""
-
-    kept: _Kept
-    partial: bool
-    share: float
-    segments: int
-    device: object
-    levels: dict = dataclasses.field(default_factory=dict)
-    text: dict = dataclasses.field(default_factory=dict)
-    taken: list = dataclasses.field(default_factory=list)
-    gaps: dict = dataclasses.field(default_factory=dict)  # extrapolate: level -> since's gaps (and made from them)
-
-
-@dataclasses.dataclass(slots=True)
-class _Block:
-    """One block's call in flight: its inputs, its level's recomputed tokens, its targets' modes and layouts."""
-
-    x: torch.Tensor
-    partial: bool
-    image: int
-    index: torch.Tensor | None
-    grid: tuple
-    text: torch.Tensor | None = None
-    ran: bool = False
-    text_index: torch.Tensor | None = None
-    picked: torch.Tensor | None = None
-    modes: dict = dataclasses.field(default_factory=dict)
-    rows: dict = dataclasses.field(default_factory=dict)
-
-    def close(self) -> None:
-        while self.modes:
-            self.modes.popitem()[1].close()
-
-
-def _gaps(call: _Recompute, entry: _Block, level: int) -> tuple:
-    """``extrapolate=``: the gaps (``merge.recompute.since``) of the block's image tokens and text stream, each
-    ``None`` where there are none or they do not fit how the block runs (a block of a partial call run whole)."""
-    image = in_dtype(call.gaps, level, entry.x.dtype)
-    text = in_dtype(call.gaps, (TEXT, entry.text.shape[1]), entry.x.dtype) if entry.text is not None else None
-    return (image if image is not None and (image[1] is None) != entry.partial else None,
-            text if text is not None and (text[1] is None) == (entry.text_index is None) else None)
 
 
 class ReuseBlock:
@@ -180,37 +114,40 @@ class ReuseBlock:
         cfg, clock, ex = self.config, state.clock, self.config.extrapolate
         kept = clock.kept.get(state.slot)
         if kept is None:
-            kept = clock.kept[state.slot] = _Kept()
+            kept = clock.kept[state.slot] = Kept()
         steps = clock.kept.get(_WALK)
         if steps is None:
-            steps = clock.kept[_WALK] = _Walk()
-        step = clock.step  # its share (merge.recompute.share: a constant share needs no call)
+            steps = clock.kept[_WALK] = Walk()
+        step = clock.step  # its share (None: a full step; 0: a skipped one), merge.recompute.share's (a constant
         if not self.reuses or step < cfg.warmup or (cfg.every and (step - cfg.warmup + 1) % cfg.every == 0):
-            part = None
+            part = None  # share needs no call)
+        elif cfg.fraction_end is None and not cfg.skip:
+            part = cfg.fraction
         else:
-            part = cfg.fraction if cfg.fraction_end is None else share(step, progress, steps.first, cfg.fraction,
-                                                                      cfg.fraction_end, cfg.warmup, cfg.every)
+            part = share(step, progress, steps.first, cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.every, cfg.skip)
         if part is not None and steps.counted != clock.step:  # a new partial step (its other calls take the same)
             steps.first = progress if steps.first is None else steps.first
+            if not steps.ran:  # the last one recomputed nothing (a cache skipped it): this one takes its tokens
+                steps.shares.pop()
             steps.shares.append(part)
-            steps.counted = clock.step
+            steps.counted, steps.ran = clock.step, False
         segments = state.shard.split.ulysses if state.shard is not None else 1
-        call = state.recompute = _Recompute(kept, part is not None and bool(kept.residual), part or 1.0, segments,
-                                            device)
+        call = state.recompute = Recompute(kept, part is not None and bool(kept.residual), part or 1.0, segments,
+                                            device, walk=steps)
         for level in self.levels:  # one grid for transformers; a UNet's levels halve it
             grid = state.grid if level == 0 else coarsen(state.grid, level)
             image = math.prod(grid)
             index = recomputed_at(grid, steps.shares, self.order, self.seed, device, self.tables) if call.partial \
                 else None
             call.levels[level] = (image, index, grid)
-            call.gaps[level] = since(kept.when, level, image, index, progress, ex, device) if ex else None
+            call.gaps[level] = since(kept.when, level, image, index, progress, ex, call.moves) if ex else None
         text = self.text_arg.read(args, kwargs) if (call.partial or ex) and self.text_arg is not None else None
         if isinstance(text, torch.Tensor) and text.dim() == 3 and state.shard is None:  # text=True: chosen here
             length = text.shape[1]
             if call.partial:
                 call.text[length] = recomputed_at((length,), steps.shares, "strided", 0, device, self.tables)
             call.gaps[TEXT, length] = since(kept.when, (TEXT, length), length, call.text.get(length), progress, ex,
-                                            device) if ex else None
+                                            call.moves) if ex else None
         return None
 
     def _warn_once(self, reason: str) -> None:
@@ -254,7 +191,7 @@ class ReuseBlock:
         if fits and self.cached:  # (a batch of another size is another slot)
             for t in range(len(self.targets[index])):
                 fits = fits and bool(kept.kv.get((index, t)))
-        state.blocks[index] = entry = _Block(x, call.partial and fits, image, chosen, grid, text)
+        state.blocks[index] = entry = Block(x, call.partial and fits, image, chosen, grid, text)
         if not (self.cached and entry.partial):
             return None
         # keys="cached": the block on the recomputed tokens (text, references and rotary rows follow); a call with
@@ -295,7 +232,7 @@ class ReuseBlock:
         """``text=True``: the recomputed text tokens of a text stream ``(B, T, C)`` (round-robin, as the image's)."""
         return recomputed_at((text.shape[1],), shares, "strided", 0, text.device, self.tables)
 
-    def _whole(self, entry: _Block, reason: str) -> None:
+    def _whole(self, entry: Block, reason: str) -> None:
         """Run this block's call on every token (its kept residual refreshed), with the patch's one warning."""
         entry.partial = False
         self._warn_once(f"{reason}: such calls run the block on every token")
@@ -311,6 +248,11 @@ class ReuseBlock:
         if not entry.ran or output is None:  # its forward did not run (a cache hook returned without it): untouched
             return None
         call, site = state.recompute, self.blocks[index]
+        call.ran += 1
+        if call.ran == len(self.blocks):  # every block ran: the call counts (a cache that cut it short leaves its
+            call.walk.ran = True  # tokens to the next partial step, and their progress where it was)
+            if call.moves:
+                settle(call.kept.when, call.moves, call.device)
         at = self.bound[index][1]
         seq = output if at is None or isinstance(output, torch.Tensor) else output[at]
         x, chosen, kept = entry.x, entry.index, call.kept
@@ -318,7 +260,7 @@ class ReuseBlock:
         before, after = sides(seq.shape[1], ran_on, site.text, state.trailing)
         out = image_part(seq, ran_on, before)
         text = None  # text=True: the text stream's output (the recomputed tokens' fresh, the others' input + residual)
-        gaps, text_gaps = _gaps(call, entry, site.level) if self.config.extrapolate else (None, None)
+        gaps, text_gaps = gaps_of(call, entry, site.level) if self.config.extrapolate else (None, None)
         if entry.text is not None and not isinstance(output, torch.Tensor):
             out_text, rows = output[site.whole.text_output], entry.text_index
             if rows is None:  # every text token computed (a full step, or a call with a mask): kept
@@ -369,7 +311,7 @@ class ReuseBlock:
             entry.modes[-1 - t] = Probe().open_both()
         if self.cached:  # keep every token's keys and values (full step), or write the fresh rows in (partial)
             slot = call.kept.kv.setdefault((index, t), [])
-            gaps = _gaps(call, entry, self.blocks[index].level) if self.config.extrapolate else (None, None)
+            gaps = gaps_of(call, entry, self.blocks[index].level) if self.config.extrapolate else (None, None)
             mode = CachedKeys(entry.image, entry.index if entry.partial else None, hooked.spec.keys, state.trailing,
                               slot, entry.text_index, call.segments, self.tables,
                               None if gaps[0] is None else (*gaps, call.gaps))
@@ -382,7 +324,7 @@ class ReuseBlock:
         entry.modes[t] = mode.open(route=bool(route))
         return None
 
-    def _gather(self, entry: _Block, hooked: Site, trailing: int, args, kwargs):
+    def _gather(self, entry: Block, hooked: Site, trailing: int, args, kwargs):
         """A per-token sub-module's input at the recomputed rows (its text and reference rows whole)."""
         x = hooked.arg.read(args, kwargs)
         layout = TEXT_NONE if hooked.spec.text == TEXT_STREAM else hooked.spec.text
@@ -420,7 +362,7 @@ class ReuseBlock:
             return None
         return self._scatter(index, hooked, entry, output, state)
 
-    def _scatter(self, index: int, hooked: Site, entry: _Block, output, state):
+    def _scatter(self, index: int, hooked: Site, entry: Block, output, state):
         """The sub-module's output with its image rows (the recomputed tokens') scattered back to all N rows."""
         spec = hooked.spec
         at = spec.output_image if isinstance(output, (tuple, list)) else None
