@@ -28,9 +28,9 @@
 #                  torch against Triton -> merge-kernels.md), the Triton kernels against the torch ones
 #                  (KERNELS_METHODS: whole-block and attention ToMe 0.5 with kernels=triton and without, the grid
 #                  limit) on flux1-dev-1024, with token reuse's full and partial steps in the same run (REUSE_METHODS,
-#                  default "reuse:0.5,keys=cached,text=true reuse:0.4,keys=cached,text=true reuse:0.4,keys=cached"),
+#                  default $REUSE_FLUX: extrapolated at 0.5 and 0.2, and the one-token step that times skip=),
 #                  and on pixart-alpha-1024 (files tagged -kernels); token reuse on wan2.1-1.3b-480p (REUSE_METHODS,
-#                  default "reuse:0.4 reuse:0.3 reuse:0.4,keys=cached"; tagged -reuse), then the rows not yet
+#                  default $REUSE_WAN; tagged -reuse), then the rows not yet
 #                  measured: wan2.1-14b-480p hunyuan-video-720p flux1-dev-2048 sdxl-2048 (eager), one compiled row
 #                  with CUDA graphs (pixart-alpha-1024, whole-block, reduce-overhead), the summary.
 # ROW: the rows of `tokenmerge bench --gpu` (all when none is named): sd15-512 sd15-1024 sdxl-1024 sdxl-2048
@@ -188,7 +188,10 @@ NEXT15=(smoke:75 kernels-flux1-dev-1024:130 kernels-pixart-alpha-1024:60 reuse-w
 KERNELS_METHODS="tome:0.5,scope=block tome:0.5,scope=block,kernels=triton tome:0.5 tome:0.5,kernels=triton"
 KERNELS_METHODS+=" grid-limit:0.5"
 # token reuse's partial and full steps (keys=cached: the others' keys and values kept; text=true: Flux's text too)
-REUSE_FLUX="reuse:0.5,keys=cached,text=true reuse:0.4,keys=cached,text=true reuse:0.4,keys=cached"
+# extrapolated (accelerate's image points), and the one-token step that times skip='s skipped steps
+REUSE_FLUX="reuse:0.5,keys=cached,text=true,extrapolate=1 reuse:0.2,keys=cached,text=true,extrapolate=1"
+REUSE_FLUX+=" reuse:0.0001,keys=cached,text=true,extrapolate=1"
+REUSE_WAN="reuse:0.3,keys=cached,extrapolate=1 reuse:0.25,keys=cached,extrapolate=1 reuse:0.0001,keys=cached,extrapolate=1"
 save() {  # leave what was measured so far in $RESULTS_COPY (quick15, next15)
   [ -n "${RESULTS_COPY:-}" ] || return 0
   tar czf "$RESULTS_COPY/gpu-results.tgz" "$OUT" 2>/dev/null
@@ -231,7 +234,7 @@ quick15() {  # quick15 [PART:SECONDS...]: the parts of one lease (default QUICK1
         in_time "$left" bench_row "${name#compiled-}" compiled default ;;
       reuse-flux*) GPU_METHODS="${REUSE_METHODS:-$REUSE_FLUX}" TAG=reuse \
         timed "bench ${name#reuse-} (token reuse)" in_time "$left" bench_row "${name#reuse-}" eager ;;
-      reuse-*) GPU_METHODS="${REUSE_METHODS:-reuse:0.4 reuse:0.3 reuse:0.4,keys=cached}" TAG=reuse \
+      reuse-*) GPU_METHODS="${REUSE_METHODS:-$REUSE_WAN}" TAG=reuse \
         timed "bench ${name#reuse-} (token reuse)" in_time "$left" bench_row "${name#reuse-}" eager ;;
       summary) timed summary summary ;;
       *) timed "bench $name" in_time "$left" bench_row "$name" eager ;;
