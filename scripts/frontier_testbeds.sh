@@ -37,6 +37,11 @@ IMAGE_A="$IMAGE_A reuse:1,warmup=4,$X,skip=1 reuse:1,warmup=4,$X,skip=2 reuse:1,
 reuse:1,warmup=4,$X,skip=4 reuse:0.5,warmup=4,$X,skip=1 taylorseer:2 taylorseer:3"
 IMAGE_B="$IMAGE_B reuse:1,warmup=3,$X,skip=2 reuse:1,warmup=3,$X,skip=3 reuse:0.7,warmup=4,$X,skip=1 \
 reuse:0.85,warmup=4,$X,skip=2 reuse:0.5,warmup=4,$X+magcache:0.12"
+# skip_growth=1: each round skips one more step than the last
+IMAGE_A="$IMAGE_A reuse:1,warmup=4,$X,skip=2,skip_growth=1 reuse:1,warmup=3,$X,skip=1,skip_growth=1 \
+reuse:1,warmup=4,$X,skip=1,skip_growth=1"
+IMAGE_B="$IMAGE_B reuse:1,warmup=3,$X,skip=2,skip_growth=1 reuse:1,warmup=5,$X,skip=1,skip_growth=1 \
+reuse:1,warmup=4,$X,skip=3,skip_growth=1"
 VIDEO_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2x2x2 fbc:0.1 fbc:0.2 pab:2 reuse:0.5,keys=cached \
 magcache:0.06 magcache:0.12 magcache:0.25"
 VIDEO_B="reuse:0.4 reuse:0.35 reuse:0.3 reuse:0.25 reuse:0.2 reuse:0.3+fbc:0.1 reuse:0.25+fbc:0.1 reuse:0.2+fbc:0.1 \
@@ -48,6 +53,8 @@ VIDEO_B="$VIDEO_B reuse:0.4,fraction_end=0.1,$Y reuse:0.25,fraction_end=0.1,$Y r
 reuse:0.25,$Y+fbc:0.1 reuse:0.4,fraction_end=0.1,$Y+magcache:0.06"
 VIDEO_A="$VIDEO_A reuse:1,warmup=4,$Y,skip=1 reuse:1,warmup=4,$Y,skip=2 reuse:1,warmup=4,$Y,skip=3 \
 reuse:1,warmup=4,$Y,skip=4 reuse:1,warmup=5,$Y,skip=3 reuse:1,warmup=3,$Y,skip=4 reuse:0.6,warmup=4,$Y,skip=1"
+VIDEO_B="$VIDEO_B reuse:1,warmup=4,$Y,skip=2,skip_growth=1 reuse:1,warmup=3,$Y,skip=1,skip_growth=1 \
+reuse:1,warmup=4,$Y,skip=1,skip_growth=1 reuse:1,warmup=3,$Y,skip=2,skip_growth=1 reuse:1,warmup=5,$Y,skip=1,skip_growth=1"
 
 run() {  # model, prompts args, stem
   local model="$1" prompts="$2" stem="$3" a="$4" b="$5"

@@ -15,6 +15,7 @@ from tiny_denoisers import CATALOGUE, all_tensors, available
 from tiny_models import later_step
 
 import tokenmerge
+from tokenmerge import faithful
 from tokenmerge.config import ReuseConfig, ToMeConfig
 from tokenmerge.families import BUILTIN, match_family
 from tokenmerge.families.spec import grid_rank
@@ -53,13 +54,10 @@ def test_accelerate_picks_the_faithful_setting_or_says_why_not(name):
     assert info.notes[0].startswith("accelerate(speed='balanced'): ")
     if family.kind == "unet":
         assert isinstance(info.config, ToMeConfig) and info.config.ratio == 0.5
-    elif grid_rank(family.grid) >= 3:
-        assert isinstance(info.config, ReuseConfig) and info.config.fraction == 0.3 and info.config.keys == "cached"
-        assert info.config.extrapolate == 1.0
-    else:
-        cfg = info.config
-        assert isinstance(cfg, ReuseConfig) and cfg.keys == "cached" and cfg.warmup == 4 and cfg.extrapolate == 1.0
-        assert (cfg.fraction, cfg.fraction_end) == (0.5, 0.2)
+    else:  # the frontier's point (keys cached where the blocks can run on some tokens' rows)
+        cfg, want = info.config, (faithful._VIDEO if grid_rank(family.grid) >= 3 else faithful._IMAGE)["balanced"]
+        assert isinstance(cfg, ReuseConfig) and cfg.extrapolate == 1.0 and cfg.keys in ("cached", "fresh")
+        assert {k: getattr(cfg, k) for k in want} == want
     out = _run(model, calls)
     assert all(torch.isfinite(t).all() for t in out)
     tokenmerge.remove_patch(model)
@@ -73,11 +71,11 @@ def test_the_knob_and_the_text_stream():
     with pytest.raises(ValueError, match="speed must be one of faithful, balanced, fast"):
         tokenmerge.accelerate(model, speed="max")
     assert tokenmerge.describe_patch(model) is None
-    for speed, fraction, end in (("faithful", 0.5, None), ("balanced", 0.5, 0.2), ("fast", 0.4, 0.2)):
+    for speed in faithful.SPEEDS:
         tokenmerge.accelerate(model, speed=speed)
         cfg = tokenmerge.describe_patch(model).config
-        assert (cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.keys, cfg.text, cfg.extrapolate) == (
-            fraction, end, 4, "cached", True, 1.0)
+        assert {k: getattr(cfg, k) for k in faithful._IMAGE[speed]} == faithful._IMAGE[speed]
+        assert (cfg.keys, cfg.text, cfg.extrapolate) == ("cached", True, 1.0)
     assert "text too" in str(tokenmerge.describe_patch(model))
     tokenmerge.remove_patch(model)
     pixart = CATALOGUE["pixart"].build()  # no separate text stream: keys cached, text recomputed
@@ -99,8 +97,6 @@ def test_the_arguments_page_gives_each_speeds_settings():
     """docs/arguments.md's table of accelerate's speeds is the code's (each row: the UNet ratio, the image and the
     video transformers' token reuse settings)."""
     from pathlib import Path
-
-    from tokenmerge import faithful
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "arguments.md").read_text()
     for speed in faithful.SPEEDS:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_reuse import _skip, _steps
+from test_reuse import CACHED_WHOLE, ENTRIES, REFUSED, _run, _skip, _steps
 from test_reuse_extrapolate import _record
 from tiny_denoisers import CATALOGUE
 
@@ -25,15 +25,22 @@ def test_the_schedule_skips_after_each_computed_step():
     assert ReuseConfig(fraction=1.0, warmup=2, skip=2).schedule(8) == [None, None, 0.0, 0.0, None, 0.0, 0.0, None]
     assert ReuseConfig(fraction=0.5, warmup=1, skip=1).schedule(5) == [None, 0.0, 0.5, 0.0, 0.5]
     assert ReuseConfig(fraction=1.0, warmup=1, skip=1).reuses and not ReuseConfig(fraction=1.0).reuses
+    # skip_growth: each round skips that many more steps than the one before
+    grown = ReuseConfig(fraction=1.0, warmup=4, skip=2, skip_growth=1).schedule(20)
+    assert [k for k, part in enumerate(grown) if part is None] == [0, 1, 2, 3, 6, 10, 15]
+    assert all(part == 0.0 for part in grown if part is not None)
+    grown = ReuseConfig(fraction=0.5, warmup=1, skip_growth=2).schedule(8)  # rounds of 1, 3, 5 steps
+    assert grown == [None, 0.5, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0]
     # every: a full step still comes every ``every``-th step; a share that reaches 1 is a full step
     assert ReuseConfig(fraction=0.5, warmup=1, skip=1, every=3).schedule(5) == [None, 0.0, 0.5, None, 0.5]
     assert share(5, 1.0, 0.25, 0.5, 1.0, 1, 0) is None and share(5, 0.5, 0.25, 0.5, 1.0, 1, 0) == pytest.approx(2 / 3)
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
-def test_bad_skip_is_refused(value):
-    with pytest.raises(ValueError, match="skip"):
-        ReuseConfig(skip=value)
+@pytest.mark.parametrize("name", ["skip", "skip_growth"])
+def test_bad_skip_is_refused(name, value):
+    with pytest.raises(ValueError, match=name):
+        ReuseConfig(**{name: value})
 
 
 @pytest.mark.parametrize("factor", [0.0, 1.0])
@@ -112,3 +119,22 @@ def test_the_frontier_times_a_skipped_step_as_the_bench_one_token_step():
     assert speed == pytest.approx(6 / (2 * 1.0 + 2 * 0.5 + 2 * 0.05))
     table = frontier._reuse_table(bench[:1])  # no one-token step measured: no speed
     assert frontier._reuse_speed(table, parse_spec("reuse:0.5,warmup=2,skip=1"), 6) == (None, "")
+
+
+@pytest.mark.parametrize("name", [n for n in ENTRIES if n not in REFUSED and n not in CACHED_WHOLE])
+def test_skipped_steps_run_on_every_family(name):
+    """Full, skipped, skipped, full (``fraction=1, skip=2``, keys cached, extrapolated): the full steps are the
+    unpatched model's, the skipped ones finite and not it; removal gives the model back."""
+    _skip(name)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 4)
+    vanilla = _run(model, calls)
+    tokenmerge.apply_reuse(model, 1.0, warmup=1, skip=2, keys="cached", extrapolate=1.0)
+    reused = _run(model, calls)
+    assert torch.equal(reused[0], vanilla[0])
+    for got, want in zip(reused[1:3], vanilla[1:3]):
+        assert torch.isfinite(got).all() and not torch.equal(got, want)
+    torch.testing.assert_close(reused[3], vanilla[3], rtol=1e-4, atol=1e-5)
+    tokenmerge.remove_patch(model)
+    assert all(torch.equal(a, b) for a, b in zip(_run(model, calls), vanilla))

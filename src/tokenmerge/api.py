@@ -161,7 +161,7 @@ def apply_todo(
 
 def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: float | None = None,
                 spread: float = 0.3, keys: str = "fresh", text: bool = False, every: int = 0, order: str = "grid",
-                seed: int | None = None, blocks=None, extrapolate: float = 0.0, skip: int = 0):
+                seed: int | None = None, blocks=None, extrapolate: float = 0.0, skip: int = 0, skip_growth: int = 0):
     """Patch a diffusion transformer with token reuse, in place: after ``warmup`` full steps, each step recomputes
     ``fraction`` of the image tokens in every block and reuses the rest.
 
@@ -218,6 +218,8 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
             one computed step (partial, or full with ``fraction=1``): a step cache inside token reuse. A skipped
             step still calls the denoiser (its input and output layers run); best with ``keys="cached"`` (else
             every token's keys and values are projected) and ``text=True``. 0 (default): none.
+        skip_growth: each round skips this many more steps than the one before (0, the default: every round
+            ``skip``): skipping more as the denoising settles.
         every: after the warm-up, every ``every``-th step is a full one again (0, the default: none).
         order: how the recomputed tokens are chosen: ``"grid"`` (default: the same ranks of every 2x2 window of the
             token grid, frames in pairs on video), ``"strided"`` (every k-th token in raster order), ``"random"`` (a
@@ -237,7 +239,7 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
     """
     return apply_config(model, ReuseConfig(fraction, warmup, every, order, seed,
                                            tuple(blocks) if blocks is not None else None, fraction_end, spread,
-                                           keys, text, extrapolate, skip))
+                                           keys, text, extrapolate, skip, skip_growth))
 
 
 def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matcher=None, downsampler=None,

@@ -43,7 +43,8 @@ class PatchInfo:
             lines = [f"tokenmerge token reuse: fraction={c.fraction:g} (recomputed per partial step){end} "
                      f"warmup={c.warmup} every={c.every} keys={c.keys}" + (" text=True" if c.text else "")
                      + f" spread={c.spread:g}" + (f" extrapolate={c.extrapolate:g}" if c.extrapolate else "")
-                     + (f" skip={c.skip} (steps skipped after each computed one)" if c.skip else "")
+                     + (f" skip={c.skip} (steps skipped a round)" if c.skip else "")
+                     + (f" skip_growth={c.skip_growth} (more each round)" if c.skip_growth else "")
                      + f" order={c.order} seed={c.effective_seed}"]
             lines += [f"  {d.path or '<model>'} ({d.class_name}, {d.family}): {len(d.blocks)}/{d.total_blocks} "
                       "transformer blocks patched" for d in self.denoisers]

@@ -26,11 +26,13 @@ __all__ = ["accelerate", "SPEEDS"]
 SPEEDS = ("faithful", "balanced", "fast")
 # the frontiers' points (docs/guides/reuse.md has their speed and PSNR): per kind and speed
 _UNET = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on the UNets' finest level
-_IMAGE = {"faithful": dict(fraction=0.5, warmup=4), "balanced": dict(fraction=0.5, fraction_end=0.2, warmup=4),
-          "fast": dict(fraction=0.4, fraction_end=0.2, warmup=4)}  # keys="cached" (text=True where the blocks have
-# a text stream), extrapolate=1
-_VIDEO = {"faithful": dict(fraction=0.3), "balanced": dict(fraction=0.3, keys="cached"),
-          "fast": dict(fraction=0.25, keys="cached")}  # extrapolate=1
+_STEP_CACHE = {"faithful": dict(fraction=1.0, warmup=4, skip=1),
+               "balanced": dict(fraction=1.0, warmup=4, skip=1, skip_growth=1),
+               "fast": dict(fraction=1.0, warmup=4, skip=2, skip_growth=1)}
+# token reuse's step cache (a skipped step carries every kept residual along its slope), keys="cached",
+# extrapolate=1; on an image transformer text=True where the blocks have a text stream
+_IMAGE = _STEP_CACHE
+_VIDEO = _STEP_CACHE
 
 
 def _kind(model) -> str:
@@ -54,18 +56,21 @@ def _attempts(kind: str, speed: str) -> list[tuple]:
         why = f"an image transformer: token reuse at the image frontier's {speed} point ({_setting(base)}, extrapolated"
         return [(ReuseConfig(**base, text=True), why + ", text too)"),
                 (ReuseConfig(**base), why + "; its blocks have no separate text stream)")]
-    base = {**_VIDEO[speed], "extrapolate": 1.0}
+    base = {**_VIDEO[speed], "keys": "cached", "extrapolate": 1.0}
     why = f"a video transformer: token reuse at the video frontier's {speed} point ({_setting(base)}, extrapolated"
     return [(ReuseConfig(**base), why + ")"),
-            (ReuseConfig(**{**base, "keys": "cached"}), why + "; keys cached: its attention cannot keep some tokens' "
-                                                               "rows)")]
+            (ReuseConfig(**{**base, "keys": "fresh"}), why + "; keys fresh: its blocks cannot run on some tokens' "
+                                                              "rows)")]
 
 
 def _setting(base: dict) -> str:
-    """A preset's settings in words: ``fraction 0.5 to 0.2, warmup 4``."""
-    words = [f"fraction {base['fraction']:g}" + (f" to {base['fraction_end']:g}" if "fraction_end" in base else "")]
-    words += [f"{key} {base[key]}" for key in ("warmup", "keys") if key in base]
-    return ", ".join(words)
+    """A preset's settings in words: ``warmup 4, 3 skipped steps a round, keys cached``."""
+    words = [] if base["fraction"] == 1.0 else [f"fraction {base['fraction']:g}" + (
+        f" to {base['fraction_end']:g}" if "fraction_end" in base else "")]
+    words.append(f"warmup {base['warmup']}")
+    words += [f"skipping {base['skip']} steps a round"] if base.get("skip") else []
+    words += [f"{base['skip_growth']} more each round"] if base.get("skip_growth") else []
+    return ", ".join(words + [f"keys {base['keys']}"] * ("keys" in base))
 
 
 def accelerate(model, speed: str = "balanced"):

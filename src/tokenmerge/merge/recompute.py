@@ -29,16 +29,23 @@ __all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread
 
 
 def share(step: int, progress: float, first: float | None, fraction: float, fraction_end: float | None,
-          warmup: int, every: int, skip: int = 0) -> float | None:
+          warmup: int, every: int, skip: int = 0, growth: int = 0) -> float | None:
     """The share of image tokens that step ``step`` of a generation (0: its first) recomputes, ``None`` for a full
     step: the first ``warmup`` steps and every ``every``-th after them are full; after them, steps come in rounds of
-    ``skip`` skipped ones (share 0: one token recomputed, every other one's kept residual carried) and a computed
-    one; a computed step at denoising ``progress`` (0: noise, 1: the end) recomputes ``fraction``, moving linearly to
-    ``fraction_end`` at the end from the generation's first partial step (at ``first``; ``None``: this one), a full
-    step where that share is 1."""
+    skipped ones (share 0: one token recomputed, every other one's kept residual carried) and a computed one, the
+    first round ``skip`` skipped steps and each one after it ``growth`` more; a computed step at denoising
+    ``progress`` (0: noise, 1: the end) recomputes ``fraction``, moving linearly to ``fraction_end`` at the end from
+    the generation's first partial step (at ``first``; ``None``: this one), a full step where that share is 1."""
     if step < warmup or (every and (step - warmup + 1) % every == 0):
         return None
-    if skip and (step - warmup + 1) % (skip + 1):
+    if growth:  # the rounds' last steps: skip + 1, then growth more each round
+        at, end, length = step - warmup + 1, skip + 1, skip + 1
+        while end < at:
+            length += growth
+            end += length
+        if end != at:
+            return 0.0
+    elif skip and (step - warmup + 1) % (skip + 1):
         return 0.0
     part = fraction
     first = progress if first is None else first

@@ -36,7 +36,7 @@ METHODS = {
 # methods whose state carries across steps: the bench times their steady partial step after a full one
 STATEFUL = ("reuse", "auto")
 # reuse options that do not change a step's work (the schedule, which tokens): the bench's record omits them
-SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end", "skip")
+SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end", "skip", "skip_growth")
 # Speed references for the bench only: their outputs are meaningless as images.
 BENCH_METHODS = {
     "limit": "ToMe's zero-overhead limit: attention on the merged token count, merge = a slice, unmerge = a repeat; "

@@ -121,10 +121,11 @@ class ReuseBlock:
         step = clock.step  # its share (None: a full step; 0: a skipped one), merge.recompute.share's (a constant
         if not self.reuses or step < cfg.warmup or (cfg.every and (step - cfg.warmup + 1) % cfg.every == 0):
             part = None  # share needs no call)
-        elif cfg.fraction_end is None and not cfg.skip:
+        elif cfg.fraction_end is None and not cfg.skip + cfg.skip_growth:
             part = cfg.fraction
         else:
-            part = share(step, progress, steps.first, cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.every, cfg.skip)
+            part = share(step, progress, steps.first, cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.every, cfg.skip,
+                         cfg.skip_growth)
         if part is not None and steps.counted != clock.step:  # a new partial step (its other calls take the same)
             steps.first = progress if steps.first is None else steps.first
             if not steps.ran:  # the last one recomputed nothing (a cache skipped it): this one takes its tokens
