@@ -39,7 +39,8 @@ IMAGE_B="$IMAGE_B reuse:1,warmup=3,$X,skip=2 reuse:1,warmup=3,$X,skip=3 reuse:0.
 reuse:0.85,warmup=4,$X,skip=2 reuse:0.5,warmup=4,$X+magcache:0.12"
 # skip_growth=1: each round skips one more step than the last
 IMAGE_A="$IMAGE_A reuse:1,warmup=4,$X,skip=2,skip_growth=1 reuse:1,warmup=3,$X,skip=1,skip_growth=1 \
-reuse:1,warmup=4,$X,skip=1,skip_growth=1"
+reuse:1,warmup=4,$X,skip=1,skip_growth=1 reuse:0.5,warmup=4,$X,skip=1,skip_growth=1 \
+reuse:0.5,warmup=5,$X,skip=1,skip_growth=1"
 IMAGE_B="$IMAGE_B reuse:1,warmup=3,$X,skip=2,skip_growth=1 reuse:1,warmup=5,$X,skip=1,skip_growth=1 \
 reuse:1,warmup=4,$X,skip=3,skip_growth=1"
 VIDEO_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2x2x2 fbc:0.1 fbc:0.2 pab:2 reuse:0.5,keys=cached \

@@ -2,13 +2,14 @@
 
 Per kind of denoiser it takes the setting the committed frontiers chose (speed measured by the bench, fidelity on the
 trained embedded models: ``docs/guides/reuse.md``, ``benchmarks/results/frontier/``): a UNet gets ToMe (faithful
-there, and its usual sizes left unmerged on CUDA by ``min_size``); an image transformer token reuse with kept keys,
-extrapolated (``speed="faithful"``: >= 36 dB on both image testbeds, the 1,024-token mosaic and the 256-token DiT;
-``"balanced"``: >= 32 dB on both, the fastest such point of the mosaic's frontier; ``"fast"``: >= 30 dB on both); a
-video transformer token reuse extrapolated (``"faithful"``: keys fresh, >= 34 dB on the 2,048-token video;
-``"balanced"``: >= 32 dB; ``"fast"``: >= 30 dB with kept keys).
-Where token reuse cannot follow a model's blocks, the model is left unpatched with one warning saying why (merging
-every step is not faithful on a transformer). ``describe_patch`` says what was chosen and why.
+there, and its usual sizes left unmerged on CUDA by ``min_size``); a transformer token reuse's step cache (full steps
+in rounds that skip more steps as the denoising settles, each skipped step carrying every token's kept block
+residual along its slope; keys cached, extrapolated). On an image transformer (text too where the blocks have a
+text stream) ``speed="faithful"`` is >= 36 dB on both image testbeds (the 1,024-token mosaic and the 256-token DiT),
+``"balanced"`` the fastest point at >= 32 dB on both, ``"fast"`` the fastest at >= 30 dB; on a video transformer
+the same on the 2,048- and 512-token videos. Where token reuse cannot follow a model's blocks, the model is left
+unpatched with one warning saying why (merging every step is not faithful on a transformer). ``describe_patch``
+says what was chosen and why.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ __all__ = ["accelerate", "SPEEDS"]
 SPEEDS = ("faithful", "balanced", "fast")
 # the frontiers' points (docs/guides/reuse.md has their speed and PSNR): per kind and speed
 _UNET = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on the UNets' finest level
-_STEP_CACHE = {"faithful": dict(fraction=1.0, warmup=4, skip=1),
-               "balanced": dict(fraction=1.0, warmup=4, skip=1, skip_growth=1),
-               "fast": dict(fraction=1.0, warmup=4, skip=2, skip_growth=1)}
 # token reuse's step cache (a skipped step carries every kept residual along its slope), keys="cached",
-# extrapolate=1; on an image transformer text=True where the blocks have a text stream
-_IMAGE = _STEP_CACHE
-_VIDEO = _STEP_CACHE
+# extrapolate=1 (on an image transformer text=True where the blocks have a text stream)
+_IMAGE = {"faithful": dict(fraction=1.0, warmup=4, skip=1),
+          "balanced": dict(fraction=1.0, warmup=4, skip=1, skip_growth=1),
+          "fast": dict(fraction=1.0, warmup=3, skip=1, skip_growth=1)}
+_VIDEO = {"faithful": dict(fraction=1.0, warmup=4, skip=1, skip_growth=1),
+          "balanced": dict(fraction=1.0, warmup=3, skip=1, skip_growth=1),
+          "fast": dict(fraction=1.0, warmup=3, skip=2, skip_growth=1)}
 
 
 def _kind(model) -> str:
