@@ -423,11 +423,17 @@ def test_the_bench_times_a_full_and_a_partial_step(tmp_path):
     assert "full step" in (out / "bench.md").read_text()
 
 
-def test_frontier_averages_the_measured_steps_over_the_schedule():
+def _frontier():
+    """scripts/frontier.py as a module."""
     path = Path(__file__).resolve().parents[1] / "scripts" / "frontier.py"
     loader = importlib.util.spec_from_file_location("frontier", path)
     frontier = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(frontier)
+    return frontier
+
+
+def test_frontier_averages_the_measured_steps_over_the_schedule():
+    frontier = _frontier()
     from tokenmerge.tools.methods import parse_spec
 
     bench = [{"spec": "reuse:0.5", "status": "ok", "speedup": 2.0, "full_speedup": 1.0},
@@ -446,10 +452,7 @@ def test_frontier_joins_several_bench_tables_the_last_one_winning(tmp_path):
     both takes the later file's record, and both commands are named."""
     import json
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "frontier.py"
-    loader = importlib.util.spec_from_file_location("frontier", path)
-    frontier = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(frontier)
+    frontier = _frontier()
     old = [{"spec": "tome:0.5", "status": "ok", "speedup": 1.3, "command": "bench one"},
            {"spec": "todo:2", "status": "ok", "speedup": 1.1, "command": "bench one"}]
     new = [{"spec": "tome:0.5", "status": "ok", "speedup": 1.5, "command": "bench two"},

@@ -4,12 +4,9 @@ refusals, a run against a reference made from the unpatched blocks' outputs, and
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-from test_reuse import CACHED_WHOLE, ENTRIES, REFUSED, _run, _skip, _steps
+from test_reuse import CACHED_WHOLE, ENTRIES, REFUSED, _frontier, _run, _skip, _steps
 from test_reuse_extrapolate import _record
 from tiny_denoisers import CATALOGUE
 
@@ -106,10 +103,7 @@ def test_describe_names_it():
 
 
 def test_the_frontier_times_a_skipped_step_as_the_bench_one_token_step():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "frontier.py"
-    loader = importlib.util.spec_from_file_location("frontier", path)
-    frontier = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(frontier)
+    frontier = _frontier()
     bench = [{"spec": "reuse:0.5", "status": "ok", "speedup": 2.0, "full_speedup": 1.0},
              {"spec": "reuse:0.0001", "status": "ok", "speedup": 20.0, "full_speedup": 1.0}]
     table = frontier._reuse_table(bench)
