@@ -45,15 +45,15 @@ def _step_speed(speed: dict, spec: MethodSpec):
     return None, ""
 
 
-SKIP_TIMED_AT = 0.001  # a skipped step (share 0: one token) is timed by the bench's partial step at a fraction this
-# small or smaller (one token at the bench's widths)
+SKIP_TIMED_AT = 0.001  # a skipped step (share 0: merge.recompute.MIN_COUNT tokens) is timed by the bench's partial
+# step at a fraction this small or smaller (as few tokens at the bench's widths)
 
 
 def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
     """(speed-up, how) of token reuse over a generation of ``steps`` steps: its full steps at the bench's measured
     full step, each partial step at the bench's measured partial step of its fraction (linearly interpolated
     between the measured fractions: a step's work is affine in the tokens it recomputes), each skipped step
-    (``skip=``: one token) at the bench's partial step of the smallest fraction, if that is at most
+    (``skip=``: two tokens) at the bench's partial step of the smallest fraction, if that is at most
     ``SKIP_TIMED_AT``."""
     measured = steps_by_fraction.get(spec.steady().options)
     if not measured:
@@ -85,7 +85,7 @@ def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
     used = sorted({f for f in schedule if f})
     at = "" if not used else " (at " + (f"{used[0]:g}" if len(used) == 1 else f"{used[0]:.2f} to {used[-1]:.2f}") + (
         "" if all(f in measured for f in used) else ", interpolated between measured fractions") + ")"
-    skipped = f" + {n_skipped} skipped (one token: at {fractions[0]:g})" if n_skipped else ""
+    skipped = f" + {n_skipped} skipped (timed at {fractions[0]:g})" if n_skipped else ""
     return 1 / (sum(times) / steps), (f"measured steps: {n_full} full + {steps - n_full - n_skipped} partial"
                                       f"{at}{skipped} of {steps}")
 
@@ -163,7 +163,7 @@ def markdown(pts, notes, bench_cmds, quality_cmd: str, title: str) -> str:
     lines += ["", "Speed-up, how: measured = the bench's step time (medians, interleaved); on N% of steps = a "
               "schedule (start/stop): the measured step speed-up on that share of the steps, vanilla on the rest; "
               "measured steps (token reuse): the bench's measured full step (a generation's first) and partial step "
-              "(its fraction's, or interpolated between two measured fractions; a skipped step, one token: the "
+              "(its fraction's, or interpolated between two measured fractions; a skipped step, two tokens: the "
               "smallest measured fraction's), averaged over the generation's schedule; "
               "counted = 1 / the share of vanilla's nn.Linear multiply-adds the cache ran on the trained model (zero "
               "overhead: an upper bound); x counted = times the cache's further saving on top of the token "

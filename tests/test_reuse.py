@@ -306,7 +306,9 @@ def test_fullgraph_compile_is_refused_with_the_reason():
 @pytest.mark.compile
 @pytest.mark.parametrize("name,kwargs", [("flux", {}), ("wan", {}), ("flux", dict(keys="cached", text=True)),
                                          ("flux", dict(keys="cached", text=True, extrapolate=1.0)),
-                                         ("wan", dict(extrapolate=0.5))])
+                                         ("wan", dict(extrapolate=0.5)),
+                                         ("flux", dict(keys="cached", text=True, extrapolate=1.0, skip=1,
+                                                       skip_growth=1))])
 def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kwargs):
     """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: a graph break at
     each end of the call, and no other), the blocks' full and partial calls compile once, and a second generation

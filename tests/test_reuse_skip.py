@@ -1,4 +1,4 @@
-"""Token reuse's ``skip=``: after each computed step, ``skip`` steps where every block recomputes one token and the
+"""Token reuse's ``skip=``: after each computed step, ``skip`` steps where every block recomputes two tokens and the
 others carry their kept residuals (moved along their slopes with ``extrapolate``). Checked: the schedule, the
 refusals, a run against a reference made from the unpatched blocks' outputs, and the frontier's timing of it."""
 
@@ -12,7 +12,7 @@ from tiny_denoisers import CATALOGUE
 
 import tokenmerge
 from tokenmerge.config import ReuseConfig
-from tokenmerge.merge.recompute import share
+from tokenmerge.merge.recompute import MIN_COUNT, share
 from tokenmerge.tools.methods import parse_spec
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
@@ -41,8 +41,8 @@ def test_bad_skip_is_refused(name, value):
 
 
 @pytest.mark.parametrize("factor", [0.0, 1.0])
-def test_a_skipped_step_carries_every_kept_residual_but_one_token(factor):
-    """Two full steps, then two skipped ones (``fraction=1``): in each block one image token and one text token are
+def test_a_skipped_step_carries_every_kept_residual_but_two_tokens(factor):
+    """Two full steps, then two skipped ones (``fraction=1``): in each block two image tokens and two text tokens are
     recomputed (against kept keys: test_reuse_extrapolate checks such rows) and every other row (not recomputed
     since) is its input plus the residual of the last full step, moved along (R1 - R0) / (p1 - p0) over the
     progress since with ``extrapolate``; the next computed step is a full one, the unpatched block's output."""
@@ -79,7 +79,7 @@ def test_a_skipped_step_carries_every_kept_residual_but_one_token(factor):
                     assert not call.partial
                     torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-5)
                     continue
-                assert call.partial and len(rows) == 1
+                assert call.partial and len(rows) == MIN_COUNT
                 x = rec["kwargs"][name]
                 r0, r1 = (seen[i][k]["out"][at] - seen[i][k]["kwargs"][name] for k in (0, 1))
                 moved = r1 + factor * (r1 - r0) * (p[step] - p[1]) / (p[1] - p[0])
@@ -111,7 +111,7 @@ def test_the_frontier_times_a_skipped_step_as_the_bench_one_token_step():
     assert speed == pytest.approx(6 / (4 * 1.0 + 2 * 0.05)) and "4 full + 0 partial + 2 skipped" in how
     speed, how = frontier._reuse_speed(table, parse_spec("reuse:0.5,warmup=2,skip=1"), 6)  # F F S P S P
     assert speed == pytest.approx(6 / (2 * 1.0 + 2 * 0.5 + 2 * 0.05))
-    table = frontier._reuse_table(bench[:1])  # no one-token step measured: no speed
+    table = frontier._reuse_table(bench[:1])  # no skipped step measured: no speed
     assert frontier._reuse_speed(table, parse_spec("reuse:0.5,warmup=2,skip=1"), 6) == (None, "")
 
 

@@ -213,8 +213,8 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
             full step and one partial one, or two full steps); 0 (default): kept residuals held as computed. Twice
             the kept memory. On the mosaic testbed (1,024 image tokens) 1 was 2-4 dB more faithful at the same
             work.
-        skip: after the warm-up, steps come in rounds of ``skip`` skipped steps, where every block recomputes one
-            token and the others carry their kept residuals (moved along their slopes with ``extrapolate``), and
+        skip: after the warm-up, steps come in rounds of ``skip`` skipped steps, where every block recomputes two
+            tokens and the others carry their kept residuals (moved along their slopes with ``extrapolate``), and
             one computed step (partial, or full with ``fraction=1``): a step cache inside token reuse. A skipped
             step still calls the denoiser (its input and output layers run); best with ``keys="cached"`` (else
             every token's keys and values are projected) and ``text=True``. 0 (default): none.

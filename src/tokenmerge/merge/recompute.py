@@ -24,6 +24,10 @@ import torch.nn.functional as F
 
 from .plan import TABLES, Tables, arange, sided_rows
 
+# the tokens a skipped step (share 0) recomputes: two, as torch.compile specializes a size of one (a graph of its own
+# for the skipped steps, beside the partial steps' dynamic one); a partial step recomputes at least one
+MIN_COUNT = 2
+
 __all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread", "since", "settle", "in_dtype",
            "slope_of", "extrapolated", "write_rows", "write_kept", "row_gaps", "kept_rows"]
 
@@ -32,7 +36,7 @@ def share(step: int, progress: float, first: float | None, fraction: float, frac
           warmup: int, every: int, skip: int = 0, growth: int = 0) -> float | None:
     """The share of image tokens that step ``step`` of a generation (0: its first) recomputes, ``None`` for a full
     step: the first ``warmup`` steps and every ``every``-th after them are full; after them, steps come in rounds of
-    skipped ones (share 0: one token recomputed, every other one's kept residual carried) and a computed one, the
+    skipped ones (share 0: two tokens recomputed, every other one's kept residual carried) and a computed one, the
     first round ``skip`` skipped steps and each one after it ``growth`` more; a computed step at denoising
     ``progress`` (0: noise, 1: the end) recomputes ``fraction``, moving linearly to ``fraction_end`` at the end from
     the generation's first partial step (at ``first``; ``None``: this one), a full step where that share is 1."""
@@ -56,7 +60,8 @@ def share(step: int, progress: float, first: float | None, fraction: float, frac
 
 def walk(shares: list[float], tokens: int) -> tuple[int, int]:
     """``(count, start)`` of the last of partial steps of shares ``shares`` over ``tokens``: how many it recomputes
-    (at least one, at most all) and where its round-robin starts (the sum of those its predecessors recomputed).
+    (at least one, ``MIN_COUNT`` at a skipped step, at most all) and where its round-robin starts (the sum of those
+    its predecessors recomputed).
 
     Example:
         >>> walk([0.5, 0.25], 8)
@@ -65,7 +70,7 @@ def walk(shares: list[float], tokens: int) -> tuple[int, int]:
     start, count = 0, 0
     for f in shares:
         start += count
-        count = min(tokens, max(1, round(f * tokens)))
+        count = min(tokens, max(1 if f else MIN_COUNT, round(f * tokens)))
     return count, start % tokens
 
 
@@ -88,7 +93,7 @@ def recomputed_at(grid: tuple[int, ...], shares: list[float], order: str, seed: 
     tokens, start, count = math.prod(grid), 0, 0
     for f in shares:
         start += count
-        count = min(tokens, max(1, round(f * tokens)))
+        count = min(tokens, max(1 if f else MIN_COUNT, round(f * tokens)))
     return tables.get(window, grid, order, count, seed, start % tokens, torch.device(device))
 
 
