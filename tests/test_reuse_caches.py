@@ -135,6 +135,13 @@ def test_reuse_with_a_skipping_cache_follows_its_reference_step_by_step(cache, c
     assert checked, "no partial block call was checked"
 
 
+def _progress(patch):
+    """A copy of each image token's recorded progress in the call slot's kept state (``None`` before any)."""
+    kept = [k for k in patch.calls.state.clock.kept.values() if hasattr(k, "when")]
+    when = kept[0].when.get(0) if kept else None
+    return None if when is None else when.clone()
+
+
 @pytest.mark.parametrize("cache", ["fbc", "magcache"])
 def test_a_step_the_cache_cuts_short_leaves_the_tokens_progress(cache):
     """extrapolate=: a step where not every block ran leaves each token's recorded progress (its kept rows' gaps run
@@ -158,14 +165,11 @@ def test_a_step_the_cache_cuts_short_leaves_the_tokens_progress(cache):
     try:
         with torch.no_grad(), model.cache_context("predict"):
             for c in calls:
-                before = patch.calls.state.clock.kept.get(next(iter(patch.calls.state.clock.kept), None))
-                before = None if before is None else before.when.get(0)
-                before = None if before is None else before.clone()
+                before = _progress(patch)
                 model(**c)
                 step = patch.calls.state.clock.step
                 ran[step] = sum(e["step"] == step for e in log)
-                kept = next(k for k in patch.calls.state.clock.kept.values() if hasattr(k, "when"))
-                moved.append((step, before, kept.when[0].clone()))
+                moved.append((step, before, _progress(patch)))
     finally:
         model.disable_cache()
         tokenmerge.remove_patch(model)

@@ -2,7 +2,7 @@
 kept residuals take their recomputed neighbours' change, and where fresh rows go among kept ones. No model here.
 
 - ``share``: the share of image tokens a step recomputes (``None``: a full step), from the step's place in the
-  generation; ``walked``: how far the round-robin has gone after the partial steps before this one.
+  generation; ``recomputed_at``: the tokens a partial step recomputes, where the round-robin has got to.
 - ``select``: the ``count`` tokens of an order (``"grid"``, ``"strided"``, ``"random"``) from position ``start`` on,
   sorted: round-robin, every token once every ``ceil(N / count)`` partial steps.
 - ``spread_weights`` / ``spread``: each token not recomputed gets ``alpha`` x the mean change of the recomputed
@@ -28,7 +28,7 @@ from .plan import TABLES, Tables, arange, sided_rows
 # for the skipped steps, beside the partial steps' dynamic one); a partial step recomputes at least one
 MIN_COUNT = 2
 
-__all__ = ["share", "walk", "select", "recomputed_at", "spread_weights", "spread", "since", "settle", "in_dtype",
+__all__ = ["share", "select", "recomputed_at", "spread_weights", "spread", "since", "settle", "in_dtype",
            "slope_of", "extrapolated", "write_rows", "write_kept", "row_gaps", "kept_rows"]
 
 
@@ -58,22 +58,6 @@ def share(step: int, progress: float, first: float | None, fraction: float, frac
     return None if part >= 1.0 else part
 
 
-def walk(shares: list[float], tokens: int) -> tuple[int, int]:
-    """``(count, start)`` of the last of partial steps of shares ``shares`` over ``tokens``: how many it recomputes
-    (at least one, ``MIN_COUNT`` at a skipped step, at most all) and where its round-robin starts (the sum of those
-    its predecessors recomputed).
-
-    Example:
-        >>> walk([0.5, 0.25], 8)
-        (2, 4)
-    """
-    start, count = 0, 0
-    for f in shares:
-        start += count
-        count = min(tokens, max(1 if f else MIN_COUNT, round(f * tokens)))
-    return count, start % tokens
-
-
 def select(grid: tuple[int, ...], order: str, count: int, seed: int, start: int, device,
            tables: Tables = TABLES) -> torch.Tensor:
     """``(count,)`` sorted indices of image tokens to recompute: the ``count`` tokens of the order from position
@@ -89,7 +73,14 @@ def select(grid: tuple[int, ...], order: str, count: int, seed: int, start: int,
 
 def recomputed_at(grid: tuple[int, ...], shares: list[float], order: str, seed: int, device,
                   tables: Tables = TABLES) -> torch.Tensor:
-    """The tokens of ``grid`` that the last of partial steps of shares ``shares`` recomputes (``walk``, ``select``)."""
+    """The tokens of ``grid`` that the last of partial steps of shares ``shares`` recomputes (``select``): as many as
+    its share of them (at least one, ``MIN_COUNT`` at a skipped step, at most all), from where the round-robin has
+    got to (the sum of those its predecessors recomputed).
+
+    Example:
+        >>> recomputed_at((8,), [0.5, 0.25], "strided", 0, "cpu").tolist()  # 2 tokens, from the order's 5th on
+        [2, 6]
+    """
     tokens, start, count = math.prod(grid), 0, 0
     for f in shares:
         start += count

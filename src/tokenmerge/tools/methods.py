@@ -28,8 +28,8 @@ METHODS = {
     "tomesd": "the reference tomesd package, on the same blocks as ours; VALUE = ratio (default 0.5)",
     "reuse": "token reuse (apply_reuse): after warmup full steps, each step recomputes a moving share of the image "
              "tokens in every block, the others keep their kept block residual; VALUE = that share (default 0.5); "
-             "options warmup=, fraction_end=, keys=cached, text=true, extrapolate=, spread=, every=, order=, seed=, "
-             "blocks=(i,j,...)",
+             "options warmup=, fraction_end=, keys=cached, text=true, extrapolate=, skip=, skip_growth=, spread=, "
+             "every=, order=, seed=, blocks=(i,j,...)",
     "auto": "tokenmerge.accelerate: the faithful setting for the model (ToMe on a UNet, token reuse on a "
             "transformer); no VALUE; option speed=faithful|balanced|fast (default balanced)",
 }
