@@ -7,6 +7,8 @@ trained embedded model of that family (fidelity), its Pareto frontier marked. Wr
 
 x, the speed-up of a setting:
 - a token reduction (tome, todo): its step speed-up over vanilla in the bench table (same spec), measured;
+- token reuse and the step cache: the bench's measured full (computed) step and partial (token reuse) or skipped
+  (the step cache) step, over vanilla's, weighted by the setting's schedule over the generation;
 - a cache alone (fbc, taylorseer, pab): 1 / the share of vanilla's linear work it ran on the trained model (counted
   during the quality run): its speed-up at zero overhead, since a cache's savings depend on the trained model's
   trajectory, which random-weight presets do not have;
@@ -29,7 +31,7 @@ from tokenmerge.tools.methods import Combined, MethodSpec, parse_spec
 def _kind(spec) -> str:
     if isinstance(spec, Combined):
         return "combined"
-    return "cache" if spec.is_cache else "tokens"
+    return "cache" if spec.is_cache or spec.is_step_cache else "tokens"
 
 
 def _step_speed(speed: dict, spec: MethodSpec):
@@ -45,21 +47,14 @@ def _step_speed(speed: dict, spec: MethodSpec):
     return None, ""
 
 
-SKIP_TIMED_AT = 0.001  # a skipped step (share 0: merge.recompute.MIN_COUNT tokens) is timed by the bench's partial
-# step at a fraction this small or smaller (as few tokens at the bench's widths)
-
-
 def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
     """(speed-up, how) of token reuse over a generation of ``steps`` steps: its full steps at the bench's measured
     full step, each partial step at the bench's measured partial step of its fraction (linearly interpolated
-    between the measured fractions: a step's work is affine in the tokens it recomputes), each skipped step
-    (``skip=``: two tokens) at the bench's partial step of the smallest fraction, if that is at most
-    ``SKIP_TIMED_AT``."""
-    measured = steps_by_fraction.get(spec.steady().options)
+    between the measured fractions: a step's work is affine in the tokens it recomputes)."""
+    measured = steps_by_fraction.get((spec.name, spec.steady().options))
     if not measured:
         return None, ""
-    cfg = spec.reuse_config()
-    schedule = cfg.schedule(steps)
+    schedule = spec.reuse_config().schedule(steps)
     fractions = sorted(measured)
     fulls = [measured[f][0] for f in fractions if measured[f][0]]
     if not fulls:
@@ -67,8 +62,6 @@ def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
     full = sum(fulls) / len(fulls)  # the full step does not depend on the fraction: the mean of its measures
 
     def partial(f):  # time of a partial step over vanilla's
-        if f == 0.0:  # a skipped step
-            return measured[fractions[0]][1] if fractions[0] <= SKIP_TIMED_AT else None
         if f in measured:
             return measured[f][1]
         lower = [g for g in fractions if g < f]
@@ -81,13 +74,30 @@ def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
     times = [full if f is None else partial(f) for f in schedule]
     if any(t is None for t in times):
         return None, ""
-    n_full, n_skipped = sum(f is None for f in schedule), sum(f == 0.0 for f in schedule)
+    n_full = sum(f is None for f in schedule)
     used = sorted({f for f in schedule if f})
     at = "" if not used else " (at " + (f"{used[0]:g}" if len(used) == 1 else f"{used[0]:.2f} to {used[-1]:.2f}") + (
         "" if all(f in measured for f in used) else ", interpolated between measured fractions") + ")"
-    skipped = f" + {n_skipped} skipped (timed at {fractions[0]:g})" if n_skipped else ""
-    return 1 / (sum(times) / steps), (f"measured steps: {n_full} full + {steps - n_full - n_skipped} partial"
-                                      f"{at}{skipped} of {steps}")
+    return 1 / (sum(times) / steps), f"measured steps: {n_full} full + {steps - n_full} partial{at} of {steps}"
+
+
+def _cache_speed(measured: dict, spec: MethodSpec, steps: int):
+    """(speed-up, how) of the step cache over a generation of ``steps`` steps: its computed steps at the bench's
+    measured computed step, its skipped steps at the bench's measured skipped step (each over vanilla's). A skipped
+    step's work does not depend on the schedule nor on the slope's factor (one multiply-add whatever it is): any
+    measured record of the same ``order`` serves."""
+    def key(options):
+        return tuple((k, v) for k, v in options if k != "extrapolate")
+
+    want = key(spec.steady().options)
+    found = [steps for (name, options), steps in measured.items() if name == spec.name and key(options) == want]
+    if not found:
+        return None, ""
+    full, skipped = next(iter(found[0].values()))
+    schedule = spec.config().schedule(steps)
+    computed = sum(schedule)
+    return steps / (computed * full + (steps - computed) * skipped), (
+        f"measured steps: {computed} computed + {steps - computed} skipped of {steps}")
 
 
 def _reuse_table(bench: list[dict]) -> dict:
@@ -100,7 +110,8 @@ def _reuse_table(bench: list[dict]) -> dict:
         spec = parse_spec(r["spec"], bench=True)
         if not spec.stateful:
             continue
-        table.setdefault(spec.steady().options, {})[spec.value] = (1 / r["full_speedup"], 1 / r["speedup"])
+        table.setdefault((spec.name, spec.steady().options), {})[spec.value] = (1 / r["full_speedup"],
+                                                                                1 / r["speedup"])
     return table
 
 
@@ -112,6 +123,8 @@ def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
     out, notes = [], []
 
     def token_speed(spec):
+        if spec.is_step_cache:
+            return _cache_speed(reuse, spec, quality.get("steps", 20))
         if spec.stateful:
             return _reuse_speed(reuse, spec, quality.get("steps", 20))
         return _step_speed(speed, spec)
@@ -121,7 +134,7 @@ def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
             continue
         spec = parse_spec(m["spec"])
         kind = _kind(spec)
-        if kind == "tokens":
+        if kind == "tokens" or spec.is_step_cache:
             x, how = token_speed(spec)
         elif kind == "cache":
             x, how = (1 / m["linear_work"] if m.get("linear_work") else None), "counted"
@@ -151,7 +164,7 @@ def markdown(pts, notes, bench_cmds, quality_cmd: str, title: str) -> str:
     speed = " and ".join(f"`{c}`" for c in bench_cmds)
     lines = [f"### Speed versus fidelity: {title}", "",
              f"Speed: {speed} (random weights at real widths, each setting against vanilla in its own table; "
-             "caches: counted on the trained model, see below).",
+             "diffusers' caches: counted on the trained model, see below).",
              f"Fidelity: `{quality_cmd}` (the trained embedded model).", "",
              "| setting | kind | speed-up | how | PSNR (dB) | SSIM | linear work | frontier |",
              "|---|---|---|---|---|---|---|---|"]
@@ -160,11 +173,13 @@ def markdown(pts, notes, bench_cmds, quality_cmd: str, title: str) -> str:
         work = f"{p['work']:.0%}" if p["work"] else ""
         lines.append(f"| {p['label']} | {p['kind']} | {p['speedup']:.2f}x | {p['how']} | {p['psnr']:.2f}{ci} | "
                      f"{p['ssim']:.3f} | {work} | {'yes' if p['frontier'] else ''} |")
-    lines += ["", "Speed-up, how: measured = the bench's step time (medians, interleaved); on N% of steps = a "
+    lines += ["", "Kind: tokens = a token reduction (ToMe, ToDo, token reuse); cache = a cache across steps (the "
+              "step cache, stepcache; diffusers' caches); combined = both. "
+              "Speed-up, how: measured = the bench's step time (medians, interleaved); on N% of steps = a "
               "schedule (start/stop): the measured step speed-up on that share of the steps, vanilla on the rest; "
-              "measured steps (token reuse): the bench's measured full step (a generation's first) and partial step "
-              "(its fraction's, or interpolated between two measured fractions; a skipped step, two tokens: the "
-              "smallest measured fraction's), averaged over the generation's schedule; "
+              "measured steps (token reuse, the step cache): the bench's measured full (computed) step and partial "
+              "step (token reuse: its fraction's, or interpolated between two measured fractions) or skipped step "
+              "(the step cache: no block runs), weighted by the generation's schedule; "
               "counted = 1 / the share of vanilla's nn.Linear multiply-adds the cache ran on the trained model (zero "
               "overhead: an upper bound); x counted = times the cache's further saving on top of the token "
               "reduction (its linear work over the combination's)."]
@@ -179,17 +194,18 @@ def plot(pts, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    style = {"tokens": ("o", "tab:blue"), "cache": ("s", "tab:orange"), "combined": ("^", "tab:green")}
-    for kind, (marker, color) in style.items():
-        sel = [p for p in pts if p["kind"] == kind]
+    style = {"tokens": ("o", "tab:blue", "token reduction (measured)"),
+             "step": ("D", "tab:red", "step cache (measured steps)"),
+             "cache": ("s", "tab:orange", "diffusers cache (counted)"), "combined": ("^", "tab:green", "both")}
+    for kind, (marker, color, label) in style.items():
+        sel = [p for p in pts if (p["kind"] if not p["spec"].startswith("stepcache") else "step") == kind]
         if sel:
             ax.scatter([p["speedup"] for p in sel], [p["psnr"] for p in sel], marker=marker, color=color,
-                       label={"tokens": "token reduction (measured)", "cache": "diffusers cache (counted)",
-                              "combined": "both"}[kind], zorder=3)
+                       label=label, zorder=3)
     front = sorted((p for p in pts if p["frontier"]), key=lambda p: p["speedup"])
     ax.plot([p["speedup"] for p in front], [p["psnr"] for p in front], "k--", lw=1, label="frontier", zorder=2)
-    for p in pts:  # the frontier's points and the other methods' named; the many reuse settings off it are not
-        if p["frontier"] or not p["label"].startswith("reuse"):
+    for p in pts:  # the frontier's points and the other methods' named; the many reuse and step cache settings off
+        if p["frontier"] or not p["label"].startswith(("reuse", "stepcache")):  # it are not
             ax.annotate(p["label"], (p["speedup"], p["psnr"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("speed-up over vanilla")
     ax.set_ylabel("PSNR to vanilla (dB), trained model")

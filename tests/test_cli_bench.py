@@ -400,7 +400,7 @@ def test_video_preset_guidance_calls_and_inputs_as_the_pipelines_make_them():
     (["--preset", "tiny-flux2", "--modes", "todo", "--todo-factors", "2x2x2"], "3 factors"),
     (["--preset", "tiny-wan", "--modes", "todo", "--todo-factors", "2x2"], "2 factors"),
     (["--preset", "tiny-wan", "--todo-factors", "2x"], "one per axis"),
-    (["--preset", "tiny-wan", "--steps", "2"], "--steps"),
+    (["--preset", "tiny-hunyuan-video", "--steps", "2"], "--steps"),
 ])
 def test_video_and_image_preset_argument_errors(args, words, capsys, tmp_path):
     with pytest.raises(SystemExit) as err:
@@ -752,7 +752,7 @@ def test_compiled_token_reuse_times_its_partial_step(tmp_path, monkeypatch, fast
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, mode=None, fullgraph=False: calls.append(fullgraph) or
                         functools.partial(real, backend="eager")(model, fullgraph=fullgraph))
-    from tokenmerge.engine.techniques import reuse as technique
+    from tokenmerge.engine.techniques.reuse import block as technique
 
     partial, spread = [], technique.spread  # called in a partial step only (traced or run)
     monkeypatch.setattr(technique, "spread", lambda *a: partial.append(1) or spread(*a))

@@ -179,10 +179,12 @@ def test_the_clock_tells_steps_places_and_generations():
     assert clock.tick(0.0, a, 0, None) == (a, 0) and clock.step == 0 and clock.generation == 1
     assert clock.tick(0.0, a, 0, None) == (a, 1)  # another call of the step (a guidance branch, a second tile)
     assert clock.tick(0.0, b, 0, None) == (b, 0)  # another grid: its own place
-    clock.kept["x"] = 1
-    assert clock.tick(0.3, a, 0, None) == (a, 0) and clock.step == 1 and clock.kept
-    clock.tick(0.2, a, 0, None)  # back towards noise: a new generation
-    assert clock.generation == 2 and clock.step == 0 and not clock.kept
+    from tokenmerge.engine.techniques.step_cache import Kept
+
+    kept = clock.kept[(a, 0)] = Kept(at=0.0)
+    assert clock.tick(0.3, a, 0, None) == (a, 0) and clock.step == 1 and clock.kept[(a, 0)] is kept
+    clock.tick(0.2, a, 0, None)  # back towards noise: a new generation, each kept state reset and dropped
+    assert clock.generation == 2 and clock.step == 0 and not clock.kept and kept.at is None
     clock.tick(0.5, a, 1, None)  # new_generation() was called
     assert clock.generation == 3
     steps = torch.arange(3)

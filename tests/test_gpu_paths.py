@@ -149,7 +149,7 @@ def test_describe_patch_says_where_a_setting_cannot_pay_on_a_gpu():
     """Attention-only ToMe on an image transformer and plans built block by block on a transformer are named
     plainly; whole-block merging with the default shared plans, and ToDo without query merging, get no such note;
     a UNet gets neither."""
-    from tokenmerge.describe import NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK
+    from tokenmerge.engine.notes import NOTE_ATTENTION_ONLY, NOTE_PLAN_PER_BLOCK
 
     _needs("pixart", "unet-sd")
     model = CATALOGUE["pixart"].build()

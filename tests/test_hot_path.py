@@ -97,7 +97,7 @@ def test_a_token_reuse_partial_step_runs_through_few_files_functions_and_calls(k
     patch = model._tokenmerge_patch
     seen = _profiled(model, calls)
     files = {f for f, _, _ in seen}
-    assert "engine/techniques/reuse.py" in files and patch.calls.state.recompute is None  # (forgotten after the call)
+    assert "engine/techniques/reuse/block.py" in files and patch.calls.state.work is None  # (forgotten after the call)
     assert len(files) <= MAX_FILES and len(seen) <= MAX_FUNCTIONS, _listing(seen)
     assert sum(seen.values()) <= MAX_REUSE_CALLS, _listing(seen)
     assert any(fn == "attend" for _, fn, _ in seen), "no SDPA call was caught: not a partial step"
@@ -141,3 +141,27 @@ def test_no_tensor_is_held_after_removal(name, kwargs):
     del made
     left = [(tuple(t.shape), t.dtype) for i, t in _tensors().items() if i not in before]
     assert left == [] and len(TABLES) == shared
+
+
+@pytest.mark.parametrize("speed", ["faithful", "balanced", "fast"])
+@pytest.mark.parametrize("which", ["computed", "skipped"])
+def test_accelerates_steady_calls_run_through_few_files_functions_and_calls(speed, which):
+    """``tokenmerge.accelerate`` on the tiny Flux.1 with 1 double and 1 single block: a computed step after the
+    warm-up and a skipped step (the step cache's), each after steps of both kinds."""
+    if available("flux") is not None:
+        pytest.skip(available("flux"))
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    model = FluxTransformer2DModel(**dict(_FLUX, num_single_layers=1), guidance_embeds=True).eval()
+    calls = [CATALOGUE["flux"].inputs(batch=2)]
+    for _ in range(11):
+        calls.append(later_step(model, calls[-1], 0.95))
+    tokenmerge.accelerate(model, speed=speed)
+    schedule = tokenmerge.describe_patch(model).config.schedule(len(calls))
+    last = max(k for k, computed in enumerate(schedule) if computed == (which == "computed"))
+    assert last > schedule.index(False), schedule  # (after a skipped step and a computed one)
+    seen = _profiled(model, calls[: last + 1])
+    files = {f for f, _, _ in seen}
+    assert ("engine/techniques/step_cache.py" in files) and len(files) <= MAX_FILES, _listing(seen)
+    assert len(seen) <= MAX_FUNCTIONS and sum(seen.values()) <= MAX_REUSE_CALLS, _listing(seen)

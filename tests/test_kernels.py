@@ -282,7 +282,7 @@ def broken_triton(monkeypatch):
     monkeypatch.setattr(merge_package, "_triton", fake, raising=False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(kernels, "missing", lambda: None)
-    monkeypatch.setattr("tokenmerge.engine.refusals.missing", lambda: None)
+    monkeypatch.setattr("tokenmerge.engine.planner.missing", lambda: None)
     monkeypatch.setattr(kernels, "_failed", None)
     yield
 

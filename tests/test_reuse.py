@@ -56,14 +56,14 @@ def _run(model, calls):
 
 def _kept(patch):
     """The kept tensors of the one slot a run of plain calls fills (the clock's ``kept``: token reuse's by slot)."""
-    kept = [v for k, v in patch.calls.state.clock.kept.items() if k != "walk"]
+    kept = list(patch.calls.state.clock.kept.values())
     assert len(kept) == 1, kept
     return kept[0]
 
 
 def _now(patch):
     """This call's recomputed tokens per level: ``(tokens, recomputed or None, grid)``."""
-    return patch.calls.state.recompute.levels
+    return patch.calls.state.work.levels
 
 
 def _steps(model, inputs, n):
@@ -170,7 +170,7 @@ def test_spread_weights_are_made_once_per_recomputed_set(monkeypatch):
     """Which tokens get how much of their neighbours' change depends on the recomputed tokens and the grid only: made
     once per recomputed set (a table, a handful of kernels), not in every block nor at every step; every block still
     spreads."""
-    from tokenmerge.engine.techniques import reuse
+    from tokenmerge.engine.techniques.reuse import block as reuse
 
     _skip("flux")
     entry = CATALOGUE["flux"]
@@ -306,9 +306,7 @@ def test_fullgraph_compile_is_refused_with_the_reason():
 @pytest.mark.compile
 @pytest.mark.parametrize("name,kwargs", [("flux", {}), ("wan", {}), ("flux", dict(keys="cached", text=True)),
                                          ("flux", dict(keys="cached", text=True, extrapolate=1.0)),
-                                         ("wan", dict(extrapolate=0.5)),
-                                         ("flux", dict(keys="cached", text=True, extrapolate=1.0, skip=1,
-                                                       skip_growth=1))])
+                                         ("wan", dict(extrapolate=0.5))])
 def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kwargs):
     """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: a graph break at
     each end of the call, and no other), the blocks' full and partial calls compile once, and a second generation
@@ -335,7 +333,7 @@ def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kw
         tokenmerge.remove_patch(model)
         torch.compiler.reset()
     # two breaks in all: the denoiser's pre-hook and hook, each run on the host (full and partial calls alike)
-    assert sum(breaks.values()) == 2 and all("token reuse" in reason for reason in breaks), breaks
+    assert sum(breaks.values()) == 2 and all("on the host" in reason for reason in breaks), breaks
     assert sorted("CallHook.pre" in r for r in breaks) == [False, True], breaks
     for run in (got, again):
         for a, b in zip(run, eager):
@@ -734,7 +732,7 @@ def test_cached_keys_and_text_against_an_exact_reference(text):
     rows = []
     for i, block in enumerate(blocks):
         block.register_forward_hook(lambda m, a, out, i=i: seen[i][-1].update(out=out))
-        block.register_forward_pre_hook(lambda m, a: rows.append(patch.calls.state.recompute))
+        block.register_forward_pre_hook(lambda m, a: rows.append(patch.calls.state.work))
     with torch.no_grad():
         full_keys = []
         for i, block in enumerate(blocks):  # the full step, each block under a recorder of its keys and values

@@ -52,8 +52,8 @@ def _record(model, log):
 
         def seen_pre(module, args, kwargs, i=i, pre=pre):
             state = model._tokenmerge_patch.calls.state
-            log.append({"block": i, "args": args, "kwargs": dict(kwargs), "partial": state.recompute.partial,
-                        "index": state.recompute.levels[0][1], "step": state.clock.step})
+            log.append({"block": i, "args": args, "kwargs": dict(kwargs), "partial": state.work.partial,
+                        "index": state.work.levels[0][1], "step": state.clock.step})
             return pre(module, args, kwargs)
 
         def seen_post(module, args, output, i=i, post=post):
@@ -137,7 +137,7 @@ def test_reuse_with_a_skipping_cache_follows_its_reference_step_by_step(cache, c
 
 def _progress(patch):
     """A copy of each image token's recorded progress in the call slot's kept state (``None`` before any)."""
-    kept = [k for k in patch.calls.state.clock.kept.values() if hasattr(k, "when")]
+    kept = list(patch.calls.state.clock.kept.values())
     when = kept[0].when.get(0) if kept else None
     return None if when is None else when.clone()
 

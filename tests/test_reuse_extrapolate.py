@@ -25,7 +25,7 @@ def _record(model, blocks, patch):
     for i, block in enumerate(blocks):
         handles.append(block.register_forward_pre_hook(
             lambda m, a, kw, i=i: seen[i].append({"kwargs": dict(kw), "progress": patch.calls.state.clock.progress,
-                                                  "call": patch.calls.state.recompute}), with_kwargs=True,
+                                                  "call": patch.calls.state.work}), with_kwargs=True,
             prepend=True))
         handles.append(block.register_forward_hook(lambda m, a, out, i=i: seen[i][-1].update(out=out)))
     return seen, handles

@@ -10,6 +10,7 @@ from .api import (
     apply_config,
     apply_patch,
     apply_reuse,
+    apply_step_cache,
     apply_todo,
     describe_patch,
     new_generation,
@@ -18,6 +19,7 @@ from .api import (
     remove_patch,
 )
 from .config import ReuseConfig, ToDoConfig, ToMeConfig
+from .engine.techniques import StepCacheConfig
 from .faithful import accelerate
 from .families import Family, register_family, registered_families, unregister_family
 
@@ -28,6 +30,7 @@ __all__ = [
     "Family",
     "PatchInfo",
     "ReuseConfig",
+    "StepCacheConfig",
     "ToDoConfig",
     "ToMeConfig",
     "__version__",
@@ -35,6 +38,7 @@ __all__ = [
     "apply_config",
     "apply_patch",
     "apply_reuse",
+    "apply_step_cache",
     "apply_todo",
     "describe_patch",
     "new_generation",

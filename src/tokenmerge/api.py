@@ -8,14 +8,16 @@ import weakref
 
 from .config import ReuseConfig, ToDoConfig, ToMeConfig
 from .describe import DenoiserInfo, PatchInfo, describe_patch
-from .engine import DenoiserSite, Patch, find_denoisers
+from .engine import Patch, find_denoisers
+from .engine.discover import nothing_matched, select_blocks
 from .engine.install import patches_of
 from .engine.planner import BlockPlan
 from .engine.refusals import check_apply
-from .families.spec import BlockSite
+from .engine.technique import technique_for
+from .engine.techniques import StepCacheConfig
 
-__all__ = ["apply_patch", "apply_todo", "apply_reuse", "apply_config", "remove_patch", "patched", "describe_patch",
-           "new_generation", "observe", "PatchInfo", "DenoiserInfo", "BlockPlan"]
+__all__ = ["apply_patch", "apply_todo", "apply_reuse", "apply_step_cache", "apply_config", "remove_patch", "patched",
+           "describe_patch", "new_generation", "observe", "PatchInfo", "DenoiserInfo", "BlockPlan"]
 
 
 def apply_patch(
@@ -161,7 +163,7 @@ def apply_todo(
 
 def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: float | None = None,
                 spread: float = 0.3, keys: str = "fresh", text: bool = False, every: int = 0, order: str = "grid",
-                seed: int | None = None, blocks=None, extrapolate: float = 0.0, skip: int = 0, skip_growth: int = 0):
+                seed: int | None = None, blocks=None, extrapolate: float = 0.0):
     """Patch a diffusion transformer with token reuse, in place: after ``warmup`` full steps, each step recomputes
     ``fraction`` of the image tokens in every block and reuses the rest.
 
@@ -213,13 +215,6 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
             full step and one partial one, or two full steps); 0 (default): kept residuals held as computed. Twice
             the kept memory. On the mosaic testbed (1,024 image tokens) 1 was 2-4 dB more faithful at the same
             work.
-        skip: after the warm-up, steps come in rounds of ``skip`` skipped steps, where every block recomputes two
-            tokens and the others carry their kept residuals (moved along their slopes with ``extrapolate``), and
-            one computed step (partial, or full with ``fraction=1``): a step cache inside token reuse. A skipped
-            step still calls the denoiser (its input and output layers run); best with ``keys="cached"`` (else
-            every token's keys and values are projected) and ``text=True``. 0 (default): none.
-        skip_growth: each round skips this many more steps than the one before (0, the default: every round
-            ``skip``): skipping more as the denoising settles.
         every: after the warm-up, every ``every``-th step is a full one again (0, the default: none).
         order: how the recomputed tokens are chosen: ``"grid"`` (default: the same ranks of every 2x2 window of the
             token grid, frames in pairs on video), ``"strided"`` (every k-th token in raster order), ``"random"`` (a
@@ -239,7 +234,52 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
     """
     return apply_config(model, ReuseConfig(fraction, warmup, every, order, seed,
                                            tuple(blocks) if blocks is not None else None, fraction_end, spread,
-                                           keys, text, extrapolate, skip, skip_growth))
+                                           keys, text, extrapolate))
+
+
+def apply_step_cache(model, skip: int = 1, *, warmup: int = 4, skip_growth: int = 0, extrapolate: float = 1.0):
+    """Patch a diffusion transformer with the step cache, in place: after ``warmup`` computed steps, steps come in
+    rounds of skipped steps and one computed step; a skipped step runs no block of the denoiser's stack.
+
+    For the stack of blocks ``y_k = x_k + r_k``, a skipped step gives ``x_0 + R + extrapolate * S * dt``: ``R`` the
+    stack's residual (its last block's output minus its first block's input) at the last computed step, ``S`` its
+    change per unit of denoising progress between the last two computed steps, ``dt`` the progress since the last
+    computed step (read from the timestep). The denoiser's embeddings and final layers run at every step; what the
+    model adds between blocks (ControlNet residuals, VACE hints) is added afresh at every step. Kept memory: two
+    tensors of the stack's image-stream size per call of a step (guidance run as two calls keeps two sets), and two
+    of a text stream's size where the blocks return one.
+
+    Important args:
+        model: a diffusers pipeline or a transformer denoiser (Flux.1, Wan, PixArt, SD3, HunyuanVideo, LTX-Video,
+            Qwen-Image...). UNets are refused (their attention blocks sit between convolutions: use ToMe or
+            ``tokenmerge.accelerate``); a pipeline's ControlNet is left unpatched (its outputs are read at every
+            block) and runs every step.
+        skip: the steps skipped in the first round after the warm-up (each round: its skipped steps, then one
+            computed step).
+        warmup: computed steps at the start of each generation (at least 1: the first fills the cache).
+
+    Args to tinker with:
+        skip_growth: each round skips this many more steps than the one before (0, the default: every round
+            ``skip``): skipping more as the denoising settles. ``StepCacheConfig(...).schedule(steps)`` lists which
+            steps are computed.
+        extrapolate: the slope's factor in [0, 1] (1, the default: first order, as TaylorSeer; 0: the residual
+            held).
+
+    Steps are told apart by the timestep the model is called with: a call at the same timestep as the one before is
+    another call of the same step (guidance run as two calls), one at an earlier (noisier) timestep starts a new
+    generation, as does each run of a patched pipeline. torch.compile: compile without ``fullgraph=True`` (whether a
+    step is skipped is decided on the host at each call: one graph break); a second generation compiles nothing.
+
+    Returns:
+        ``model``, patched (any earlier tokenmerge patch is replaced). ``tokenmerge.remove_patch`` removes it and
+        gives back bit-identical outputs. Raises ``ValueError`` for bad arguments or a model whose stack it cannot
+        skip, ``TypeError`` for a model it does not know; on any error the model is left as it was.
+
+    Example:
+        >>> tokenmerge.apply_step_cache(pipe, skip=1, warmup=4, skip_growth=1)  # doctest: +SKIP
+        >>> image = pipe("a photo of an astronaut").images[0]                   # doctest: +SKIP
+    """
+    return apply_config(model, StepCacheConfig(warmup, skip, skip_growth, extrapolate))
 
 
 def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matcher=None, downsampler=None,
@@ -248,7 +288,8 @@ def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matche
 
     Args:
         model: what ``apply_patch`` accepts.
-        config: a ``ToMeConfig``, ``ToDoConfig`` or ``ReuseConfig`` (token reuse: ``apply_reuse``).
+        config: a ``ToMeConfig``, ``ToDoConfig``, ``ReuseConfig`` (token reuse: ``apply_reuse``) or
+            ``StepCacheConfig`` (``apply_step_cache``).
         matcher, downsampler: replace ToMe's matching and ToDo's pooling (the bench's zero-overhead limits;
             see ``tokenmerge.engine.Patch``).
         observer: what ``observe`` takes; ``None`` in normal use.
@@ -259,20 +300,26 @@ def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matche
     Example:
         >>> tokenmerge.apply_config(pipe, tokenmerge.ToMeConfig(ratio=0.5))  # doctest: +SKIP
     """
+    kind = technique_for(config)
     sites = find_denoisers(model)
     selected = [(site, select_blocks(site, config.max_downsample, config.blocks)) for site in sites]
     if not any(blocks for _, blocks in selected):
-        raise ValueError(_nothing_matched(sites, config.max_downsample))
+        raise ValueError(nothing_matched(sites, config.max_downsample))
+    left = {id(site): kind.leave(site, config) for site, blocks in selected if blocks}
+    if all(left.values()):  # the technique leaves every denoiser that has blocks: refused, with its reason
+        name = next(site.path or type(site.module).__name__ for site, blocks in selected if blocks)
+        raise ValueError(f"tokenmerge: {kind.name} cannot patch {name}: {next(iter(left.values()))}")
     for site, blocks in selected:
+        name = site.path or type(site.module).__name__
         if not blocks:
-            warnings.warn(
-                f"tokenmerge: {site.path or type(site.module).__name__} is left unpatched: "
-                + _nothing_matched([site], config.max_downsample),
-                stacklevel=3,
-            )
+            warnings.warn(f"tokenmerge: {name} is left unpatched: " + nothing_matched([site], config.max_downsample),
+                          stacklevel=3)
+        elif left[id(site)]:
+            warnings.warn(f"tokenmerge: {name} is left unpatched by the {kind.name}: {left[id(site)]}", stacklevel=3)
+    selected = [(site, blocks if blocks and not left[id(site)] else []) for site, blocks in selected]
     if code_paths is not None and code_paths not in ("cpu", "cuda"):
         raise ValueError(f"code_paths must be 'cpu', 'cuda' or None (the device's); got {code_paths!r}")
-    check_apply(model, config, selected)  # what cannot be right, before anything is installed
+    check_apply(model, config, selected, kind)  # what cannot be right, before anything is installed
     pipeline = weakref.ref(model) if getattr(model, "scheduler", None) is not None else None
     previous = _snapshot(model)
     remove_patch(model)
@@ -299,40 +346,6 @@ def _snapshot(model) -> list:
 def _restore(snapshot: list) -> None:
     for args in snapshot:
         Patch(*args).install()
-
-
-def select_blocks(site: DenoiserSite, max_downsample: int | None,
-                  indices: tuple[int, ...] | None = None) -> list[BlockSite]:
-    """The blocks of ``site`` that a ``max_downsample`` setting selects (``None``: the finest level with any),
-    then, if ``indices`` is given, those at these positions of that list (negative counts from the end)."""
-    if not site.blocks:
-        return []
-    if max_downsample is None:
-        finest = min(b.level for b in site.blocks)
-        chosen = [b for b in site.blocks if b.level == finest]
-    else:
-        chosen = [b for b in site.blocks if b.downsample <= max_downsample]
-    if indices is None or not chosen:
-        return chosen
-    bad = [i for i in indices if not -len(chosen) <= i < len(chosen)]
-    if bad:
-        raise ValueError(f"blocks {bad} out of range: {site.path or type(site.module).__name__} has "
-                         f"{len(chosen)} blocks at the selected levels (indices 0..{len(chosen) - 1})")
-    return [chosen[i] for i in sorted({i % len(chosen) for i in indices})]
-
-
-def _nothing_matched(sites: list[DenoiserSite], max_downsample: int | None) -> str:
-    parts = []
-    for site in sites:
-        name = site.path or type(site.module).__name__
-        levels = sorted({b.downsample for b in site.blocks})
-        parts.append(f"{name} has transformer blocks at downsample {levels}" if levels
-                     else f"{name} has no transformer blocks")
-    hint = "" if max_downsample is None else (
-        f"; max_downsample={max_downsample} selects none of them: use max_downsample=None (the finest level "
-        "with attention) or a value at least as large as the smallest downsample listed"
-    )
-    return "no transformer block to merge in: " + "; ".join(parts) + hint
 
 
 def remove_patch(model):
@@ -386,13 +399,18 @@ def patched(model, ratio: float | None = None, *, method: str = "tome", **kwargs
     """``with tokenmerge.patched(pipe, ratio=0.5): pipe(...)``: patched inside, as before outside.
 
     Takes ``apply_patch``'s arguments, or with ``method="todo"`` those of ``apply_todo`` (where ``ratio``
-    is the optional query merging: 0 unless given; for ToMe the default is 0.5), or with ``method="reuse"`` those
-    of ``apply_reuse`` (``ratio``: its ``fraction``). A patch that was in place before is restored on exit.
+    is the optional query merging: 0 unless given; for ToMe the default is 0.5), with ``method="reuse"`` those
+    of ``apply_reuse`` (``ratio``: its ``fraction``), with ``method="step_cache"`` those of ``apply_step_cache``
+    (no ``ratio``). A patch that was in place before is restored on exit.
     """
-    if method not in ("tome", "todo", "reuse"):
-        raise ValueError(f"method must be 'tome', 'todo' or 'reuse'; got {method!r}")
+    if method not in ("tome", "todo", "reuse", "step_cache"):
+        raise ValueError(f"method must be 'tome', 'todo', 'reuse' or 'step_cache'; got {method!r}")
+    if method == "step_cache" and ratio is not None:
+        raise ValueError("method='step_cache' takes no ratio (it skips whole steps): pass skip=, warmup=, ...")
     previous = _snapshot(model)
-    if method == "reuse":
+    if method == "step_cache":
+        apply_step_cache(model, **kwargs)
+    elif method == "reuse":
         apply_reuse(model, 0.5 if ratio is None else ratio, **kwargs)
     elif method == "todo":
         apply_todo(model, ratio=0.0 if ratio is None else ratio, **kwargs)

@@ -346,13 +346,8 @@ class ReuseConfig:
     keys: str = "fresh"
     text: bool = False
     extrapolate: float = 0.0
-    skip: int = 0
-    skip_growth: int = 0
 
-    # what the other patches' configs say, read by the shared lifecycle (api.py), the engine and guards
-    max_downsample = None
-    method_name = "token reuse"
-    num_train_timesteps = 1000  # the timestep scale its progress is read on (the families' Arg.scale brings it there)
+    max_downsample = None  # what the block selection reads (discover.select_blocks): every block of the finest level
 
     def __post_init__(self):
         f = self.fraction
@@ -377,10 +372,6 @@ class ReuseConfig:
         object.__setattr__(self, "warmup", _check_int("warmup", self.warmup, 1, "an integer >= 1 (the first step "
                                                       "fills the caches: it is always a full step)"))
         object.__setattr__(self, "every", _check_int("every", self.every, 0, "an integer >= 0"))
-        object.__setattr__(self, "skip", _check_int("skip", self.skip, 0, "an integer >= 0 (the steps skipped after "
-                                                    "each computed one)"))
-        object.__setattr__(self, "skip_growth", _check_int("skip_growth", self.skip_growth, 0, "an integer >= 0 (how "
-                                                           "many more steps each round skips than the one before)"))
         if self.keys not in KEYS:
             raise ValueError(f"keys must be one of {', '.join(KEYS)}; got {self.keys!r}")
         if not isinstance(self.text, bool):
@@ -400,18 +391,16 @@ class ReuseConfig:
 
     @property
     def reuses(self) -> bool:
-        """Whether any token is ever reused (``fraction=1`` without ``skip`` recomputes every token: an exact
-        no-op)."""
-        return self.fraction < 1.0 or (self.fraction_end is not None and self.fraction_end < 1.0) or \
-            self.skip + self.skip_growth > 0
+        """Whether any token is ever reused (``fraction=1`` recomputes every token: an exact no-op)."""
+        return self.fraction < 1.0 or (self.fraction_end is not None and self.fraction_end < 1.0)
 
     def schedule(self, steps: int) -> list[float | None]:
         """The share recomputed at each of ``steps`` steps whose timesteps fall linearly from noise (progress
         ``k / steps``, as the embedded models' sampler): ``None`` for a full step (``merge.recompute.share``)."""
         out, first = [], None
         for k in range(steps):
-            part = share(k, k / steps, first, self.fraction, self.fraction_end, self.warmup, self.every,
-                         self.skip, self.skip_growth) if self.reuses else None
+            part = share(k, k / steps, first, self.fraction, self.fraction_end, self.warmup,
+                         self.every) if self.reuses else None
             first = k / steps if part is not None and first is None else first
             out.append(part)
         return out

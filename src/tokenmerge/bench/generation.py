@@ -1,5 +1,6 @@
 """Whole generations (``tokenmerge bench --steps N``): a denoising loop with a real scheduler and guidance, and
-the VAE decode, timed per mode, interleaved."""
+the VAE decode (images; a video preset's loop is timed without its decode, the same for every mode), timed per
+mode, interleaved."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from .presets import Preset, load_pipeline
 
 __all__ = ["GENERATION_FAMILIES", "vae_for", "generate", "time_generation"]
 
-# the preset families whose denoising loop and VAE ``generate`` knows
-GENERATION_FAMILIES = ("unet", "pixart", "sd3", "flux")
+# the preset families whose denoising loop (and VAE) ``generate`` knows
+GENERATION_FAMILIES = ("unet", "pixart", "sd3", "flux", "wan")
 
 
 def vae_for(preset: Preset, dtype, device):
-    """The preset's VAE: the pipeline's own for --model, else the SD/SD3/Flux VAE architecture, random weights."""
+    """The preset's VAE: the pipeline's own for --model, else the SD/SD3/Flux VAE architecture, random weights;
+    ``None`` for a video preset (its loop is timed without the decode)."""
+    if preset.video:
+        return None
     if preset.model is not None:
         return load_pipeline(preset.model, dtype).vae.to(device).eval()
     from diffusers import AutoencoderKL
@@ -39,23 +43,32 @@ def generate(unet, vae, preset: Preset, inputs: dict, steps: int, guidance: floa
     bench's inputs (prompt embeddings given: the text encoder's few milliseconds are left out)."""
     import diffusers
 
-    flow = preset.family in ("sd3", "flux")  # flow matching (diffusers >= 0.29, as are these models)
-    scheduler = diffusers.FlowMatchEulerDiscreteScheduler() if flow else diffusers.DDIMScheduler()
+    flow = preset.family in ("sd3", "flux", "wan")  # flow matching (diffusers >= 0.29, as are these models)
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0 if preset.family == "wan" else 1.0) if flow \
+        else diffusers.DDIMScheduler()
     scheduler.set_timesteps(steps)
-    key = "sample" if "sample" in inputs else "hidden_states"
-    cfg = preset.family != "flux"
-    n = inputs[key].shape[0]
-    x = inputs[key][: n // 2] if cfg else inputs[key]
-    rest = {k: v for k, v in inputs.items() if k not in (key, "timestep")}
+    calls = inputs if isinstance(inputs, list) else [inputs]  # guidance "calls": conditional, unconditional
+    key = "sample" if "sample" in calls[0] else "hidden_states"
+    batched = preset.guidance == "batch"
+    n = calls[0][key].shape[0]
+    x = calls[0][key][: n // 2] if batched else calls[0][key]
+    rests = [{k: v for k, v in c.items() if k not in (key, "timestep")} for c in calls]
     for t in scheduler.timesteps:
-        model_in = torch.cat([x, x]) if cfg else x
+        model_in = torch.cat([x, x]) if batched else x
         step_t = torch.full((n,), float(t) / (1000 if preset.family == "flux" else 1), device=x.device)
-        out = step(unet, {key: model_in, "timestep": step_t, **rest}).sample
-        if cfg:
-            uncond, cond = out.chunk(2)
+        outs = [step(unet, {key: model_in, "timestep": step_t, **rest}).sample for rest in rests]
+        if batched:
+            uncond, cond = outs[0].chunk(2)
             out = uncond + guidance * (cond - uncond)
+        elif len(outs) == 2:
+            cond, uncond = outs
+            out = uncond + guidance * (cond - uncond)
+        else:
+            out = outs[0]
         out = out[:, : x.shape[1]]  # PixArt predicts a variance too
         x = scheduler.step(out, t, x).prev_sample
+    if vae is None:
+        return x
     if preset.family == "flux":  # unpack 2x2 latent pixels per token
         side = int(round(x.shape[1] ** 0.5))
         c = preset.latent_channels

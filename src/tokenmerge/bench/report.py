@@ -246,9 +246,10 @@ def markdown(records: list[dict], meta: dict, command: str, preface: str = "") -
         "[a, b]: the lowest and highest speed-up of a single round (vanilla's run over this mode's run in the same "
         "round), the noise a figure must stand out of. "
         "'% of limit': share of the zero-overhead limit's gain at that ratio (ToDo: at that factor). "
-        + ("Token reuse (reuse): each round times a generation's first step (every token computed: 'full step') "
-           "and then a partial step at a later timestep (the time and % shown: its steady state); a generation's "
-           "average is the two weighted by its schedule (scripts/frontier.py). "
+        + ("Token reuse (reuse) and the step cache (stepcache): each round times a generation's first step (every "
+           "block and token computed: 'full step') and then a partial (token reuse) or skipped (the step cache) step "
+           "at a later timestep (the time and % shown); a generation's time is the whole-generation table's (--steps), "
+           "or the two weighted by its schedule (scripts/frontier.py). "
            if any(r.get("full_median_s") for r in steps) else "")
         + "Memory: " + meta["memory"] + (" (step: what one step adds to the resident memory before it)"
                                        if "isolated" in meta["memory"] else "") + ".",
@@ -269,8 +270,9 @@ def markdown(records: list[dict], meta: dict, command: str, preface: str = "") -
             lines += [f"#### {preset}, {attention} attention: kernels per denoiser call and host time", ""]
             lines += _table(rows, labels, _fmt_kernels)
         if any(r.get("generate_s") for r in rows):
-            lines += [f"#### {preset}, {attention} attention: whole generation ({meta.get('steps')} steps + VAE "
-                      f"decode), median of {meta['repeats']}", ""] + _table(rows, labels, _fmt_generate)
+            decode = ", the denoising loop without the VAE decode" if rows[0].get("frames") else " + VAE decode"
+            lines += [f"#### {preset}, {attention} attention: whole generation ({meta.get('steps')} steps{decode}), "
+                      f"median of {meta['repeats']}", ""] + _table(rows, labels, _fmt_generate)
     parts = defaultdict(list)
     for r in records:
         if r.get("kind") == "breakdown":

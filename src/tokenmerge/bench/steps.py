@@ -260,7 +260,7 @@ def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels
                     raise
         if mode.stateful:
             extra.update(full_median_s=statistics.median(fulls[k]) if fulls[k] else None, full_times_s=fulls[k],
-                         step_timed="partial")
+                         step_timed="skipped" if mode.is_step_cache else "partial")
         if dict(mode.options).get("kernels") == "triton" and kernels_failed() is not None:  # it ran the torch
             status[k] = "Triton failed"  # operators (the library's fallback): not a time of the Triton kernels
             extra["error"] = kernels_failed()
@@ -271,9 +271,12 @@ def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels
 
 
 def _steady(mode: MethodSpec) -> MethodSpec:
-    """What a round applies: a stateful mode with one full step before its partial ones (see ``_eager``)."""
-    if not mode.stateful:
+    """What a round applies: a stateful mode with one full step before its partial (token reuse) or skipped (the step
+    cache) ones (see ``_eager``)."""
+    if not mode.stateful or mode.name == "auto":
         return mode
+    if mode.is_step_cache:
+        return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1),))
     return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1), ("every", 0)))
 
 

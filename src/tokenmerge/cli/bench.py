@@ -260,7 +260,7 @@ def _check_presets(args, presets, modes) -> str | None:
             return (f"--attention: {p.name} runs its own attention processors (on PyTorch's SDPA); use --attention "
                     "sdpa for it")
         if args.steps and p.family not in GENERATION_FAMILIES:
-            return (f"--steps: whole generations are timed for the UNet, PixArt, SD3 and Flux.1 presets; {p.name} "
+            return (f"--steps: whole generations are timed for the UNet, PixArt, SD3, Flux.1 and Wan presets; {p.name} "
                     "times denoiser steps only (leave --steps out)")
         rank = 3 if p.video else 2
         if p.family == "unet" and any(m.name == "grid-limit" for m in modes):

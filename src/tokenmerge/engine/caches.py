@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import sys
 
-from ..config import ToDoConfig
-
 __all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "CHAIN_HOOK", "ChainHook", "bad_hook",
-           "cache_message", "why_refused", "route", "watch_registries", "unwatch"]
+           "cache_message", "route", "watch_registries", "unwatch"]
 
 REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
 CHAIN_HOOK = "tokenmerge_chain_hook"  # the name of the patch's own hook in a registry (its ChainHook)
@@ -110,19 +108,11 @@ def bad_hook(registry) -> str | None:
     return None
 
 
-def cache_message(path: str, what: str, config, later: bool, why: str) -> str:
-    """The refusal of a cache hook ``what`` on ``path`` (``later``: registered after the patch), and ``why``."""
-    method = "ToDo with query merging (ratio > 0)" if isinstance(config, ToDoConfig) else "ToMe"
+def cache_message(technique, path: str, what: str, later: bool, why: str) -> str:
+    """The refusal of a cache hook ``what`` on ``path`` (``later``: registered after the patch), and ``why``, in
+    the words of the patch's ``technique`` (its class: ``technique.py``'s ``cache_message``)."""
     when = "cannot be added after the patch" if later else "is enabled"
-    if getattr(config, "method_name", None):  # another technique (token reuse): its own words
-        return (f"tokenmerge: {what} {when} on {path}, inside a block where {config.method_name} runs only some "
-                "tokens' rows: a cached output there would hold another step's tokens. Use a cache on whole blocks "
-                "(First Block Cache, MagCache), or disable one of them (e.g. model.disable_cache())")
-    return (f"tokenmerge: {what} {when} on {path}, whose tokens {method} merges ({why}): a cached output would "
-            "hold the tokens of an earlier step's merge plan, and unmerging it with this step's plan would give "
-            "tokens other tokens' outputs. Put the cache on the attention modules the patch merges around (diffusers' "
-            "defaults do), use the patch's default scope='attention' with block-level caches, or disable one of "
-            "them (e.g. model.disable_cache())")
+    return technique.cache_message(path, what, when, why)
 
 
 def _hooks_module():
@@ -191,17 +181,10 @@ class _Registration:
     def __call__(self, hook, name: str) -> None:
         what = what_hook(name, hook)
         if what is not None and self.why is not None:
-            raise ValueError(cache_message(self.path, what, self.patch.config, later=True, why=self.why))
+            raise ValueError(cache_message(self.patch.technique, self.path, what, later=True, why=self.why))
         if what is not None:
             route(self.patch, *self.target, self.registry, self.path)
         _register(self.registry, hook, name)
-
-
-def why_refused(config, is_target: bool) -> str | None:
-    """Why an unsafe hook cannot be made to see whole tokens on a merged module (``None``: a target, it can)."""
-    if getattr(config, "scope", "attention") == "block":
-        return "scope='block' merges the tokens of its block"
-    return None if is_target else "it sits inside a merged target, whose tokens are merged whichever way"
 
 
 def watch_registries(patch, region, targets) -> None:
@@ -221,7 +204,7 @@ def watch_registries(patch, region, targets) -> None:
         if not all(hasattr(registry, a) for a in ("hooks", "_hook_order", "remove_hook", "_module_ref")):
             continue  # a registry of another shape: on_call's check still refuses an unsafe hook on it
         target = targets.get(id(module))
-        why = why_refused(patch.config, target is not None)
+        why = patch.technique.refuses_cache(patch.config, target is not None)
         if why is None and bad_hook(registry) is not None:
             route(patch, *target, registry, path)
         registry.register_hook = _Registration(patch, registry, path, target, why)

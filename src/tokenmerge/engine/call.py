@@ -3,7 +3,9 @@
 - ``CallHook``: the denoiser's forward pre-hook and hook: the call's grid (``grids.GridReader``, read only when its
   arguments change), its timestep, the per-call checks, the step clock; the ``CallState`` the blocks read (per
   thread, and one for code torch.compile traces: dynamo follows a plain object, not a ``threading.local``).
-- ``Clock``: which generation, step and place in the step a call is (what state kept across calls is keyed by).
+- ``Clock``: which generation, step and place in the step a call is (what state kept across calls is keyed by), and
+  what the technique keeps for the generation (its own state class per slot, ``technique.py``).
+- ``CallInfo``: what the hook read of a call, handed to the technique's ``begin``.
 - ``BoundArg``: a ``forward`` argument resolved against a signature (``discover.bind``), read and replaced.
 - Layout: a sequence is ``[before | image | after]``: text declared before the image (``TEXT_BEFORE``), the image's
   tokens, then text declared after it (``TEXT_AFTER``) or reference-image tokens (``trailing``: Flux Kontext).
@@ -15,17 +17,16 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
-from ..merge.match import step_key
 from ..merge.plan import TABLES, Tables, join, sided_rows
 from .caches import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
 from .compiled import on_host, regional_message
 
-__all__ = ["BoundArg", "CallHook", "CallState", "Clock", "BlockCall", "Watch", "NoGrid", "PARALLEL_ATTR", "sides",
+__all__ = ["BoundArg", "CallHook", "CallInfo", "CallState", "Clock", "Watch", "NoGrid", "PARALLEL_ATTR", "sides",
            "image_part", "join", "take_rotary", "take_mask", "follow", "coarsen"]
 
 PARALLEL_ATTR = "_parallel_config"  # where a diffusers model keeps its ParallelConfig (enable_parallelism)
@@ -152,19 +153,20 @@ def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor, tr
 
 def follow(state, plan, spec, value):
     """A per-token table ``value`` at the merged tokens of ``plan``: rotary rows (``spec`` a ``Rotary``) or a mask
-    (a ``Mask``), once per call for the blocks that share the plan and table (compiled: the graph's CSE does it)."""
+    (a ``Mask``), once per call for the blocks that share the plan and table (kept in the call's ``state.work``;
+    compiled: the graph's CSE does it)."""
     if plan.batch != 1:
         raise ValueError("tokenmerge: per-token positions or masks need one merge pattern for the batch: the "
                          "family must set batch_pattern=True")
-    compiling = torch.compiler.is_compiling()
+    compiling, seen = torch.compiler.is_compiling(), state.work.taken
     if not compiling:
-        for p, v, s, taken in state.taken:
+        for p, v, s, taken in seen:
             if p is plan and v is value and s is spec:
                 return taken
     take = take_rotary if isinstance(spec, Rotary) else take_mask
     taken = take(spec, value, plan.num_tokens, plan.representatives()[0], state.trailing, plan.tables)
     if not compiling:
-        state.taken.append((plan, value, spec, taken))
+        seen.append((plan, value, spec, taken))
     return taken
 
 
@@ -176,28 +178,13 @@ def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
 
 
 # ---- a call's state ------------------------------------------------------------------------------------------
-@dataclass
-class BlockCall:
-    """One block's call in flight: its plan, its token grid, and what its targets set aside."""
-
-    plan: object
-    grid: tuple[int, ...]
-    text: dict[int, tuple[int, int]] = field(default_factory=dict)  # target -> tokens before/after the image
-    modes: dict[int, object] = field(default_factory=dict)  # target -> its active SDPA mode (engine/attention.py)
-    entry: tuple | None = None  # scope="block": (image input, merged input, tokens before, tokens after)
-
-    def close(self) -> None:
-        """Leave any SDPA mode still active (its target's call raised before its forward hook ran)."""
-        while self.modes:
-            self.modes.popitem()[1].close()
-
-
 class Clock:
-    """A thread's step clock: the generation, its step, each call's place in the step (``tick``), and what
-    techniques keep for the generation by slot (``kept``). A new generation starts when the mark changes (the
-    patched pipeline's scheduler has new ``timesteps``; ``tokenmerge.new_generation``) or the progress goes back; a
-    call at the last call's progress is another call of its step. A slot is ``(signature, place)``: the call's grid,
-    batch, dtype... and how many calls of that signature the step made before it (docs/guides/token-reuse.md)."""
+    """A thread's step clock: the generation, its step, each call's place in the step (``tick``), and what the
+    technique keeps for the generation: per slot (``kept``: one object of its own state class per slot) and for the
+    whole generation (``whole``). A new generation starts when the mark changes (the patched pipeline's scheduler has
+    new ``timesteps``; ``tokenmerge.new_generation``) or the progress goes back; a call at the last call's progress is
+    another call of its step. A slot is ``(signature, place)``: the call's grid, batch, dtype... and how many calls
+    of that signature the step made before it (guidance run as two calls: two slots; docs/life-of-a-call.md)."""
 
     def __init__(self) -> None:
         self.mark: tuple = (None, None)  # (new_generation() count, the pipeline scheduler's timesteps tensor)
@@ -205,9 +192,8 @@ class Clock:
         self.step = -1
         self.progress: float | None = None
         self.places: dict = {}  # signature -> calls of the current step made with it so far
-        self.kept: dict = {}  # what techniques keep for the generation, by slot
-        self.first: float | None = None  # token reuse: the progress of the generation's first partial step
-        self.shares: list[float] = []  # token reuse: the share each partial step of the generation recomputed
+        self.kept: dict = {}  # slot -> the technique's state for it
+        self.whole = None  # the technique's state for the whole generation (token reuse's round-robin)
 
     def tick(self, progress: float | None, signature, marks: int, timesteps) -> tuple:
         """Move to a call at denoising ``progress`` with ``signature``; returns the call's slot."""
@@ -215,10 +201,9 @@ class Clock:
                 progress is not None and progress < self.progress):
             self.mark = (marks, timesteps)
             self.generation += 1
-            self.step, self.first = 0, None
+            self.step = 0
             self.places.clear()
-            self.kept.clear()
-            self.shares.clear()
+            self.clear()
         elif progress is None or progress > self.progress:
             self.step += 1
             self.places.clear()
@@ -227,35 +212,48 @@ class Clock:
         self.places[signature] = place + 1
         return signature, place
 
+    def clear(self) -> None:
+        """Forget what the technique kept (each state's ``reset()`` drops its tensors)."""
+        for state in self.kept.values():
+            state.reset()
+        self.kept.clear()
+        if self.whole is not None:
+            self.whole.reset()
+        self.whole = None
+
+
+@dataclass
+class CallInfo:
+    """What ``CallHook.pre`` read of one denoiser call, for the technique's ``begin``: its arguments, the device, the
+    timestep (a tensor, or ``None``), for a technique that reads it (``timed``) its denoising progress, and whether
+    the call runs compiled (the host-side set-up of a compiled call: numbers the blocks read go as tensors)."""
+
+    args: tuple
+    kwargs: dict
+    device: object
+    timestep: object
+    progress: float | None = None
+    compiled: bool = False
+
 
 class CallState:
     """What one denoiser call tells its blocks; ``reset()`` forgets the call (its end, or an error). ``clock``
-    survives it."""
+    survives it. ``work``: the technique's own state of the call (``None``: the call runs untouched)."""
 
     def __init__(self) -> None:
+        self.work = None
         self.reset()
         self.clock = Clock()
 
-    def reset(self, blocks=None) -> None:
-        """Forget the call; give back any feed-forward chunking a block set aside (``blocks``: the patch's)."""
-        for index, chunk_size in getattr(self, "unchunked", {}).items():
-            if blocks is not None:
-                setattr(blocks[index].module, blocks[index].chunk_attr, chunk_size)
-        for call in getattr(self, "blocks", {}).values():
-            call.close()
+    def reset(self) -> None:
+        """Forget the call (the technique's call state closed: modes left, chunk sizes given back)."""
+        work, self.work = self.work, None
+        if work is not None:
+            work.close()
         self.grid: tuple[int, ...] | None = None
         self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
         self.shard = None  # context parallelism: this rank's slice of the call's grid (parallel.Shard)
-        self.step_key = None
-        self.active = True  # the schedule's verdict for this call
-        self.ratio = 0.0
         self.slot = None  # the call's place in its step (Clock.tick), where state is kept across calls
-        self.blocks: dict[int, object] = {}  # block index -> its call in flight
-        self.level_plans: dict[int, object] = {}  # share_plans: level -> the plan of this call
-        self.unchunked: dict[int, int] = {}  # feed-forward chunk sizes set aside during a block call
-        self.draws: dict[tuple[int, ...], torch.Tensor] = {}  # grid -> (blocks, windows) random choices of this call
-        self.taken: list = []  # rotary tables and masks taken at a plan's merged tokens this call (plan, value, taken)
-        self.recompute = None  # token reuse: this call's recomputed tokens (techniques/reuse.py)
 
 
 class Watch:
@@ -264,12 +262,12 @@ class Watch:
     compiled in place since the patch (``compiled.py``).
 
     Args:
-        config: the patch's config (for the messages).
+        technique: the patch's technique (for the messages).
         blocks: the patched blocks; region: ``(path, module)`` of every module that sees merged tokens.
     """
 
-    def __init__(self, config, blocks, region):
-        self.config, self.region = config, region
+    def __init__(self, technique, blocks, region):
+        self.technique, self.region = technique, region
         self.hooked = [(b.path, b.module) for b in blocks] + region  # what compiled in place breaks
         self.seen: dict[int, int] = {}  # id of a harmless HookRegistry -> its number of hooks when checked
 
@@ -287,7 +285,7 @@ class Watch:
                 continue
             what = bad_hook(registry)
             if what is not None and CHAIN_HOOK not in hooks:
-                raise ValueError(cache_message(path, what, self.config, later=True,
+                raise ValueError(cache_message(self.technique, path, what, later=True,
                                                why="its registry was changed without register_hook"))
             self.seen[id(registry)] = size
 
@@ -304,26 +302,24 @@ def _identity(value, shaped: bool):
 
 class CallHook:
     """The denoiser's forward pre-hook (``pre``) and hook (``post``): read a call's grid and timestep, move the step
-    clock, keep the call's state.
+    clock, hand the call to the technique (``begin`` / ``end``), keep the call's state.
 
     Args:
-        patch: the installed patch (its site, config, blocks, technique, planner and guards' watch).
+        patch: the installed patch (its site, blocks, technique and guards' watch).
         reader: the ``grids.GridReader`` of the denoiser's calls.
-        plans: whether the technique merges by plans (ToMe, ToDo); else (token reuse) its ``call_pre`` runs.
+        host: the technique decides each call on the host (under torch.compile its set-up is a graph break).
+        ends: the technique has an ``end`` (called after the denoiser's forward).
         sample: the denoiser's bound ``hidden_states`` argument (a call's batch and dtype), or ``None``.
         pipeline: a weak reference to the pipeline the patch was applied through (its scheduler tells a new
             generation), or ``None``.
     """
 
-    def __init__(self, patch, reader, plans: bool = True, sample=None, pipeline=None):
+    def __init__(self, patch, reader, host: bool = False, ends: bool = False, sample=None, pipeline=None):
         self.patch = patch
-        site, cfg = patch.site, patch.config
         self.reader = reader
         self._read: tuple = (None, None)  # (key, (grid, device, trailing) or the NoGrid it raised)
-        self.timestep = site.timestep
-        self.scheduled, self.reused = getattr(cfg, "scheduled", False), getattr(cfg, "reuse_steps", 1) > 1
-        self.plans = plans  # ToMe and ToDo: merge plans; token reuse: none, its call_pre on the host
-        self.clocked = self.reused or not self.plans  # state kept across calls: the step clock moves
+        self.timestep = patch.site.timestep
+        self.host, self.ends = host, ends
         self.sample, self.pipeline = sample, pipeline
         self.marks = 0  # new_generation() calls
         self._on_host()
@@ -340,9 +336,10 @@ class CallHook:
         self._on_host()
 
     def _on_host(self) -> None:
-        """Token reuse decides each call on the host: under torch.compile its hooks run eagerly (a graph break)."""
-        self.host_pre = on_host(CallHook.pre) if not self.plans else None
-        self.host_post = on_host(CallHook.post) if not self.plans else None
+        """A technique that decides each call on the host: under torch.compile its hooks run eagerly (a graph
+        break)."""
+        self.host_pre = on_host(CallHook.pre) if self.host else None
+        self.host_post = on_host(CallHook.post) if self.host else None
 
     @property
     def state(self) -> CallState:
@@ -354,11 +351,12 @@ class CallHook:
             state = self._local.state = CallState()
         return state
 
-    def pre(self, module, args, kwargs):
-        if self.host_pre is not None and torch.compiler.is_compiling():  # token reuse: decided on the host
-            return self.host_pre(self, module, args, kwargs)
+    def pre(self, module, args, kwargs, compiled: bool = False):
+        if self.host_pre is not None and torch.compiler.is_compiling():  # decided on the host
+            return self.host_pre(self, module, args, kwargs, True)
         patch, state = self.patch, self.state
-        state.reset(patch.blocks)  # a call cut short by a KeyboardInterrupt skips the always-called hooks
+        technique = patch.technique
+        state.reset()  # a call cut short by a KeyboardInterrupt skips the always-called hooks
         compiling = torch.compiler.is_compiling()
         if compiling:
             try:
@@ -379,57 +377,40 @@ class CallHook:
                 except NoGrid as reason:
                     self._read = (key, reason)
             read = self._read[1]
-        if isinstance(read, NoGrid):  # e.g. position ids that describe no grid: this call runs unmerged
-            return self._unmerged(f"a call ran unmerged: {read}")
+        if isinstance(read, NoGrid):  # e.g. position ids that describe no grid: this call runs untouched
+            return self.untouched(f"a call ran unmerged: {read}")
         state.grid, device, state.trailing = read
         if getattr(module, PARALLEL_ATTR, None) is not None:  # context parallelism: the blocks see this rank's slice
             try:
                 state.shard = patch.shard(state.grid, state.trailing, args, kwargs)
             except NoGrid as reason:
-                return self._unmerged(f"a call ran unmerged: {reason}")
+                return self.untouched(f"a call ran unmerged: {reason}")
             if state.shard is not None:
                 state.grid = state.shard.grid
         if not compiling:
             patch.watch.check()  # caches added around the patch's modules, blocks compiled in place (guards)
         timestep = self.timestep.read(args, kwargs) if self.timestep is not None else None
-        if self.plans:
-            planner = patch.planner
-            unfit = planner.last_unfit[1] if planner.last_unfit[0] == state.grid else planner.unfit(state.grid)
-            if unfit is not None and not patch.technique.pools:  # a grid smaller than the merge window
-                return self._unmerged(unfit)
-            if unfit is not None:  # ToDo still pools the keys of a small grid; its query merging finds no window
-                self.unmerged(f"{unfit} (only ToDo's pooling applied)")
-            if planner.merges:  # the random choice of this step (ToDo without query merging makes none)
-                state.step_key = step_key(timestep, device)
-            state.ratio = patch.config.ratio
-        if not (self.scheduled or self.clocked):
-            return None
-        # one host read per denoiser call (not per block): schedules, the clock and kept state are host-side
-        cfg = patch.config
-        progress = self.timestep.progress(timestep, cfg.num_train_timesteps)
-        if self.clocked:
+        call = CallInfo(args, kwargs, device, timestep, compiled=compiled)
+        if technique.timed:  # one host read per denoiser call (not per block): schedules, the clock, kept state
+            call.progress = self.timestep.progress(timestep, getattr(patch.config, "num_train_timesteps", 1000)) \
+                if self.timestep is not None else None
+        if technique.clocked:
             x = self.sample.read(args, kwargs) if self.sample is not None else None
             signature = (state.grid, state.trailing, device) if not isinstance(x, torch.Tensor) else \
                 (state.grid, state.trailing, device, x.shape[0], x.dtype)
             pipe = self.pipeline() if self.pipeline is not None else None
             scheduler = getattr(pipe, "scheduler", None)
-            state.slot = state.clock.tick(progress, signature, self.marks, getattr(scheduler, "timesteps", None))
-        if self.scheduled:
-            if progress is None:
-                raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
-                                f"{type(module).__name__}.forward got none")
-            state.active = cfg.start <= progress <= cfg.stop
-            state.ratio = cfg.ratio_at(progress)
-        if not self.plans:
+            state.slot = state.clock.tick(call.progress, signature, self.marks, getattr(scheduler, "timesteps", None))
+        technique.begin(state, call)
+        if self.host:
             self._traced = state  # the compiled blocks read the state this host-side hook set up
-            return patch.technique.call_pre(state, progress, device, args, kwargs)
         return None
 
-    def _unmerged(self, reason: str) -> None:
-        """This call runs unmerged (its grid cannot be merged): no block merges, one warning per patch."""
+    def untouched(self, reason: str) -> None:
+        """This call runs as if unpatched (its grid cannot be read): one warning per patch."""
         state = self.state
         state.grid = state.grid or ()  # known to the blocks (they are inside the denoiser's call), empty
-        state.active = False
+        state.work = None
         self.unmerged(reason)
         return None
 
@@ -446,5 +427,10 @@ class CallHook:
     def post(self, module, args, output):
         if self.host_post is not None and torch.compiler.is_compiling():
             return self.host_post(self, module, args, output)
-        self.state.reset(self.patch.blocks)
+        state = self.state
+        if output is not None and state.work is not None:  # a call that ran to its end leaves nothing open
+            if self.ends:
+                self.patch.technique.end(state)
+            state.work = None
+        state.reset()  # (one that raised: its technique's call closed)
         return None

@@ -17,9 +17,10 @@ from torch import nn
 
 __all__ = ["forget_compiled", "compiled_in_place", "regional_message", "on_host"]
 
-HOST_REASON = ("tokenmerge: token reuse (apply_reuse) decides at each denoiser call, on the host, whether the step "
-               "is full or partial and which tokens it recomputes (from the timestep): compile the denoiser without "
-               "fullgraph=True (this decision is its one graph break, at the call's start), or run it eagerly")
+HOST_REASON = ("tokenmerge: token reuse (apply_reuse) and the step cache (apply_step_cache) decide at each denoiser "
+               "call, on the host, from the timestep, what the step computes (a full, partial or skipped step): "
+               "compile the denoiser without fullgraph=True (this decision is its one graph break, at the call's "
+               "start), or run it eagerly")
 
 
 def forget_compiled(module: nn.Module, *codes) -> None:

@@ -14,7 +14,7 @@ from ..families.spec import Arg, BlockSite
 from .call import BoundArg
 
 __all__ = ["DenoiserSite", "find_denoisers", "held_modules", "SUPPORTED", "HOLDER_PATHS", "resolve", "bind",
-           "bind_whole", "bind_refusals"]
+           "bind_whole", "bind_refusals", "select_blocks", "nothing_matched"]
 
 SUPPORTED = (
     "a diffusers pipeline (every denoiser in its components: unet, transformer, controlnet, ...), a bare denoiser "
@@ -141,3 +141,38 @@ def find_denoisers(model) -> list[DenoiserSite]:
     if not sites:
         raise TypeError(f"tokenmerge cannot patch a {type(model).__name__}: supported are {SUPPORTED}")
     return sites
+
+
+def select_blocks(site: DenoiserSite, max_downsample: int | None,
+                  indices: tuple[int, ...] | None = None) -> list[BlockSite]:
+    """The blocks of ``site`` that a ``max_downsample`` setting selects (``None``: the finest level with any),
+    then, if ``indices`` is given, those at these positions of that list (negative counts from the end)."""
+    if not site.blocks:
+        return []
+    if max_downsample is None:
+        finest = min(b.level for b in site.blocks)
+        chosen = [b for b in site.blocks if b.level == finest]
+    else:
+        chosen = [b for b in site.blocks if b.downsample <= max_downsample]
+    if indices is None or not chosen:
+        return chosen
+    bad = [i for i in indices if not -len(chosen) <= i < len(chosen)]
+    if bad:
+        raise ValueError(f"blocks {bad} out of range: {site.path or type(site.module).__name__} has "
+                         f"{len(chosen)} blocks at the selected levels (indices 0..{len(chosen) - 1})")
+    return [chosen[i] for i in sorted({i % len(chosen) for i in indices})]
+
+
+def nothing_matched(sites: list[DenoiserSite], max_downsample: int | None) -> str:
+    """Why ``max_downsample`` selects no block of ``sites``, in words."""
+    parts = []
+    for site in sites:
+        name = site.path or type(site.module).__name__
+        levels = sorted({b.downsample for b in site.blocks})
+        parts.append(f"{name} has transformer blocks at downsample {levels}" if levels
+                     else f"{name} has no transformer blocks")
+    hint = "" if max_downsample is None else (
+        f"; max_downsample={max_downsample} selects none of them: use max_downsample=None (the finest level "
+        "with attention) or a value at least as large as the smallest downsample listed"
+    )
+    return "no transformer block to merge in: " + "; ".join(parts) + hint

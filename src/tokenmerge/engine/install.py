@@ -1,11 +1,11 @@
 """One denoiser's patch: installed, removed, and nothing else.
 
 ``install`` registers, on the denoiser, its ``CallHook`` (the call's grid, timestep and step clock, ``call.py``), then
-the technique's hooks on the blocks and their sub-modules (``techniques/``), then what the guards need: ``to_kv`` on
-the self-attentions ToDo pools (``projections.py``), the watch on diffusers' hook registries of the modules it
-changes (``caches.py``), the per-call checks (``call.Watch``); and it drops what torch.compile compiled for the
-denoiser (``compiled.py``). An install that fails removes what it did. ``remove`` undoes all of it and releases the
-technique's tables: the model computes exactly what it did before. No ``forward`` is copied.
+the technique's hooks (``technique.py``: the protocol; ``techniques/``: each technique), then what the guards need:
+the watch on diffusers' hook registries of the modules it changes (``caches.py``), the per-call checks
+(``call.Watch``); and it drops what torch.compile compiled for the denoiser (``compiled.py``). An install that fails
+removes what it did. ``remove`` undoes all of it and releases what the technique built and kept: the model computes
+exactly what it did before. No ``forward`` is copied.
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ from .compiled import forget_compiled
 from .discover import SUPPORTED, DenoiserSite, bind, held_modules
 from .grids import GridReader
 from .parallel import check_install, shard_of
-from .planner import Planner
-from .projections import give_to_kv, take_to_kv
-from .refusals import merged_region, pooled_attentions, routed
-from .techniques import technique_for
+from .technique import Technique, technique_for
 
 __all__ = ["Patch", "PATCH_ATTR", "patches_of"]
 
@@ -35,7 +32,7 @@ class Patch:
 
     Args:
         site: the denoiser and its family.
-        config: a ``ToMeConfig``, ``ToDoConfig`` or ``ReuseConfig``.
+        config: a technique's config (``ToMeConfig``, ``ToDoConfig``, ``ReuseConfig``, ``StepCacheConfig``).
         blocks: the blocks to patch.
         matcher: ``matcher(metric, shape, windows, r, offsets, radius) -> plan`` replaces ToMe's matching.
         downsampler: ``downsampler(x, shape, factors, mode)`` replaces ToDo's pooling.
@@ -53,9 +50,8 @@ class Patch:
         self.matcher, self.downsampler = matcher, downsampler or downsample
         self.observer, self.code_paths = observer, code_paths
         kind = technique_for(config)
-        self.calls = CallHook(self, GridReader(site.family.grid, site.module), kind.plans, bind(_SAMPLE, site.module),
-                              pipeline)
-        self.planner = Planner(self, matcher, code_paths) if kind.plans else None
+        self.calls = CallHook(self, GridReader(site.family.grid, site.module), kind.host, kind.end is not Technique.end,
+                              bind(_SAMPLE, site.module), pipeline)
         self.technique = kind(self)
         self.watch: Watch | None = None
         self.registries: list = []  # diffusers hook registries watched (caches.py)
@@ -71,10 +67,10 @@ class Patch:
             self._handles.append(denoiser.register_forward_hook(self.calls.post, always_call=True))
             self._handles += self.technique.install()
             setattr(denoiser, PATCH_ATTR, self)
-            give_to_kv(pooled_attentions(self.config, self.blocks))
-            region = merged_region(self.config, self.blocks)
-            watch_registries(self, region, routed(self.config, self.blocks))
-            self.watch = Watch(self.config, self.blocks, region)
+            kind = type(self.technique)
+            region = kind.region(self.config, self.blocks)
+            watch_registries(self, region, kind.routed(self.config, self.blocks))
+            self.watch = Watch(self.technique, self.blocks, region)
         except BaseException:
             self.remove()
             raise
@@ -84,27 +80,25 @@ class Patch:
         """This rank's slice of a call under context parallelism (``parallel.shard_of``)."""
         return shard_of(self, grid, trailing, args, kwargs)
 
+    @property
+    def planner(self):
+        """ToMe's and ToDo's merge plans (``planner.Planner``), ``None`` for the other techniques."""
+        return self.technique.planner
+
     def hook_codes(self) -> list:
         """The code of every hook the patch registers (dynamo may keep compiled continuations of them)."""
-        names = ("pre", "post", "block_pre", "block_post", "target_pre", "target_post")
-        return [getattr(obj, name).__code__ for obj in (type(self.calls), type(self.technique), type(self.planner))
-                for name in names if hasattr(obj, name)]
+        return [CallHook.pre.__code__, CallHook.post.__code__, *self.technique.hook_codes()]
 
     def remove(self) -> None:
         unwatch(self)
-        take_to_kv(pooled_attentions(self.config, self.blocks))
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self.calls.state.reset(self.blocks)
-        self.calls.state.clock.kept.clear()
+        self.calls.state.reset()
+        self.calls.state.clock.clear()
         if getattr(self.site.module, PATCH_ATTR, None) is self:
             delattr(self.site.module, PATCH_ATTR)
-        if self.planner is not None:
-            self.planner.release()
-        release = getattr(self.technique, "release", None)
-        if release is not None:
-            release()
+        self.technique.release()
         forget_compiled(self.site.module, *self.hook_codes())
 
 

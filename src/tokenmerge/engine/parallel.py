@@ -122,7 +122,7 @@ def _read(patch, config) -> Split:
     ulysses, ring = int(config.ulysses_degree), int(config.ring_degree)
     denoiser = patch.site.module
     where, block, refused = _split_point(patch, denoiser)
-    inside = "ToDo pools keys" if patch.technique.pools else "token reuse works" if not patch.technique.plans else None
+    inside = patch.technique.inside
     if refused is None and ring > 1 and inside is not None:
         refused = (f"{inside} inside PyTorch's scaled_dot_product_attention, which ring attention does not call "
                    f"(ring_degree={ring} needs a backend that returns the log-sum-exp); use ToMe (apply_patch) or "
@@ -221,7 +221,7 @@ def shard_of(patch, grid: tuple[int, ...], trailing: int, args: tuple, kwargs: d
     if split.block is None:  # the denoiser's own input is split: it must be the image's tokens only
         _check_tokens(split.hidden.read(args, kwargs) if split.hidden is not None else None, math.prod(grid))
     local = shard_grid(grid, split.world)
-    if patch.planner is None:  # token reuse: no random draws to shift
+    if patch.planner is None:  # no random draws to shift (token reuse, the step cache)
         return Shard(split, local, 0)
     shift = (split.rank * num_windows(local, patch.planner.windows) * _GOLDEN) & _MASK32
     return Shard(split, local, shift)

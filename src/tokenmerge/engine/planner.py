@@ -14,19 +14,74 @@ once, once per call and grid. On CUDA, a call whose hidden states are below ``mi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..config import min_size_on
-from ..families.spec import Arg, grid_rank
-from ..merge.match import _MASK32, block_salts, matching, mix32, window_hashes
+from ..families.spec import CROSS, JOINT, MLP, SELF, Arg, grid_rank
+from ..merge.kernels import missing
+from ..merge.match import _MASK32, block_salts, matching, mix32, step_key, window_hashes
 from ..merge.plan import IdentityPlan, Tables
-from .call import BlockCall, NoGrid, coarsen, sides
+from . import notes
+from .call import NoGrid, coarsen, sides
 from .discover import bind, bind_refusals
 from .parallel import check_block_input
+from .technique import Technique
 
-__all__ = ["Planner", "BlockPlan"]
+__all__ = ["Planner", "Planned", "PlanCall", "BlockCall", "BlockPlan", "Plans"]
+
+
+@dataclass
+class BlockCall:
+    """One block's call in flight: its plan, its token grid, and what its targets set aside."""
+
+    plan: object
+    grid: tuple[int, ...]
+    text: dict = field(default_factory=dict)  # target -> tokens before/after the image
+    modes: dict = field(default_factory=dict)  # target -> its active SDPA mode (engine/attention.py)
+    entry: tuple | None = None  # scope="block": (image input, merged input, tokens before, tokens after)
+
+    def close(self) -> None:
+        """Leave any SDPA mode still active (its target's call raised before its forward hook ran)."""
+        while self.modes:
+            self.modes.popitem()[1].close()
+
+
+@dataclass(slots=True)
+class PlanCall:
+    """ToMe's and ToDo's state of one denoiser call: whether it merges (the schedule's verdict) and at which ratio,
+    its random key, each block's call in flight, the plans its levels share, the random draws per grid, the rotary
+    rows and masks taken at a plan's tokens, the feed-forward chunk sizes set aside."""
+
+    patched: list  # the patch's blocks
+    active: bool = True
+    ratio: float = 0.0
+    step_key: object = None
+    blocks: dict = field(default_factory=dict)  # block index -> its BlockCall in flight
+    level_plans: dict = field(default_factory=dict)  # share_plans: level -> the plan of this call
+    draws: dict = field(default_factory=dict)  # grid -> (blocks, windows) random choices of this call
+    taken: list = field(default_factory=list)  # (plan, value, spec, taken): rotary rows and masks at merged tokens
+    unchunked: dict = field(default_factory=dict)  # block -> its feed-forward chunk size set aside during its call
+
+    def close(self) -> None:
+        """Give back the chunk sizes set aside and leave the SDPA modes still open (a call cut short)."""
+        for index, chunk_size in self.unchunked.items():
+            setattr(self.patched[index].module, self.patched[index].chunk_attr, chunk_size)
+        self.unchunked.clear()
+        for call in self.blocks.values():
+            call.close()
+
+
+@dataclass
+class Plans:
+    """The plans a slot keeps across calls (``reuse_steps``): key (block, or level) -> (plan, batch, tokens, step,
+    ratio)."""
+
+    plans: dict = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.plans.clear()
 
 _HIDDEN = ("hidden_states", ("x",), 0)  # where a block takes its tokens: by name, other names, position
 
@@ -116,14 +171,14 @@ class Planner:
         call = self.block_call(index, args, kwargs)
         if call is None:
             return None
-        state = self.patch.calls.state
-        state.blocks[index] = call
+        work = self.patch.calls.state.work
+        work.blocks[index] = call
         site = self.patch.blocks[index]
         if self.config.merge_mlp and call.plan is not None and call.plan.num_merged and site.chunk_attr is not None \
                 and getattr(block, site.chunk_attr, None) is not None:
             # a chunked feed-forward (diffusers' BasicTransformerBlock) hands ``ff`` slices of the tokens, which
             # cannot be merged on their own: ``ff`` runs whole on the (fewer) merged tokens for this call instead
-            state.unchunked[index] = getattr(block, site.chunk_attr)
+            work.unchunked[index] = getattr(block, site.chunk_attr)
             setattr(block, site.chunk_attr, None)
         return None
 
@@ -132,12 +187,14 @@ class Planner:
         observer = self.patch.observer
         if observer is not None:
             observer.end("block")
-        state = self.patch.calls.state
-        call = state.blocks.pop(index, None)
+        work = self.patch.calls.state.work
+        if work is None:
+            return None
+        call = work.blocks.pop(index, None)
         if call is not None and call.modes:
             call.close()  # a target's call that raised leaves its ToDo mode active
-        if index in state.unchunked:
-            setattr(block, self.patch.blocks[index].chunk_attr, state.unchunked.pop(index))
+        if index in work.unchunked:
+            setattr(block, self.patch.blocks[index].chunk_attr, work.unchunked.pop(index))
         return None
 
     def block_call(self, index: int, args, kwargs) -> BlockCall | None:
@@ -149,7 +206,8 @@ class Planner:
             raise ValueError(
                 f"tokenmerge: block {site.path} was called outside its denoiser's forward, so the image size "
                 "is unknown; call the denoiser (or remove the patch first)")
-        if not state.active:
+        work = state.work
+        if work is None or not work.active:
             return None
         for bound, reason in self.refusals[index]:
             if bound.read(args, kwargs) is not None:
@@ -164,7 +222,7 @@ class Planner:
                 check_block_input(x, image * state.shard.split.world)
             except NoGrid as reason:
                 self.patch.calls.unmerged(f"a call ran unmerged: {reason}")
-                state.active = False
+                work.active = False
                 return None
             x = state.shard.split.local(x)
         if site.seq_first:  # (S, B, D) between the blocks (ERNIE-Image); its targets take (B, S, D)
@@ -190,10 +248,11 @@ class Planner:
             return BlockCall(None, grid)
         batch = 1 if self.batch_pattern else x.shape[0]  # one pattern for the batch: a merged token has one position
         key = -1 - site.level if self.shared else index
-        entry = state.level_plans.get(key)
+        entry = work.level_plans.get(key)
         if entry is None or entry[1] != batch or entry[2] != image:
-            entry = state.clock.kept.get((state.slot, key))
-            if entry is None or entry[1] != batch or entry[2] != image or entry[4] != state.ratio \
+            kept = state.clock.kept.get(state.slot)
+            entry = kept.plans.get(key) if kept is not None else None
+            if entry is None or entry[1] != batch or entry[2] != image or entry[4] != work.ratio \
                     or state.clock.step - entry[3] >= self.config.reuse_steps:
                 entry = self._made(state, index, key, x.mean(0, keepdim=True) if self.batch_pattern else x, grid,
                                    batch, image)
@@ -205,8 +264,8 @@ class Planner:
     def _made(self, state, index: int, key: int, x: torch.Tensor, grid: tuple[int, ...], batch: int, image: int):
         """A new plan for block ``index`` (``(plan, batch, tokens)``), kept for the level's other blocks and later
         calls as configured."""
-        cfg, observer = self.config, self.patch.observer
-        r = int(image * state.ratio)
+        cfg, observer, work = self.config, self.patch.observer, state.work
+        r = int(image * work.ratio)
         matched = self.matchings.get((grid, x.device)) if self.matcher is None else None
         if matched is None and self.matcher is None:
             matched = self.matchings[(grid, x.device)] = matching(grid, self.windows, self.radius, x.device,
@@ -214,16 +273,16 @@ class Planner:
         offsets = None
         # odd batch: no cond/uncond pairs, tomesd turns rand off (one pattern for the batch keeps it)
         if r > 0 and cfg.use_rand and (batch % 2 == 0 or self.batch_pattern):
-            offsets = state.draws.get(grid)
+            offsets = work.draws.get(grid)
             if offsets is None:  # every block's choice on this grid, at once: a few kernels per call and grid;
                 windows = 1  # lowbias32(window * 0x9E3779B1 + key(seed, block, step)) % choices (merge.match)
                 for n, s in zip(grid, self.windows):
                     windows *= n // s
-                keys = mix32(state.step_key ^ self.tables.get(block_salts, self.seed, len(self.blocks), x.device))
+                keys = mix32(work.step_key ^ self.tables.get(block_salts, self.seed, len(self.blocks), x.device))
                 if state.shard is not None:  # a rank's slice: the single-process draw of the slice's windows
                     keys = keys + state.shard.shift
                 hashes = self.tables.get(window_hashes, windows, x.device)
-                offsets = state.draws[grid] = mix32((hashes + keys) & _MASK32) % self.choices
+                offsets = work.draws[grid] = mix32((hashes + keys) & _MASK32) % self.choices
             offsets = offsets[index]
         if observer is not None:
             observer.begin("similarity")
@@ -240,13 +299,100 @@ class Planner:
             plan.kernels = cfg.kernels  # "triton": its merge and unmerge by merge.kernels where they can run
         if observer is not None:
             observer.end("similarity")
-        entry = (plan, batch, image, state.clock.step, state.ratio)
+        entry = (plan, batch, image, state.clock.step, work.ratio)
         if self.shared:
-            state.level_plans[key] = entry
+            work.level_plans[key] = entry
         if cfg.reuse_steps > 1:
-            state.clock.kept[(state.slot, key)] = entry
+            kept = state.clock.kept.get(state.slot)
+            if kept is None:
+                kept = state.clock.kept[state.slot] = Plans()
+            kept.plans[key] = entry
         return entry
 
 
 def _shape(grid) -> str:
     return "x".join(map(str, grid))
+
+
+class Planned(Technique):
+    """What the techniques that merge by plans share (ToMe around the attention, whole-block ToMe, ToDo): the
+    planner, each call's set-up (does its grid fit a window, the schedule's verdict and ratio, the random key), the
+    refusal of a cache that would hold merged tokens, and ``describe_patch``'s words."""
+
+    def __init__(self, patch):
+        super().__init__(patch)
+        cfg = self.config
+        self.planner = Planner(patch, patch.matcher, patch.code_paths)
+        self.clocked = cfg.reuse_steps > 1  # plans kept across calls: the step clock moves
+        self.scheduled = cfg.scheduled
+        self.timed = self.clocked or self.scheduled
+
+    def begin(self, state, call) -> None:
+        planner, cfg = self.planner, self.config
+        unfit = planner.last_unfit[1] if planner.last_unfit[0] == state.grid else planner.unfit(state.grid)
+        if unfit is not None and not self.pools:  # a grid smaller than the merge window
+            self.calls.untouched(unfit)
+            return
+        if unfit is not None:  # ToDo still pools the keys of a small grid; its query merging finds no window
+            self.calls.unmerged(f"{unfit} (only ToDo's pooling applied)")
+        work = state.work = PlanCall(self.blocks)
+        if planner.merges:  # the random choice of this step (ToDo without query merging makes none)
+            work.step_key = step_key(call.timestep, call.device)
+        work.ratio = cfg.ratio
+        if self.scheduled:
+            if call.progress is None:
+                raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
+                                f"{type(self.patch.site.module).__name__}.forward got none")
+            work.active = cfg.start <= call.progress <= cfg.stop
+            work.ratio = cfg.ratio_at(call.progress)
+
+    @classmethod
+    def check(cls, site, blocks, config) -> None:
+        if config.kernels == "triton" and missing() is not None:
+            raise ValueError(f"tokenmerge: kernels='triton' cannot run here: {missing()}; use kernels='torch'")
+
+    def release(self) -> None:
+        self.planner.release()
+
+    @classmethod
+    def changes(cls, config) -> bool:
+        return config.ratio > 0 or (config.ratio_end or 0) > 0
+
+    @staticmethod
+    def wanted(config, kind: str) -> bool:
+        """Whether targets of ``kind`` are merged (the ``merge_*`` flags)."""
+        return {SELF: config.merge_attn, JOINT: config.merge_attn, CROSS: config.merge_crossattn,
+                MLP: config.merge_mlp}[kind]
+
+    def hook_codes(self) -> list:
+        return super().hook_codes() + [Planner.block_pre.__code__, Planner.block_post.__code__]
+
+    merger = "ToMe"  # what merges, in the refusal of a cache that would hold merged tokens
+
+    @classmethod
+    def refuses_cache(cls, config, is_target: bool) -> str | None:
+        return None if is_target else "it sits inside a merged target, whose tokens are merged whichever way"
+
+    def summary(self) -> str:
+        c = self.config
+        head = (f"tokenmerge ToDo patch: downsample={c.downsample} mode={c.mode} query ratio={c.ratio:g} "
+                if hasattr(c, "downsample") else f"tokenmerge ToMe patch: ratio={c.ratio:g} ")
+        return (head + f"max_downsample={c.max_downsample} (None = auto) sx={c.sx} sy={c.sy}"
+                + (f" st={c.st}" if c.st != 1 else "") + f" use_rand={c.use_rand} seed={c.effective_seed} merge: "
+                + ", ".join(n for n, on in (("attn", c.merge_attn), ("crossattn", c.merge_crossattn),
+                                            ("mlp", c.merge_mlp)) if on)
+                + (f" schedule: {c.start:g}..{c.stop:g}" + (f" ratio -> {c.ratio_end:g}" if c.ratio_end is not None
+                                                              else "") if c.scheduled else "")
+                + (f" kernels={c.kernels}" if c.kernels != "torch" else ""))
+
+    def notes(self) -> list[str]:
+        """Calls left unmerged for their size, and settings known not to pay on a GPU (docs/gpu.md)."""
+        return notes.planned(self)
+
+    @classmethod
+    def cache_message(cls, path: str, what: str, when: str, why: str) -> str:
+        return (f"tokenmerge: {what} {when} on {path}, whose tokens {cls.merger} merges ({why}): a cached output would "
+                "hold the tokens of an earlier step's merge plan, and unmerging it with this step's plan would give "
+                "tokens other tokens' outputs. Put the cache on the attention modules the patch merges around "
+                "(diffusers' defaults do), use the patch's default scope='attention' with block-level caches, or "
+                "disable one of them (e.g. model.disable_cache())")

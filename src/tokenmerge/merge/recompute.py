@@ -24,33 +24,18 @@ import torch.nn.functional as F
 
 from .plan import TABLES, Tables, arange, sided_rows
 
-# the tokens a skipped step (share 0) recomputes: two, as torch.compile specializes a size of one (a graph of its own
-# for the skipped steps, beside the partial steps' dynamic one); a partial step recomputes at least one
-MIN_COUNT = 2
-
 __all__ = ["share", "select", "recomputed_at", "spread_weights", "spread", "since", "settle", "in_dtype",
            "slope_of", "extrapolated", "write_rows", "write_kept", "row_gaps", "kept_rows"]
 
 
 def share(step: int, progress: float, first: float | None, fraction: float, fraction_end: float | None,
-          warmup: int, every: int, skip: int = 0, growth: int = 0) -> float | None:
+          warmup: int, every: int) -> float | None:
     """The share of image tokens that step ``step`` of a generation (0: its first) recomputes, ``None`` for a full
-    step: the first ``warmup`` steps and every ``every``-th after them are full; after them, steps come in rounds of
-    skipped ones (share 0: two tokens recomputed, every other one's kept residual carried) and a computed one, the
-    first round ``skip`` skipped steps and each one after it ``growth`` more; a computed step at denoising
+    step: the first ``warmup`` steps and every ``every``-th after them are full; a partial step at denoising
     ``progress`` (0: noise, 1: the end) recomputes ``fraction``, moving linearly to ``fraction_end`` at the end from
     the generation's first partial step (at ``first``; ``None``: this one), a full step where that share is 1."""
     if step < warmup or (every and (step - warmup + 1) % every == 0):
         return None
-    if growth:  # the rounds' last steps: skip + 1, then growth more each round
-        at, end, length = step - warmup + 1, skip + 1, skip + 1
-        while end < at:
-            length += growth
-            end += length
-        if end != at:
-            return 0.0
-    elif skip and (step - warmup + 1) % (skip + 1):
-        return 0.0
     part = fraction
     first = progress if first is None else first
     if fraction_end is not None and first < 1.0:
@@ -74,7 +59,7 @@ def select(grid: tuple[int, ...], order: str, count: int, seed: int, start: int,
 def recomputed_at(grid: tuple[int, ...], shares: list[float], order: str, seed: int, device,
                   tables: Tables = TABLES) -> torch.Tensor:
     """The tokens of ``grid`` that the last of partial steps of shares ``shares`` recomputes (``select``): as many as
-    its share of them (at least one, ``MIN_COUNT`` at a skipped step, at most all), from where the round-robin has
+    its share of them (at least one, at most all), from where the round-robin has
     got to (the sum of those its predecessors recomputed).
 
     Example:
@@ -84,7 +69,7 @@ def recomputed_at(grid: tuple[int, ...], shares: list[float], order: str, seed: 
     tokens, start, count = math.prod(grid), 0, 0
     for f in shares:
         start += count
-        count = min(tokens, max(1 if f else MIN_COUNT, round(f * tokens)))
+        count = min(tokens, max(1, round(f * tokens)))
     return tables.get(window, grid, order, count, seed, start % tokens, torch.device(device))
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..config import ReuseConfig, ToDoConfig, ToMeConfig
 from .caches import CACHES, DEFAULTS
-from .text import cap_message, quote
+from .text import cap_message, quote, split_outside
 
 __all__ = ["METHODS", "BENCH_METHODS", "MethodSpec", "Combined", "parse_spec"]
 
@@ -28,15 +28,20 @@ METHODS = {
     "tomesd": "the reference tomesd package, on the same blocks as ours; VALUE = ratio (default 0.5)",
     "reuse": "token reuse (apply_reuse): after warmup full steps, each step recomputes a moving share of the image "
              "tokens in every block, the others keep their kept block residual; VALUE = that share (default 0.5); "
-             "options warmup=, fraction_end=, keys=cached, text=true, extrapolate=, skip=, skip_growth=, spread=, "
-             "every=, order=, seed=, blocks=(i,j,...)",
+             "options warmup=, fraction_end=, keys=cached, text=true, extrapolate=, spread=, every=, order=, seed=, "
+             "blocks=(i,j,...)",
+    "stepcache": "the step cache (apply_step_cache): after warmup computed steps, rounds of skipped steps (no block "
+                 "runs; the stack's kept residual moved along its slope) each ended by a computed one; VALUE = the "
+                 "first round's skipped steps (default 1); options warmup=, skip_growth=, extrapolate=, mask= (a "
+                 "string of 1 and 0 per step: a static mask)",
     "auto": "tokenmerge.accelerate: the faithful setting for the model (ToMe on a UNet, token reuse on a "
             "transformer); no VALUE; option speed=faithful|balanced|fast (default balanced)",
 }
-# methods whose state carries across steps: the bench times their steady partial step after a full one
-STATEFUL = ("reuse", "auto")
-# reuse options that do not change a step's work (the schedule, which tokens): the bench's record omits them
-SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end", "skip", "skip_growth")
+# methods whose state carries across steps: the bench times their steady partial (or skipped) step after a full one
+STATEFUL = ("reuse", "stepcache", "auto")
+# options that do not change a partial or skipped step's work (the schedule, which tokens): the bench's record omits
+# them
+SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end", "skip_growth", "mask")
 # Speed references for the bench only: their outputs are meaningless as images.
 BENCH_METHODS = {
     "limit": "ToMe's zero-overhead limit: attention on the merged token count, merge = a slice, unmerge = a repeat; "
@@ -85,22 +90,6 @@ def _format(value) -> str:
     if isinstance(value, tuple):
         return "x".join(str(v) for v in value)
     return f"{value:g}"
-
-
-def _split(text: str, sep: str = ",") -> list[str]:
-    """``text`` split at the ``sep`` outside brackets (``todo,downsample=(2,2,2),mode=avg`` has three parts); a
-    ``+`` that is an exponent's (``1e+3``) does not split."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth = max(0, depth - 1)
-        elif ch == sep and depth == 0 and not (sep == "+" and text[i - 1:i] in ("e", "E")
-                                                and text[i - 2:i - 1].isdigit()):
-            parts.append(text[start:i])
-            start = i + 1
-    return parts + [text[start:]]
 
 
 @dataclass(frozen=True)
@@ -155,9 +144,24 @@ class MethodSpec:
         """The ``ReuseConfig`` of a token-reuse spec (its schedule: which steps are full)."""
         return ReuseConfig(fraction=self.value, **self.kwargs())
 
+    def config(self):
+        """The ``StepCacheConfig`` of a step-cache spec (its schedule: which steps are computed)."""
+        from .. import StepCacheConfig
+
+        kwargs = self.kwargs()
+        if isinstance(kwargs.get("mask"), int) and not isinstance(kwargs["mask"], bool):  # read as a number
+            kwargs["mask"] = str(kwargs["mask"])
+        return StepCacheConfig(skip=int(self.value), **kwargs)
+
     @property
     def is_cache(self) -> bool:
+        """Whether it is one of diffusers' caches (``tools/caches.py``)."""
         return self.name in CACHES
+
+    @property
+    def is_step_cache(self) -> bool:
+        """Whether it is this library's step cache."""
+        return self.name == "stepcache"
 
     @property
     def is_factor(self) -> bool:
@@ -180,6 +184,11 @@ class MethodSpec:
             ToDoConfig(downsample=self.value, **self.kwargs())
         elif self.name == "reuse":
             self.reuse_config()
+        elif self.name == "stepcache":
+            if self.value != int(self.value):
+                raise ValueError(f"stepcache's value (the steps skipped in a round) must be an integer, got "
+                                 f"{self.value:g}")
+            self.config()
         elif self.name == "auto":
             from ..faithful import SPEEDS
 
@@ -214,6 +223,8 @@ class MethodSpec:
             tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()), code_paths=code_paths)
         elif self.name == "reuse":
             tokenmerge.apply_config(model, self.reuse_config())
+        elif self.name == "stepcache":
+            tokenmerge.apply_config(model, self.config())
         elif self.name == "auto":
             tokenmerge.accelerate(model, **self.kwargs())
         elif self.name == "limit":
@@ -314,18 +325,21 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
     caches and combinations (the bench times one step; a cache acts across steps). Without it, ``A+B`` gives a
     ``Combined`` of at most one token reduction and one cache.
     """
-    pieces = _split(text, "+")
+    pieces = split_outside(text, "+")
     if len(pieces) > 1:
         if bench:
             raise ValueError(f"method spec {quote(text)}: the bench times one step of one method; '+' combinations "
                              "(and caches) are for tokenmerge quality")
         parts = tuple(parse_spec(piece.strip()) for piece in pieces)
         caches = sum(p.is_cache for p in parts)
+        if any(p.is_step_cache for p in parts):
+            raise ValueError(f"method spec {quote(text)}: the step cache is a cache across steps of its own: it "
+                             "combines with no other method")
         if len(parts) != 2 or caches != 1 or any(p.name == "vanilla" for p in parts):
             raise ValueError(f"method spec {quote(text)}: a combination is one token reduction (tome, todo, "
                              "tomesd, reuse) and one cache (fbc, taylorseer, pab), e.g. tome:0.5+fbc:0.05")
         return Combined(tuple(sorted(parts, key=lambda p: p.is_cache)))  # the patch first, then the cache
-    head, *pairs = [part.strip() for part in _split(text)]
+    head, *pairs = [part.strip() for part in split_outside(text)]
     name, _, value = head.partition(":")
     name = name.strip().lower()
     if bench and name in CACHES:
@@ -341,7 +355,8 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
         return MethodSpec("vanilla")
     if name == "auto" and value:
         raise ValueError(f"method spec {quote(text)}: auto takes no value (its option speed= is the knob)")
-    number = _value(value) if value else DEFAULTS.get(name, 2 if name in _FACTOR_METHODS else 0.5)
+    number = _value(value) if value else DEFAULTS.get(name, 2 if name in _FACTOR_METHODS else
+                                                      1 if name == "stepcache" else 0.5)
     per_axis = isinstance(number, tuple) and name in _FACTOR_METHODS
     if name != "auto" and not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
         hint = " (ToDo: or a factor per axis such as 1x2x2)" if name in _FACTOR_METHODS else ""
@@ -367,7 +382,8 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
                 raise ValueError(f"{name}'s value must be a positive integer, got {value}")
             number = int(number)
         spec = MethodSpec(name, None if name == "auto" else number if name in _FACTOR_METHODS or name in CACHES
-                          else float(number), tuple(options))
+                          else int(number) if name == "stepcache" and number == int(number) else float(number),
+                          tuple(options))
         spec.check()
     except ImportError as err:
         raise ValueError(f"method spec {quote(text)}: {err}") from None

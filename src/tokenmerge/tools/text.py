@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["LIMIT", "quote", "cap_message"]
+__all__ = ["LIMIT", "quote", "cap_message", "split_outside"]
 
 LIMIT = 200  # characters of user text an error quotes
 
@@ -40,3 +40,19 @@ def cap_message(message: str, limit: int = LIMIT, total: int = 2000) -> str:
     if len(message) > total:
         message = f"{message[: total - 40]}… ({len(message) - total + 40} more characters)"
     return message
+
+
+def split_outside(text: str, sep: str = ",") -> list[str]:
+    """``text`` split at the ``sep`` outside brackets (``todo,downsample=(2,2,2),mode=avg`` has three parts); a
+    ``+`` that is an exponent's (``1e+3``) does not split."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        elif ch == sep and depth == 0 and not (sep == "+" and text[i - 1:i] in ("e", "E")
+                                                and text[i - 2:i - 1].isdigit()):
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]

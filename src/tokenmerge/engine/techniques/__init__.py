@@ -1,4 +1,4 @@
-"""The techniques: each one hook object, chosen at install time, whose hooks read merge -> work -> unmerge.
+"""The techniques, each a class of the protocol (``engine/technique.py``) whose hooks read merge -> work -> unmerge:
 
 - ``around.MergeAround``: ToMe around a block's sub-modules (self-attention, joint text+image attention,
   cross-attention's queries, the feed-forward): the plan from the block's input, each sub-module's input merged,
@@ -9,28 +9,25 @@
   ``encoder_hidden_states``, or inside the attention call), queries merged too when ``ratio > 0``.
 - ``reuse.ReuseBlock``: token reuse: a share of the tokens recomputed at each partial step, the others' block
   residuals kept from their last computation.
+- ``step_cache.StepCache``: the step cache: some steps computed, the others run no block at all and take the stack's
+  kept residual, moved along its slope.
 
-Each has ``plans`` (whether it merges by the planner's plans), ``pools`` (ToDo: a call too small to merge still
-pools), ``install()`` and its hooks; what it cannot patch it refuses in a static ``check(site, blocks, config)``.
+Each config class has one technique (``technique.technique_for``), registered here.
 """
 
 from __future__ import annotations
 
-from ...config import ReuseConfig, ToDoConfig
+from ...config import ReuseConfig, ToDoConfig, ToMeConfig
+from ..technique import register_technique
 from .around import MergeAround
 from .block import MergeBlock
 from .reuse import ReuseBlock
+from .step_cache import StepCache, StepCacheConfig
 from .todo import PoolKeys
 
-__all__ = ["MergeAround", "MergeBlock", "PoolKeys", "ReuseBlock", "technique_for"]
+__all__ = ["MergeAround", "MergeBlock", "PoolKeys", "ReuseBlock", "StepCache", "StepCacheConfig"]
 
-
-def technique_for(config) -> type:
-    """The technique class of a config."""
-    if isinstance(config, ReuseConfig):
-        return ReuseBlock
-    if isinstance(config, ToDoConfig) and config.pools:
-        return PoolKeys
-    if getattr(config, "scope", "attention") == "block":
-        return MergeBlock
-    return MergeAround
+register_technique(ToMeConfig, lambda config: MergeBlock if config.scope == "block" else MergeAround)
+register_technique(ToDoConfig, lambda config: PoolKeys if config.pools else MergeAround)
+register_technique(ReuseConfig, lambda config: ReuseBlock)
+register_technique(StepCacheConfig, lambda config: StepCache)

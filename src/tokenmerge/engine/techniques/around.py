@@ -22,10 +22,11 @@ import functools
 import torch
 from torch import nn
 
-from ...families.spec import CROSS, JOINT, MLP, SELF, Arg
+from ...families.spec import JOINT, SELF, Arg
 from ..caches import ChainHook
 from ..call import follow, sides
 from ..discover import bind
+from ..planner import Planned
 
 __all__ = ["MergeAround", "BoundTarget"]
 
@@ -53,27 +54,49 @@ def _bound(module):
     return lambda names: tuple(b for b in (bind(Arg(n), module) for n in names) if b is not None)
 
 
-class MergeAround:
+class MergeAround(Planned):
     """ToMe around the targets of each patched block.
 
     Args:
-        patch: the installed patch (config, blocks, family, its ``CallHook`` and ``Planner``, observer).
+        patch: the installed patch (config, blocks, family, its ``CallHook``, observer).
     """
 
-    plans = True  # merges by the planner's plans
-    pools = False  # ToDo's: a call whose grid cannot be merged still pools its keys
+    name = "ToMe"
 
     def __init__(self, patch):
-        self.patch = patch
-        self.calls, self.planner = patch.calls, patch.planner
+        super().__init__(patch)
         self.targets: list[list[BoundTarget]] = []  # per block, its bound targets
-        self.target_handles: dict = {}  # (block, target) -> its torch hooks' handles (caches.route removes them)
+
+    # ---- what it merges -------------------------------------------------------------------------------------
+    target_kinds: tuple | None = None  # the kinds of target whose tokens are merged (ToDo: self-attention only)
+
+    @classmethod
+    def merged_targets(cls, config, blocks, kinds=None):
+        """``(block index, target index, path, module)`` of the sub-modules the patch hooks (``kinds``: only those)."""
+        for i, site in enumerate(blocks):
+            t = 0
+            for spec in site.targets:
+                sub = getattr(site.module, spec.attr, None)
+                if isinstance(sub, nn.Module) and cls.wanted(config, spec.kind):
+                    if kinds is None or spec.kind in kinds:
+                        yield i, t, f"{site.path}.{spec.attr}", sub
+                    t += 1
+
+    @classmethod
+    def region(cls, config, blocks) -> list:
+        """The merged targets and everything inside them."""
+        if not cls.changes(config):
+            return []
+        return [(f"{path}.{name}" if name else path, module)
+                for _, _, path, sub in cls.merged_targets(config, blocks, cls.target_kinds)
+                for name, module in sub.named_modules()]
+
+    @classmethod
+    def routed(cls, config, blocks) -> dict:
+        """Every hooked target: target ``t`` of block ``i`` is the ``t``-th it hooks."""
+        return {id(sub): (i, t) for i, t, _, sub in cls.merged_targets(config, blocks)}
 
     # ---- installation -------------------------------------------------------------------------------------
-    def wanted(self, kind: str) -> bool:
-        cfg = self.patch.config
-        return {SELF: cfg.merge_attn, JOINT: cfg.merge_attn, CROSS: cfg.merge_crossattn, MLP: cfg.merge_mlp}[kind]
-
     def bind(self, site, spec, sub: nn.Module) -> BoundTarget:
         """The target ``spec`` of block ``site`` bound to its sub-module (refused here if it cannot be merged)."""
         if spec.refuse is not None:
@@ -88,7 +111,7 @@ class MergeAround:
             bound = []
             for spec in site.targets:
                 sub = getattr(block, spec.attr, None)
-                if self.wanted(spec.kind) and isinstance(sub, nn.Module):
+                if self.wanted(self.config, spec.kind) and isinstance(sub, nn.Module):
                     bound.append(self.bind(site, spec, sub))
             self.targets.append(bound)
             # the block's own hooks are the planner's (its plan for the call); the targets' are the technique's
@@ -116,7 +139,7 @@ class MergeAround:
         if observer is not None:
             observer.begin("merge")
         state = self.calls.state
-        call, target = state.blocks.get(index), self.targets[index][t]
+        call, target = state.work.blocks.get(index) if state.work is not None else None, self.targets[index][t]
         if call is not None and call.plan is not None and call.plan.num_merged:
             plan, spec = call.plan, target.spec
             if target.mask is not None and spec.kind in (SELF, JOINT) and target.mask.read(args, kwargs) is not None \
@@ -158,7 +181,8 @@ class MergeAround:
         if observer is not None:
             observer.end(self.targets[index][t].spec.kind)
             observer.begin("unmerge")
-        call = self.calls.state.blocks.get(index)
+        work = self.calls.state.work
+        call = work.blocks.get(index) if work is not None else None
         if call is not None and call.plan is not None and call.plan.num_merged:
             plan, spec = call.plan, self.targets[index][t].spec
             around = call.text.pop(t, None)  # (tokens before, after the image) of a joint sequence

@@ -19,24 +19,27 @@ import torch
 
 from ..call import follow, image_part, sides
 from ..discover import bind_whole
+from ..planner import Planned
 
 __all__ = ["MergeBlock"]
 
-class MergeBlock:
+
+class MergeBlock(Planned):
     """Whole-block ToMe on each patched block.
 
     Args:
-        patch: the installed patch (config, blocks, family, its ``CallHook`` and ``Planner``, observer).
+        patch: the installed patch (config, blocks, family, its ``CallHook``, observer).
     """
 
-    plans = True  # merges by the planner's plans
-    pools = False
+    name = "ToMe"
 
     def __init__(self, patch):
-        self.patch = patch
-        self.calls, self.planner = patch.calls, patch.planner
+        super().__init__(patch)
         self.bound: list[tuple] = []  # per block: its input, rotary, mask, per-token and refusing arguments
-        self.target_handles: dict = {}  # no target is hooked
+
+    @classmethod
+    def refuses_cache(cls, config, is_target: bool) -> str | None:
+        return "scope='block' merges the tokens of its block"
 
     def install(self) -> list:
         """Register the hooks on every patched block; returns their handles."""
@@ -79,7 +82,7 @@ class MergeBlock:
         joined = plan.merge(full, before, after)  # (B, before + N + after, C) -> (B, before + M + after, C)
         merged = image_part(joined, plan.num_slots, before)
         call.entry = (full, merged, before, after)
-        state.blocks[index] = call
+        state.work.blocks[index] = call
         if split is not None:  # a sequence whose split at this rank gives the merged slice back
             joined = split.hand_over(joined)
         args, kwargs = arg.replace(args, kwargs, joined)
@@ -98,7 +101,8 @@ class MergeBlock:
         observer = self.patch.observer
         if observer is not None:
             observer.end("block")
-        call = self.calls.state.blocks.pop(index, None)
+        work = self.calls.state.work
+        call = work.blocks.pop(index, None) if work is not None else None
         if call is None or output is None:
             return None
         full, merged, before, after = call.entry

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import math
 
+from torch import nn
+
 from ...families.spec import JOINT, SELF
 from ..attention import PoolInAttention, backend_refusal, leave
+from ..projections import give_to_kv, take_to_kv
 from .around import BoundTarget, MergeAround
 
 __all__ = ["PoolKeys"]
@@ -34,7 +37,47 @@ NO_SDPA = ("tokenmerge: ToDo found no scaled_dot_product_attention call in {attr
 class PoolKeys(MergeAround):
     """ToDo on each patched block's self-attention (and ToMe's query merging where ``ratio > 0``)."""
 
+    name = "ToDo"
     pools = True
+    inside = "ToDo pools keys"
+    target_kinds = (SELF,)  # merged: the queries of self-attention (ratio > 0)
+    merger = "ToDo with query merging (ratio > 0)"
+
+    @classmethod
+    def check(cls, site, blocks, config) -> None:
+        super().check(site, blocks, config)
+        if site.family.todo_refused is not None:
+            raise ValueError(f"tokenmerge: {site.path or type(site.module).__name__} ({site.family.name}): "
+                             f"{site.family.todo_refused}")
+        cross = []  # ToDo pools self-attention's keys and values: an attn1 that attends to the text changes nothing
+        for block in blocks:
+            for spec in block.targets:
+                sub = getattr(block.module, spec.attr, None)
+                if spec.kind != SELF or not isinstance(sub, nn.Module):
+                    continue
+                if getattr(block.module, "only_cross_attention", False) or \
+                        getattr(block.module, "disable_self_attn", False) or getattr(sub, "is_cross_attention", False):
+                    cross.append(f"{block.path}.{spec.attr}")
+        if cross:
+            shown = ", ".join(cross[:4]) + (f" and {len(cross) - 4} more" if len(cross) > 4 else "")
+            raise ValueError(
+                f"tokenmerge: ToDo pools the keys and values of self-attention, but {shown} attend"
+                f"{'s' if len(cross) == 1 else ''} to the text (a UNet built with only_cross_attention, such as the x4 "
+                "upscaler's, or LDM's disable_self_attn): ToDo would change nothing there. Use ToMe (apply_patch), "
+                "or leave these blocks out (max_downsample=..., blocks=...)")
+
+    def pooled(self) -> list:
+        """The self-attention targets whose keys and values are pooled."""
+        return [sub for _, _, _, sub in self.merged_targets(self.config, self.blocks, (SELF,))]
+
+    def install(self) -> list:
+        handles = super().install()
+        give_to_kv(self.pooled())
+        return handles
+
+    def release(self) -> None:
+        take_to_kv(self.pooled())
+        super().release()
 
     def __init__(self, patch):
         super().__init__(patch)
@@ -66,7 +109,7 @@ class PoolKeys(MergeAround):
 
     def target_pre(self, index: int, t: int, module, args, kwargs):
         state = self.calls.state
-        call = state.blocks.get(index)
+        call = state.work.blocks.get(index) if state.work is not None else None
         target = self.targets[index][t]
         if call is None:
             return None
@@ -89,7 +132,8 @@ class PoolKeys(MergeAround):
         return super().target_pre(index, t, module, args, kwargs)  # the queries merged, where ratio > 0
 
     def target_post(self, index: int, t: int, module, args, output):
-        call = self.calls.state.blocks.get(index)
+        work = self.calls.state.work
+        call = work.blocks.get(index) if work is not None else None
         if call is None:
             return None
         if t in call.modes:

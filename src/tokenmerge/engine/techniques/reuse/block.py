@@ -3,7 +3,7 @@ in every block and the others carry their kept block residual. A technique of th
 ``CallHook`` moves the step clock (``call.Clock``) and calls ``call_pre``; the block and target hooks here read
 merge -> work -> unmerge as:
 
-    call_pre (host)   full or partial step, the recomputed tokens S of each level (round-robin, ``merge.recompute``)
+    begin (host)      full or partial step, the recomputed tokens S of each level (round-robin, ``merge.recompute``)
     block pre-hook    keep x, the block's image input                                     # (B, N, C)
                       keys="cached": the block's input at S only (text and references whole, rotary rows too)
     attention         keys="fresh": every token in, only S's query rows attended (``attention.QueryRows``)
@@ -11,9 +11,10 @@ merge -> work -> unmerge as:
     per-token target  keys="fresh": cross-attention, feed-forward, pointwise layers run on S's rows
     block hook        full step: R = out - x kept; partial step: out[S] - x[S] into R, y = x + R   # (B, N, C)
 
-Kept state lives in the clock, by the call's slot (its grid, batch, dtype and place in the step), so guidance
-branches and tiles of two sizes keep their own, and a new generation (the pipeline's scheduler set up again,
-``tokenmerge.new_generation``, the timestep back to noise) forgets it. A call whose slot has nothing kept (a new
+Kept state (``reuse_state.Kept``) lives in the clock, by the call's slot (its grid, batch, dtype and place in the
+step), so guidance branches and tiles of two sizes keep their own; the round-robin (``reuse_state.Walk``) is the
+generation's; a new generation (the pipeline's scheduler set up again, ``tokenmerge.new_generation``, the timestep
+back to noise) forgets both. A call whose slot has nothing kept (a new
 grid, batch or dtype) runs a full step. Family knowledge comes from the records: targets and their kinds, text
 beside the image (``sides``), the block's output layout (``Whole``), pointwise layers (``Blocks.pointwise``).
 """
@@ -26,39 +27,39 @@ import warnings
 
 import torch
 
-from ...families.spec import TEXT_NONE, TEXT_STREAM, Arg, BlockSite
-from ...merge.plan import Tables
-from ...merge.recompute import extrapolated, recomputed_at, settle, share, since, spread, spread_weights, write_kept
-from ..attention import CachedKeys, Probe, QueryRows, leave
-from ..caches import ChainHook
-from ..call import coarsen, image_part, join, sides, take_mask, take_rotary
-from ..compiled import on_host
-from ..discover import bind, bind_refusals, bind_whole
-from .reuse_sites import Site, hooked_sites, sub_module
-from .reuse_state import TEXT, Block, Kept, Recompute, Walk, gaps_of
+from ....families.spec import TEXT_NONE, TEXT_STREAM, Arg, BlockSite
+from ....merge.plan import Tables
+from ....merge.recompute import extrapolated, recomputed_at, settle, share, since, spread, spread_weights, write_kept
+from ...attention import CachedKeys, Probe, QueryRows, leave
+from ...caches import ChainHook
+from ...call import coarsen, image_part, join, sides, take_mask, take_rotary
+from ...compiled import on_host
+from ...discover import bind, bind_refusals, bind_whole
+from ...technique import Technique
+from .sites import NOTE_EXTRAPOLATE, NOTE_KEYS, NOTE_MEMORY, NOTE_TEXT, Site, check, hooked_sites, sub_module
+from .state import TEXT, Block, Kept, Recompute, Walk, gaps_of
 
 __all__ = ["ReuseBlock"]
 
 BLOCK = -1  # the "target" index of a block's own hooks (how caches.route names them)
-_WALK = "walk"  # the clock's kept entry of the generation's round-robin
 NO_SDPA = ("tokenmerge: token reuse found no scaled_dot_product_attention call over the image tokens in {where}: its "
            "attention backend computes attention another way (token reuse works with PyTorch's SDPA, diffusers' "
            "default 'native' backend)")
 
 
-class ReuseBlock:
+class ReuseBlock(Technique):
     """Token reuse on each patched block.
 
     Args:
         patch: the installed patch (config, blocks, family, its ``CallHook``).
     """
 
-    plans = False  # no merge plans: the CallHook moves the clock and calls call_pre
-    pools = False
+    name = "token reuse"
+    clocked = timed = host = True  # full or partial, and which tokens: decided on the host at each call
+    inside = "token reuse works"
 
     def __init__(self, patch):
-        self.patch, self.config, self.blocks = patch, patch.config, patch.blocks
-        self.calls = patch.calls
+        super().__init__(patch)
         cfg = self.config
         self.cached, self.reuses = cfg.keys == "cached", cfg.reuses
         self.order, self.seed = cfg.order, cfg.effective_seed
@@ -67,7 +68,6 @@ class ReuseBlock:
         self.targets: list[list[Site]] = []  # per block, its hooked sub-modules
         self.bound: list[tuple] = []  # per block: input, output index, text arg, refusals, (rotary, mask, ...)
         self.text_arg = None  # text=True: the denoiser's argument named as the blocks' text stream
-        self.target_handles: dict = {}  # (block, BLOCK) -> the block's torch hooks' handles (caches.route)
         self.routes: dict[tuple[int, int], bool] = {}  # (block, target) -> whether the SDPA route reaches its calls
         self.warned = False
 
@@ -104,28 +104,66 @@ class ReuseBlock:
     def release(self) -> None:
         self.tables.clear()
 
+    # ---- the protocol's static parts ------------------------------------------------------------------------
+    @classmethod
+    def check(cls, site, blocks, config) -> None:
+        """Refuse, with the reason, a denoiser whose blocks token reuse cannot follow (``sites.check``)."""
+        check(site, blocks, config)
+
+    @classmethod
+    def changes(cls, config) -> bool:
+        return config.reuses
+
+    @classmethod
+    def routed(cls, config, blocks) -> dict:
+        """Its block hooks (target ``BLOCK``) run below a block cache's (First Block Cache, MagCache)."""
+        return {id(site.module): (i, BLOCK) for i, site in enumerate(blocks)}
+
+    @classmethod
+    def refuses_cache(cls, config, is_target: bool) -> str | None:
+        return None if is_target else "it sits inside a block where token reuse runs only some tokens' rows"
+
+    @classmethod
+    def cache_message(cls, path: str, what: str, when: str, why: str) -> str:
+        return (f"tokenmerge: {what} {when} on {path}, inside a block where token reuse runs only some tokens' rows: "
+                "a cached output there would hold another step's tokens. Use a cache on whole blocks (First Block "
+                "Cache, MagCache), or disable one of them (e.g. model.disable_cache())")
+
+    def summary(self) -> str:
+        c = self.config
+        end = "" if c.fraction_end is None else f" fraction_end={c.fraction_end:g}"
+        return (f"tokenmerge token reuse: fraction={c.fraction:g} (recomputed per partial step){end} "
+                f"warmup={c.warmup} every={c.every} keys={c.keys}" + (" text=True" if c.text else "")
+                + f" spread={c.spread:g}" + (f" extrapolate={c.extrapolate:g}" if c.extrapolate else "")
+                + f" order={c.order} seed={c.effective_seed}")
+
+    def notes(self) -> list[str]:
+        cfg = self.config
+        return [NOTE_MEMORY] + [NOTE_KEYS] * (cfg.keys == "cached") + [NOTE_TEXT] * cfg.text \
+            + [NOTE_EXTRAPOLATE] * bool(cfg.extrapolate)
+
     # ---- the denoiser's call: which step, which tokens (on the host) ---------------------------------------
-    def call_pre(self, state, progress: float | None, device, args, kwargs) -> None:
+    def begin(self, state, info) -> None:
         """Set up the call: full or partial, and each level's recomputed tokens (the same on every rank of a
         context-parallel split: a function of the generation's steps and the rank's grid)."""
+        progress = info.progress
         if progress is None:
             self._warn_once("a call got no timestep, which token reuse needs to tell the steps apart")
-            return None
-        cfg, clock, ex = self.config, state.clock, self.config.extrapolate
-        kept = clock.kept.get(state.slot)
+            return
+        cfg, clock, ex, device = self.config, state.clock, self.config.extrapolate, info.device
+        kept = clock.kept.get(state.slot)  # the slot's kept tensors, the generation's round-robin
         if kept is None:
             kept = clock.kept[state.slot] = Kept()
-        steps = clock.kept.get(_WALK)
+        steps = clock.whole
         if steps is None:
-            steps = clock.kept[_WALK] = Walk()
-        step = clock.step  # its share (None: a full step; 0: a skipped one), merge.recompute.share's (a constant
+            steps = clock.whole = Walk()
+        step = clock.step  # its share (None: a full step), merge.recompute.share's (a constant share needs no call)
         if not self.reuses or step < cfg.warmup or (cfg.every and (step - cfg.warmup + 1) % cfg.every == 0):
-            part = None  # share needs no call)
-        elif cfg.fraction_end is None and not cfg.skip + cfg.skip_growth:
+            part = None
+        elif cfg.fraction_end is None:
             part = cfg.fraction
         else:
-            part = share(step, progress, steps.first, cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.every, cfg.skip,
-                         cfg.skip_growth)
+            part = share(step, progress, steps.first, cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.every)
         if part is not None and steps.counted != clock.step:  # a new partial step (its other calls take the same)
             steps.first = progress if steps.first is None else steps.first
             if not steps.ran:  # the last one recomputed nothing (a cache skipped it): this one takes its tokens
@@ -133,8 +171,7 @@ class ReuseBlock:
             steps.shares.append(part)
             steps.counted, steps.ran = clock.step, False
         segments = state.shard.split.ulysses if state.shard is not None else 1
-        call = state.recompute = Recompute(kept, part is not None and bool(kept.residual), part or 1.0, segments,
-                                            device, walk=steps)
+        call = state.work = Recompute(kept, part is not None and bool(kept.residual), segments, device, walk=steps)
         for level in self.levels:  # one grid for transformers; a UNet's levels halve it
             grid = state.grid if level == 0 else coarsen(state.grid, level)
             image = math.prod(grid)
@@ -142,14 +179,14 @@ class ReuseBlock:
                 else None
             call.levels[level] = (image, index, grid)
             call.gaps[level] = since(kept.when, level, image, index, progress, ex, call.moves) if ex else None
-        text = self.text_arg.read(args, kwargs) if (call.partial or ex) and self.text_arg is not None else None
+        text = self.text_arg.read(info.args, info.kwargs) if (call.partial or ex) and self.text_arg is not None \
+            else None
         if isinstance(text, torch.Tensor) and text.dim() == 3 and state.shard is None:  # text=True: chosen here
             length = text.shape[1]
             if call.partial:
                 call.text[length] = recomputed_at((length,), steps.shares, "strided", 0, device, self.tables)
             call.gaps[TEXT, length] = since(kept.when, (TEXT, length), length, call.text.get(length), progress, ex,
                                             call.moves) if ex else None
-        return None
 
     def _warn_once(self, reason: str) -> None:
         """Warn, once per patch, that some calls compute every token, and why."""
@@ -163,7 +200,7 @@ class ReuseBlock:
     # ---- a block --------------------------------------------------------------------------------------------
     def block_pre(self, index: int, block, args, kwargs):
         state = self.calls.state
-        call = state.recompute
+        call = state.work
         if call is None:
             return None
         site = self.blocks[index]
@@ -192,7 +229,7 @@ class ReuseBlock:
         if fits and self.cached:  # (a batch of another size is another slot)
             for t in range(len(self.targets[index])):
                 fits = fits and bool(kept.kv.get((index, t)))
-        state.blocks[index] = entry = Block(x, call.partial and fits, image, chosen, grid, text)
+        call.blocks[index] = entry = Block(x, call.partial and fits, image, chosen, grid, text)
         if not (self.cached and entry.partial):
             return None
         # keys="cached": the block on the recomputed tokens (text, references and rotary rows follow); a call with
@@ -211,7 +248,7 @@ class ReuseBlock:
         if text is not None and masked is None:  # text=True (a mask over the text keeps every text row fresh)
             entry.text_index = call.text.get(text.shape[1])
             if entry.text_index is None:  # a length the denoiser's own argument did not show (chosen here, on the host)
-                entry.text_index = call.text[text.shape[1]] = self._text_rows(text, state.clock.kept[_WALK].shares)
+                entry.text_index = call.text[text.shape[1]] = self._text_rows(text, call.walk.shares)
             args, kwargs = text_arg.replace(args, kwargs, text.index_select(1, entry.text_index))
         value = rotary.read(args, kwargs) if rotary is not None else None
         if value is not None:  # its rows at the recomputed tokens (and text rows), once per table and call (Flux
@@ -241,14 +278,15 @@ class ReuseBlock:
 
     def block_post(self, index: int, block, args, output):
         state = self.calls.state
-        entry = state.blocks.pop(index, None)
+        call = state.work
+        entry = call.blocks.pop(index, None) if call is not None else None
         if entry is None:
             return None
         if entry.modes:  # a target's call that raised left its mode active
             entry.close()
         if not entry.ran or output is None:  # its forward did not run (a cache hook returned without it): untouched
             return None
-        call, site = state.recompute, self.blocks[index]
+        site = self.blocks[index]
         call.ran += 1
         if call.ran == len(self.blocks):  # every block ran: the call counts (a cache that cut it short leaves its
             call.walk.ran = True  # tokens to the next partial step, and their progress where it was)
@@ -302,11 +340,12 @@ class ReuseBlock:
     # ---- a block's sub-modules ------------------------------------------------------------------------------
     def target_pre(self, index: int, t: int, module, args, kwargs):
         state = self.calls.state
-        entry = state.blocks.get(index)
+        call = state.work
+        entry = call.blocks.get(index) if call is not None else None
         if entry is None:
             return None
         entry.ran = True
-        hooked, call = self.targets[index][t], state.recompute
+        hooked = self.targets[index][t]
         route = self.routes.get((index, t)) if hooked.attention else False
         if route is None and not torch.compiler.is_compiling():  # its first call: which way reaches its SDPA calls
             entry.modes[-1 - t] = Probe().open_both()
@@ -344,7 +383,7 @@ class ReuseBlock:
 
     def target_post(self, index: int, t: int, module, args, output):
         state = self.calls.state
-        entry = state.blocks.get(index)
+        entry = state.work.blocks.get(index) if state.work is not None else None
         if entry is None:
             return None
         hooked = self.targets[index][t]
@@ -371,7 +410,7 @@ class ReuseBlock:
         if not isinstance(seq, torch.Tensor) or seq.dim() < 3:
             raise TypeError(f"tokenmerge: {self.blocks[index].path}.{spec.attr} returned a {type(seq).__name__}, "
                             "not the (batch, tokens, channels) tensor token reuse expects")
-        if hooked.attention and state.recompute.segments > 1:  # under Ulysses the attention gave every row back
+        if hooked.attention and state.work.segments > 1:  # under Ulysses the attention gave every row back
             return None
         count = entry.index.shape[0]
         layout = TEXT_NONE if spec.text == TEXT_STREAM else spec.text
@@ -390,4 +429,5 @@ class ReuseBlock:
         parts = list(output)
         parts[at] = seq
         return type(output)(parts)
+
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from ...merge.recompute import in_dtype
+from ....merge.recompute import in_dtype
 
 __all__ = ["TEXT", "Walk", "Kept", "Recompute", "Block", "gaps_of"]
 
@@ -24,6 +24,10 @@ class Walk:
     counted: int = -1
     ran: bool = True
 
+    def reset(self) -> None:
+        self.first, self.counted, self.ran = None, -1, True
+        self.shares.clear()
+
 
 @dataclasses.dataclass(slots=True)
 class Kept:
@@ -35,14 +39,18 @@ class Kept:
     slope: dict = dataclasses.field(default_factory=dict)  # extrapolate: block -> (B, N, C) change per progress
     when: dict = dataclasses.field(default_factory=dict)  # extrapolate: level -> (N,) progress last computed at
 
+    def reset(self) -> None:
+        for kept in (self.residual, self.text, self.kv, self.slope, self.when):
+            kept.clear()
+
 
 @dataclasses.dataclass(slots=True)
 class Recompute:
-    """One call: its slot's kept tensors, per level ``(tokens, recomputed, grid)``, text rows, shared rotary rows."""
+    """One call: its slot's kept tensors, per level ``(tokens, recomputed, grid)``, text rows, shared rotary rows,
+    each block's call in flight."""
 
     kept: Kept
     partial: bool
-    share: float
     segments: int
     device: object
     levels: dict = dataclasses.field(default_factory=dict)
@@ -52,6 +60,12 @@ class Recompute:
     walk: Walk | None = None
     moves: list = dataclasses.field(default_factory=list)  # extrapolate: since's moves, settled once every block ran
     ran: int = 0  # the blocks whose forward ran
+    blocks: dict = dataclasses.field(default_factory=dict)  # block index -> its Block in flight
+
+    def close(self) -> None:
+        """Leave the SDPA modes of blocks still in flight (a call cut short)."""
+        for entry in self.blocks.values():
+            entry.close()
 
 
 @dataclasses.dataclass(slots=True)

@@ -1,0 +1,450 @@
+"""The step cache (``tokenmerge.apply_step_cache``): some steps of a generation are computed, the others run no block.
+
+For a stack of blocks ``y_k = x_k + r_k`` a skipped step gives ``out = x_0 + sum_k (r_k + s_k * dt)``: the stack's own
+residual ``R`` and its slope ``S`` per stream (the image stream; a text stream that the blocks return), two tensors
+each, kept from the computed steps; the embeddings and the final layers run as usual. Each block's ``forward`` is
+wrapped (``Bypass``, as diffusers' caches replace a block's forward; the model's code is not copied):
+
+    begin (host)        computed or skipped (``StepCacheConfig.computed``: warm-up, then rounds that grow);
+                        at a skipped step, the weight w = extrapolate x (progress - progress of the last computed one)
+    computed step       each block runs; the stack's residual is measured per stream and run of blocks (a run:
+                        blocks each fed the output of the one before): its last block's output minus its first
+                        block's input; runs of one shape are summed (what the model adds between them, ControlNet
+                        residuals, stays out of R), a run of another shape (the text joined to the image before
+                        Flux.2's single blocks) is kept apart
+    end (host)          R kept per run; S = (R - R before) / the progress between the two computed steps
+    skipped step        every block passes its inputs through in its output's layout; a run's last block returns
+                        x + R + w * S (what the model adds or rearranges between blocks it does afresh)  # (B, N, C)
+
+Kept state (``Kept``) lives in the step clock by the call's slot (grid, batch, dtype, place in the step): guidance run
+as two calls keeps two, a new generation forgets it. A block's output layout (which input each element of a returned
+tuple passes through) is learned at its first computed call: declared by the family (``Whole.output`` /
+``Whole.text_output``) or the one input of that shape; a block whose layout cannot be told runs every step (one
+warning), never a wrong skip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import numbers
+import warnings
+
+import torch
+
+from ...families.predicates import params
+from ...families.spec import Arg
+from ..discover import bind
+from ..technique import Technique
+
+__all__ = ["StepCacheConfig", "StepCache", "Kept", "Pass", "Bypass"]
+
+_HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCacheConfig:
+    """Settings of ``apply_step_cache`` (validated when made; see its docstring).
+
+    Example:
+        >>> "".join("1" if c else "0" for c in StepCacheConfig(warmup=3, skip=1, skip_growth=1).schedule(20))
+        '11101001000100001000'
+    """
+
+    warmup: int = 4
+    skip: int = 1
+    skip_growth: int = 0
+    extrapolate: float = 1.0
+    mask: str | None = None
+
+    max_downsample = None  # what the block selection reads (discover.select_blocks): the finest level's blocks
+    blocks = None  # every block of the stack: a skipped step runs none of them
+
+    def __post_init__(self):
+        for name, low, what in (("warmup", 1, "the computed steps that start each generation; the first fills the "
+                                 "cache"), ("skip", 1, "the steps skipped in the first round after the warm-up"),
+                                ("skip_growth", 0, "how many more steps each round skips than the one before")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low} ({what}); got {value!r}")
+            object.__setattr__(self, name, int(value))
+        ex = self.extrapolate
+        if isinstance(ex, bool) or not isinstance(ex, numbers.Real) or not 0.0 <= float(ex) <= 1.0:
+            raise ValueError(f"extrapolate must be a number in [0, 1] (0: the kept residual held; 1: moved along its "
+                             f"slope, first order); got {ex!r}")
+        object.__setattr__(self, "extrapolate", float(ex))
+        if self.mask is not None and (not isinstance(self.mask, str) or not self.mask or self.mask[0] != "1" or
+                                      set(self.mask) - {"0", "1"}):
+            raise ValueError(f"mask must be None or a string of 1 (a computed step) and 0 (a skipped one) per step, "
+                             f"starting with 1 (the first step fills the cache), e.g. '1111010010001'; got "
+                             f"{self.mask!r}")
+
+    def computed(self, step: int) -> bool:
+        """Whether step ``step`` of a generation (0: its first) is computed: the first ``warmup`` steps are, then
+        rounds of skipped steps each ended by a computed one, the first round ``skip`` skipped steps and each round
+        after it ``skip_growth`` more; with a ``mask``, its ``step``-th character (steps past its end are computed)."""
+        if self.mask is not None:
+            return step >= len(self.mask) or self.mask[step] == "1"
+        at = step - self.warmup + 1  # 1: the first step after the warm-up
+        if at <= 0:
+            return True
+        length = end = self.skip + 1  # the rounds' computed steps fall at end = skip + 1, then each round longer
+        while end < at:
+            length += self.skip_growth
+            end += length
+        return end == at
+
+    def schedule(self, steps: int) -> list[bool]:
+        """Whether each of ``steps`` steps is computed (``True``) or skipped."""
+        return [self.computed(k) for k in range(steps)]
+
+
+@dataclasses.dataclass(slots=True)
+class Run:
+    """A kept residual: of ``stream``, added at block ``end``'s output at a skipped step (``slope``: its change per
+    unit of progress, ``None`` until two computed steps measured it)."""
+
+    stream: str
+    end: int
+    residual: torch.Tensor
+    slope: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class Kept:
+    """One slot's kept state: the runs' residuals (one per stream, more where a stream changes shape between
+    blocks) and the progress of the last computed step."""
+
+    runs: list = dataclasses.field(default_factory=list)
+    at: float | None = None
+
+    def reset(self) -> None:
+        self.runs.clear()
+        self.at = None
+
+
+@dataclasses.dataclass(slots=True)
+class Pass:
+    """One call in flight: skipped (with the slope's weight and what the runs' last blocks add) or computed (with the
+    runs of blocks measured so far: each stream's current run's first input and latest output, the runs closed)."""
+
+    kept: Kept
+    skipping: bool
+    progress: float
+    adds: dict = dataclasses.field(default_factory=dict)  # skipped: block -> ((position, residual, slope), ...)
+    weight: object = None  # skipped: the slope's (a number eagerly, a CPU tensor compiled), None: no slope
+    first: dict = dataclasses.field(default_factory=dict)  # computed: stream -> input of its current run of blocks
+    last: dict = dataclasses.field(default_factory=dict)  # computed: stream -> (block, its latest output)
+    closed: list = dataclasses.field(default_factory=list)  # computed: the runs closed so far (Run, no slope)
+    ran: int = 0  # computed: blocks that ran
+    odd: str | None = None  # computed: a run whose last output is not of its first input's shape
+
+    def close(self) -> None:
+        self.first.clear()
+        self.last.clear()
+        self.closed.clear()
+
+    def shut(self, stream: str) -> None:
+        """Close ``stream``'s current run: summed into the stream's last closed run where it has that run's shape
+        (what came between them was added), kept apart otherwise."""
+        end, y = self.last.pop(stream)
+        first = self.first.pop(stream)
+        if y.shape != first.shape:
+            self.odd = f"block {end} of the stack returns its {stream} stream as {tuple(y.shape)}, not in the " \
+                f"shape its run of blocks took it ({tuple(first.shape)})"
+            return
+        residual = y - first
+        for run in reversed(self.closed):
+            if run.stream == stream:
+                if run.residual.shape == residual.shape and run.residual.dtype == residual.dtype:
+                    run.residual, run.end = run.residual + residual, end
+                    return
+                break
+        self.closed.append(Run(stream, end, residual))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A block's output laid out by its inputs: ``tensor`` (it returns one tensor, its ``hidden_states``' stream), or
+    per element of the tuple it returns the stream passed through there (``None``: an element that is ``None``)."""
+
+    tensor: bool
+    kind: type
+    streams: tuple  # per output element: the stream name or None
+    inputs: tuple  # per output element: the BoundArg of its input or None
+
+
+class Bypass:
+    """A block's ``forward`` while the step cache is installed (an instance attribute, as diffusers' hook registry
+    sets one): the step cache's ``forward`` with the block's own (``previous``: the forward it replaced, ``None``
+    for the class's); ``detach()`` makes it the block's own forward."""
+
+    __slots__ = ("cache", "index", "block", "previous", "own")
+
+    def __init__(self, cache, index: int, block, previous):
+        self.cache, self.index, self.block, self.previous = cache, index, block, previous
+        self.own = type(block).forward  # the class's forward, a plain function (what torch.compile traces)
+
+    def inner(self, *args, **kwargs):
+        if self.previous is not None:
+            return self.previous(*args, **kwargs)
+        return self.own(self.block, *args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        if self.cache is None:
+            return self.inner(*args, **kwargs)
+        return self.cache.forward(self, args, kwargs)
+
+    def detach(self) -> None:
+        self.cache = None
+
+    @property
+    def __signature__(self):
+        """The wrapped forward's signature (what binding an argument of the block by name reads)."""
+        inner = self.previous if self.previous is not None else self.own.__get__(self.block)
+        return inspect.signature(inner)
+
+
+class StepCache(Technique):
+    """The step cache on a denoiser's stack of blocks.
+
+    Args:
+        patch: the installed patch (config, blocks, family, its ``CallHook``).
+    """
+
+    name = "step cache"
+    clocked = timed = host = True  # computed or skipped: decided on the host at each call
+
+    def __init__(self, patch):
+        super().__init__(patch)
+        self.hidden = [bind(_HIDDEN, site.module) for site in self.blocks]
+        self.layouts: dict[int, Layout] = {}  # block -> its output's layout, learned at its first computed call
+        self.bypasses: list[Bypass] = []
+        self.unskippable: str | None = None  # why no step can be skipped (a layout that cannot be told)
+        self.warned = False
+
+    # ---- the protocol's static parts ------------------------------------------------------------------------
+    @classmethod
+    def check(cls, site, blocks, config) -> None:
+        name = f"{site.path or type(site.module).__name__} ({site.family.name})"
+        if site.family.kind == "unet":
+            raise ValueError(f"tokenmerge: the step cache skips a transformer's stack of blocks, and {name} is a "
+                             "UNet, whose attention blocks sit between its resolution levels' convolutions: use ToMe "
+                             "(apply_patch) or tokenmerge.accelerate on it")
+        if site.timestep is None:
+            raise TypeError(f"tokenmerge: {name} takes no timestep argument, which the step cache needs to tell the "
+                            "denoising steps apart")
+
+    @classmethod
+    def leave(cls, site, config) -> str | None:
+        if hasattr(site.module, "controlnet_blocks"):  # diffusers' ControlNets: an output read at every block
+            return ("a ControlNet's outputs are read after every block (its residuals), which a skipped step does not "
+                    "compute: it runs every step, and the denoiser it feeds adds its residuals afresh at each step")
+        return None
+
+    @classmethod
+    def refuses_cache(cls, config, is_target: bool) -> str | None:
+        return "the step cache skips these blocks at some steps, and keeps its own residual from the computed ones"
+
+    @classmethod
+    def cache_message(cls, path: str, what: str, when: str, why: str) -> str:
+        return (f"tokenmerge: {what} {when} on {path}, a block the step cache skips ({why}): two caches across steps "
+                "on one stack would each skip on the other's stale outputs; use one of them")
+
+    # ---- installation -----------------------------------------------------------------------------------------
+    def install(self) -> list:
+        for index, site in enumerate(self.blocks):
+            block = site.module
+            bypass = Bypass(self, index, block, block.__dict__.get("forward"))
+            block.forward = bypass
+            self.bypasses.append(bypass)
+        return []
+
+    def release(self) -> None:
+        for bypass in self.bypasses:
+            block = bypass.block
+            if block.__dict__.get("forward") is bypass:
+                if bypass.previous is None:
+                    del block.__dict__["forward"]
+                else:
+                    block.forward = bypass.previous
+            else:  # wrapped since by another hook (diffusers' registry): passes through from now on
+                bypass.detach()
+        self.bypasses.clear()
+
+    def hook_codes(self) -> list:
+        return [StepCache.forward.__code__, Bypass.__call__.__code__, Bypass.inner.__code__]
+
+    # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
+    def begin(self, state, info) -> None:
+        """Set up the call: computed or skipped; a skipped call gets what each stream's last block adds."""
+        progress = info.progress
+        if progress is None:
+            self._warn_once("a call got no timestep, which the step cache needs to tell the steps apart; such calls "
+                            "compute every block")
+            return
+        cfg, clock = self.config, state.clock
+        kept = clock.kept.get(state.slot)
+        if kept is None:
+            kept = clock.kept[state.slot] = Kept()
+        skipping = self.unskippable is None and bool(kept.runs) and not cfg.computed(clock.step)
+        work = state.work = Pass(kept, skipping, progress)
+        if not skipping:
+            return
+        if cfg.extrapolate:  # compiled: a tensor (a number would be specialized on: a graph per step)
+            weight = cfg.extrapolate * (progress - kept.at)
+            work.weight = torch.tensor(weight) if info.compiled else weight
+        for run in kept.runs:
+            position = self.layouts[run.end].streams.index(run.stream)
+            work.adds.setdefault(run.end, []).append((position, run.residual, run.slope if cfg.extrapolate else None))
+
+    def _warn_once(self, reason: str) -> None:
+        if self.warned:
+            return
+        self.warned = True
+        name = self.patch.site.path or type(self.patch.site.module).__name__
+        warnings.warn(f"tokenmerge: {name}: {reason}. The generation goes on", RuntimeWarning, stacklevel=5)
+
+    # ---- a block ------------------------------------------------------------------------------------------------
+    def forward(self, bypass: Bypass, args: tuple, kwargs: dict):
+        """The block's call: its inputs passed through at a skipped step, its own forward (measured) otherwise."""
+        work = self.calls.state.work
+        index = bypass.index
+        if work is None:
+            return bypass.inner(*args, **kwargs)
+        if work.skipping:
+            layout = self.layouts[index]
+            outs = [None if b is None else b.read(args, kwargs) for b in layout.inputs]
+            if index == 0:
+                outs = self._split(bypass, layout, outs)
+            for position, residual, slope in work.adds.get(index, ()):  # x + R (+ w S)
+                x = outs[position] + residual
+                if slope is not None:
+                    x = x.add_(slope * work.weight) if isinstance(work.weight, torch.Tensor) else \
+                        x.add_(slope, alpha=work.weight)
+                outs[position] = x
+            return outs[0] if layout.tensor else layout.kind(outs)
+        out = bypass.inner(*args, **kwargs)
+        layout = self.layouts.get(index)
+        if layout is None:
+            layout = self._learn(index, args, kwargs, out)
+            if layout is None:
+                return out
+        ins = [None if b is None else b.read(args, kwargs) for b in layout.inputs]
+        if index == 0:
+            ins = self._split(bypass, layout, ins)
+        outs = (out,) if layout.tensor else out
+        for stream, x, y in zip(layout.streams, ins, outs):
+            if stream is None:
+                continue
+            seen = work.last.get(stream)
+            if seen is None or seen[1] is not x:  # a new run of blocks (the model changed the stream in between)
+                if seen is not None:
+                    work.shut(stream)
+                work.first[stream] = x
+            work.last[stream] = (index, y)
+        work.ran += 1
+        return out
+
+    def _split(self, bypass: Bypass, layout: Layout, values: list) -> list:
+        """Under context parallelism split at this block by diffusers' hook, which runs inside this bypass when the
+        hook was registered before the patch: the ``hidden_states`` this rank's slice, as the block sees it."""
+        shard = self.calls.state.shard
+        if shard is None or shard.split.block != bypass.index or bypass.block.__dict__.get("forward") is not bypass:
+            return values
+        hidden = self.hidden[bypass.index]
+        return [shard.split.local(v) if b is not None and b.name == hidden.name else v
+                for b, v in zip(layout.inputs, values)]
+
+    def _learn(self, index: int, args: tuple, kwargs: dict, out) -> Layout | None:
+        """Block ``index``'s output layout, from its first computed call (``None``: it cannot be told, and no step
+        is skipped from now on, with one warning)."""
+        site, hidden = self.blocks[index], self.hidden[index]
+        x = hidden.read(args, kwargs) if hidden is not None else None
+        why = None
+        if isinstance(out, torch.Tensor):
+            layout = Layout(True, tuple, ("hidden",), (hidden,))
+            if not isinstance(x, torch.Tensor) or x.shape != out.shape:
+                why = f"{site.path} returns a tensor not of its hidden_states' shape"
+        elif isinstance(out, (tuple, list)):
+            inputs = self._inputs(site.module, args, kwargs)
+            whole = site.whole
+            declared = {}
+            if whole is not None and whole.output is not None:
+                declared[whole.output] = hidden
+            if whole is not None and whole.text is not None and whole.text_output is not None:
+                declared[whole.text_output] = bind(Arg(whole.text), site.module)
+            streams, bound = [], []
+            names = list(inputs)
+            for position, y in enumerate(out):
+                b = declared.get(position) if isinstance(y, torch.Tensor) else None
+                if b is None and isinstance(y, torch.Tensor):  # the one input of its shape (of several, the one at
+                    same = [n for n, v in inputs.items() if isinstance(v, torch.Tensor) and v.shape == y.shape and
+                            v.dtype == y.dtype]  # the output's position among the arguments)
+                    if len(same) > 1 and position < len(names) and names[position] in same:
+                        same = [names[position]]
+                    b = (hidden if same[0] == hidden.name else bind(Arg(same[0]), site.module)) if len(same) == 1 \
+                        else None
+                    if b is None:
+                        why = (f"{site.path} returns a {tuple(y.shape)} tensor at position {position} that matches "
+                               f"{'no' if not same else 'more than one'} input of that shape")
+                        break
+                elif y is not None and not isinstance(y, torch.Tensor):
+                    why = f"{site.path} returns a {type(y).__name__} at position {position}, not a tensor"
+                    break
+                streams.append(None if b is None else ("hidden" if b is hidden else b.name))
+                bound.append(b)
+            layout = Layout(False, type(out), tuple(streams), tuple(bound))
+        else:
+            why = f"{site.path} returns a {type(out).__name__}, not tensors the step cache can pass through"
+        if why is not None:
+            if not torch.compiler.is_compiling():
+                self.unskippable = why
+                self._warn_once(f"the step cache cannot skip steps: {why}; every step is computed")
+            return None
+        self.layouts[index] = layout
+        return layout
+
+    @staticmethod
+    def _inputs(module, args: tuple, kwargs: dict) -> dict:
+        """The call's arguments by name."""
+        names = [p.name for p in params(module) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return {**dict(zip(names, args)), **kwargs}
+
+    # ---- after the denoiser's call (on the host) ----------------------------------------------------------------
+    def end(self, state) -> None:
+        """A computed call that ran every block: its runs' residuals kept, their slopes measured against the runs
+        kept at the last computed step."""
+        work = state.work
+        if work.skipping or work.ran != len(self.blocks) or not work.last:
+            return
+        for stream in list(work.last):
+            work.shut(stream)
+        kept, progress = work.kept, work.progress
+        if work.odd is not None:
+            self.unskippable = work.odd
+            self._warn_once(f"the step cache cannot skip steps: {work.odd}; every step is computed")
+            return
+        gap = None if kept.at is None else progress - kept.at
+        before = {(r.stream, r.end): r for r in kept.runs}
+        cfg = self.config
+        for run in work.closed:
+            old = before.get((run.stream, run.end))
+            if cfg.extrapolate and old is not None and old.residual.shape == run.residual.shape and gap and gap > 0:
+                run.slope = (run.residual - old.residual).div_(gap)
+        kept.runs, kept.at = list(work.closed), progress
+
+    # ---- describe_patch -------------------------------------------------------------------------------------------
+    def summary(self) -> str:
+        c = self.config
+        return (f"tokenmerge step cache: warmup={c.warmup} skip={c.skip} skip_growth={c.skip_growth} "
+                f"extrapolate={c.extrapolate:g} (steps computed of 20: {sum(c.schedule(20))}, of 50: "
+                f"{sum(c.schedule(50))})")
+
+    def notes(self) -> list[str]:
+        return [NOTE_MEMORY + (NOTE_SLOPE if self.config.extrapolate else "")]
+
+
+NOTE_MEMORY = ("the step cache keeps, per call of a step (guidance run as two calls keeps two), the stack's residual "
+               "of each stream the blocks return (the image's: batch x tokens x width; a text stream's)")
+NOTE_SLOPE = ", and its slope beside it: two such tensors"

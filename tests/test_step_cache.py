@@ -1,0 +1,413 @@
+"""The step cache (``apply_step_cache``): its schedule, its refusals, skipped steps against references made from the
+unpatched model (the stack's residual of the computed steps, moved along its slope), one kept state per guidance
+branch, no block run at a skipped step, ControlNet residuals added afresh, every family of the catalogue, pipelines,
+torch.compile, memory.
+
+References: at a skipped step, the unpatched model's output with its last block's output replaced by the first
+block's input at that step plus ``R + extrapolate * S * dt`` (``R`` the last block's output minus the first block's
+input at the last computed step, ``S`` its change per unit of progress since the computed step before, ``dt`` the
+progress since the last computed step); the stack's blocks run in the reference (their outputs are not used)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+from tiny_denoisers import CATALOGUE, all_tensors, available
+from tiny_models import later_step
+
+import tokenmerge
+from tokenmerge import StepCacheConfig
+from tokenmerge.families import BUILTIN
+
+pytestmark = pytest.mark.usefixtures("fast_cpu")
+ENTRIES = sorted({example for f in BUILTIN for example in f.examples} & set(CATALOGUE))
+# refused at apply time, with a word of the reason: UNets (their attention blocks sit between convolutions) and
+# ControlNets (their outputs are read after every block)
+REFUSED = {**{n: "UNet" for n in ("controlnet", "controlnet-union", "controlnet-xs", "dreamlite-unet", "i2vgen-xl",
+                                  "sparsectrl", "unet-3d", "unet-motion", "unet-sd", "unet-sdxl", "unet-svd")},
+           **{n: "ControlNet" for n in ("flux-controlnet", "flux-controlnet-union", "hunyuan-dit-controlnet",
+                                        "qwen-image-controlnet", "sana-controlnet", "sd3-controlnet")}}
+
+
+def _skip(name):
+    reason = available(name)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _run(model, calls):
+    with torch.no_grad():
+        return [torch.cat([t.flatten().float() for t in all_tensors(model(**c))]) for c in calls]
+
+
+def _steps(model, inputs, n):
+    calls = [inputs]
+    for _ in range(n - 1):
+        calls.append(later_step(model, calls[-1]))
+    return calls
+
+
+def _progress(model, call) -> float:
+    bound = tokenmerge.engine.find_denoisers(model)[0].timestep
+    return bound.progress(bound.read((), call), 1000)
+
+
+# ---- the schedule and the settings ---------------------------------------------------------------------------------
+def test_the_schedule():
+    def mask(cfg, n):
+        return "".join("1" if c else "0" for c in cfg.schedule(n))
+
+    assert mask(StepCacheConfig(warmup=2, skip=2), 9) == "110010010"
+    assert mask(StepCacheConfig(warmup=3, skip=1, skip_growth=1), 20) == "11101001000100001000"
+    assert mask(StepCacheConfig(warmup=4, skip=2, skip_growth=1), 20) == "11110010001000010000"
+    assert mask(StepCacheConfig(warmup=1, skip=1, skip_growth=2), 10) == "1010001000"
+    assert mask(StepCacheConfig(mask="1101"), 6) == "110111"  # steps past a mask's end are computed
+    assert sum(StepCacheConfig(warmup=4, skip=1, skip_growth=1).schedule(50)) == 12
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(warmup=0), "warmup must be an integer >= 1"), (dict(skip=0), "skip must be an integer >= 1"),
+    (dict(skip_growth=-1), "skip_growth must be"), (dict(skip=1.5), "skip must be"), (dict(warmup=True), "warmup"),
+    (dict(extrapolate=1.5), "extrapolate must be a number in"),
+    (dict(mask="0111"), "starting with 1"), (dict(mask="11x"), "mask must be"), (dict(mask=""), "mask must be")])
+def test_bad_settings_are_refused(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        StepCacheConfig(**kwargs)
+
+
+# ---- against references ---------------------------------------------------------------------------------------------
+def _stack(model):
+    """The tiny Flux.1's or Wan's blocks, and the (image, text) positions of their outputs (text: ``None``)."""
+    if hasattr(model, "single_transformer_blocks"):
+        return [*model.transformer_blocks, *model.single_transformer_blocks], (1, 0)
+    return list(model.blocks), (None, None)
+
+
+def _recorded(model, calls):
+    """Per call of the unpatched model: the first block's inputs (image, text) and the last block's outputs."""
+    blocks, (img, txt) = _stack(model)
+    seen = []
+    first = blocks[0].register_forward_pre_hook(
+        lambda m, a, kw: seen.append({"x": kw.get("hidden_states", a[0] if a else None),
+                                      "e": kw.get("encoder_hidden_states")}), with_kwargs=True)
+
+    def last_out(m, a, kw, out):
+        seen[-1]["y"] = out if img is None else out[img]
+        seen[-1]["f"] = None if txt is None else out[txt]
+
+    last = blocks[-1].register_forward_hook(last_out, with_kwargs=True)
+    try:
+        _run(model, calls)
+    finally:
+        first.remove()
+        last.remove()
+    return seen
+
+
+def _with_stack_output(model, call, image, text):
+    """The unpatched model's output for ``call`` with its last block's output replaced: ``image(x0)`` and
+    ``text(e0)`` of the first block's inputs at this call."""
+    blocks, (img, txt) = _stack(model)
+    got = {}
+    first = blocks[0].register_forward_pre_hook(
+        lambda m, a, kw: got.update(x=kw.get("hidden_states", a[0] if a else None), e=kw.get("encoder_hidden_states")),
+        with_kwargs=True)
+
+    def replace(m, a, kw, out):
+        if img is None:
+            return image(got["x"])
+        parts = list(out)
+        parts[img], parts[txt] = image(got["x"]), text(got["e"])
+        return type(out)(parts)
+
+    last = blocks[-1].register_forward_hook(replace, with_kwargs=True)
+    try:
+        return _run(model, [call])[0]
+    finally:
+        first.remove()
+        last.remove()
+
+
+def _reference(model, calls, schedule, factor):
+    """Each call's reference output under a step cache of ``schedule`` (computed: the unpatched output)."""
+    seen = _recorded(model, calls)
+    progress = [_progress(model, c) for c in calls]
+    vanilla = _run(model, calls)
+    out, last, before = [], None, None
+    for k, call in enumerate(calls):
+        if schedule[k]:
+            before, last = last, k
+            out.append(vanilla[k])
+            continue
+        r = {s: seen[last][o] - seen[last][i] for s, (i, o) in {"x": ("x", "y"), "e": ("e", "f")}.items()
+             if seen[last][o] is not None}
+        if before is not None and factor:
+            gap, ahead = progress[last] - progress[before], progress[k] - progress[last]
+            for s, (i, o) in {"x": ("x", "y"), "e": ("e", "f")}.items():
+                if s in r:
+                    slope = (r[s] - (seen[before][o] - seen[before][i])) / gap
+                    r[s] = r[s] + factor * ahead * slope
+        out.append(_with_stack_output(model, call, lambda x: x + r["x"], lambda e: e + r["e"] if "e" in r else e))
+    return out
+
+
+@pytest.mark.parametrize("name", ["flux", "wan"])
+@pytest.mark.parametrize("factor", [0.0, 0.7, 1.0])
+def test_skipped_steps_against_the_reference(name, factor):
+    """warmup=2, skip=2: computed, computed, skipped, skipped, computed, skipped. A skipped step's output is the
+    unpatched model's with the stack's output x0 + R + factor * S * dt (image and, on Flux.1, text)."""
+    _skip(name)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 6)
+    cfg = StepCacheConfig(warmup=2, skip=2, extrapolate=factor)
+    want = _reference(model, calls, cfg.schedule(6), factor)
+    tokenmerge.apply_config(model, cfg)
+    got = _run(model, calls)
+    tokenmerge.remove_patch(model)
+    assert cfg.schedule(6) == [True, True, False, False, True, False]
+    for k, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"call {k}")
+    assert not torch.allclose(got[2], _run(model, calls[2:3])[0], atol=1e-4), "the skipped step is the vanilla one"
+
+
+def test_guidance_as_two_calls_keeps_one_state_per_branch():
+    """Wan-style guidance: a conditional and an unconditional call per step, each its own slot: each branch follows
+    its own reference (as if run alone)."""
+    _skip("wan")
+    entry = CATALOGUE["wan"]
+    model = entry.build()
+    cond = _steps(model, entry.inputs(batch=1, seed=0), 5)
+    uncond = [dict(c, encoder_hidden_states=torch.randn_like(c["encoder_hidden_states"])) for c in cond]
+    cfg = StepCacheConfig(warmup=2, skip=1, extrapolate=1.0)
+    want = [_reference(model, branch, cfg.schedule(5), 1.0) for branch in (cond, uncond)]
+    tokenmerge.apply_config(model, cfg)
+    got = [[], []]
+    for c, u in zip(cond, uncond):
+        got[0] += _run(model, [c])
+        got[1] += _run(model, [u])
+    tokenmerge.remove_patch(model)
+    for branch in range(2):
+        for a, b in zip(got[branch], want[branch]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_skipped_step_runs_no_block(monkeypatch):
+    """The blocks' own forward (their class's, counted) runs at every computed step and at no skipped one."""
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 5)
+    count = [0]
+    for cls in {type(b) for b in _stack(model)[0]}:  # before the patch: it calls the forward it finds there
+        @functools.wraps(cls.forward)  # (its signature: what binding an argument by name reads)
+        def counted(self, *args, _forward=cls.forward, **kwargs):
+            count[0] += 1
+            return _forward(self, *args, **kwargs)
+        monkeypatch.setattr(cls, "forward", counted)
+    tokenmerge.apply_step_cache(model, skip=2, warmup=2)
+    per_call = []
+    with torch.no_grad():
+        for c in calls:
+            before = count[0]
+            model(**c)
+            per_call.append(count[0] - before)
+    tokenmerge.remove_patch(model)
+    assert per_call[0] > 0 and per_call[1] == per_call[0] and per_call[4] == per_call[0]
+    assert per_call[2] == per_call[3] == 0, per_call
+
+
+def test_controlnet_residuals_are_added_afresh_at_a_skipped_step():
+    """Flux.1 with ControlNet residuals added after each block: the stack's residual leaves them out (the runs of
+    blocks each end where the model added one), a skipped step adds this step's own."""
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 4)
+    blocks, _ = _stack(model)
+    gen = torch.Generator().manual_seed(5)
+    for k, c in enumerate(calls):
+        x = c["hidden_states"]
+        samples = [0.3 * torch.randn(*x.shape[:2], model.inner_dim, generator=gen) for _ in blocks]
+        c["controlnet_block_samples"] = samples[:len(model.transformer_blocks)]
+        c["controlnet_single_block_samples"] = samples[len(model.transformer_blocks):]
+    residuals = []  # per call, every block's own residual (image stream)
+    handles = [b.register_forward_hook(lambda m, a, kw, out: residuals[-1].append(out[1] - kw["hidden_states"]),
+                                       with_kwargs=True) for b in blocks]
+    first = blocks[0].register_forward_pre_hook(lambda m, a, kw: residuals.append([]), with_kwargs=True)
+    _run(model, calls)
+    for h in (*handles, first):
+        h.remove()
+    cfg = StepCacheConfig(warmup=2, skip=1, extrapolate=0.0)  # computed, computed, skipped, computed
+    tokenmerge.apply_config(model, cfg)
+    got = _run(model, calls)
+    tokenmerge.remove_patch(model)
+    kept = sum(residuals[1])
+    added = sum(calls[2]["controlnet_block_samples"]) + sum(calls[2]["controlnet_single_block_samples"])
+    seen = _recorded(model, [calls[1]])[0]
+    text = seen["f"] - seen["e"]  # the text stream has no additions: its one run's residual
+    want = _with_stack_output(model, {k: v for k, v in calls[2].items() if not k.startswith("controlnet")},
+                              lambda x: x + added + kept, lambda e: e + text)
+    torch.testing.assert_close(got[2], want, rtol=1e-4, atol=1e-5)
+    vanilla = _run(model, calls)
+    assert torch.equal(got[0], vanilla[0]) and torch.allclose(got[3], vanilla[3], rtol=1e-4, atol=1e-5)
+
+
+# ---- every family ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ENTRIES)
+def test_every_family_skips_or_is_refused_with_the_reason(name):
+    """computed, skipped, skipped, computed (warmup=1, skip=2): the computed steps are the unpatched model's, the
+    skipped ones finite and not it, with no warning (every block's layout told); removal gives the model back."""
+    _skip(name)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    if name in REFUSED:
+        with pytest.raises(ValueError, match=REFUSED[name]):
+            tokenmerge.apply_step_cache(model, skip=2, warmup=1)
+        assert tokenmerge.describe_patch(model) is None
+        return
+    try:
+        calls = _steps(model, entry.inputs(batch=2), 4)
+    except ValueError:  # a model whose timestep cannot move on (Cosmos 1.0's tiny inputs): a first step only
+        calls = [entry.inputs(batch=2)]
+    vanilla = _run(model, calls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        tokenmerge.apply_step_cache(model, skip=2, warmup=1)
+        got = _run(model, calls)
+    assert torch.equal(got[0], vanilla[0])
+    if len(calls) > 1:
+        for a, b in zip(got[1:3], vanilla[1:3]):
+            assert torch.isfinite(a).all() and not torch.allclose(a, b), "a skipped step gave the vanilla output"
+        torch.testing.assert_close(got[3], vanilla[3], rtol=1e-4, atol=1e-5)
+    tokenmerge.remove_patch(model)
+    assert all(torch.equal(a, b) for a, b in zip(_run(model, calls), vanilla))
+
+
+def test_a_block_whose_layout_cannot_be_told_runs_every_step_with_one_warning():
+    _skip("wan")
+    entry = CATALOGUE["wan"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 3)
+    vanilla = _run(model, calls)
+    block = model.blocks[0]
+
+    class Odd(type(block)):  # returns a tuple whose second element comes from no input
+        @functools.wraps(type(block).forward)
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs), torch.zeros(3, 7)
+
+    block.__class__ = Odd
+    nxt = model.blocks[1].register_forward_pre_hook(lambda m, a: (a[0][0], *a[1:]))
+    vanilla = _run(model, calls)
+    tokenmerge.apply_step_cache(model, skip=1, warmup=1)
+    with pytest.warns(RuntimeWarning, match=r"cannot skip steps: blocks.0 returns a \(3, 7\) tensor at position 1 "
+                                            "that matches no input"):
+        got = _run(model, calls)
+    assert all(torch.equal(a, b) for a, b in zip(got, vanilla))
+    tokenmerge.remove_patch(model)
+    nxt.remove()
+
+
+def test_describe_patch_and_the_memory_it_keeps():
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 2)
+    tokenmerge.apply_step_cache(model, skip=1, warmup=4, skip_growth=1)
+    info = tokenmerge.describe_patch(model)
+    assert str(info).startswith("tokenmerge step cache: warmup=4 skip=1 skip_growth=1 extrapolate=1")
+    assert "computed of 20: 8, of 50: 12" in str(info) and "its slope beside it" in str(info)
+    _run(model, calls)
+    patch = model._tokenmerge_patch
+    (kept,) = patch.calls.state.clock.kept.values()
+    tensors = [t for run in kept.runs for t in (run.residual, run.slope) if t is not None]
+    seen = _recorded(model, calls[:1])[0]  # the stack's streams (the blocks' width)
+    x, e = seen["x"], seen["e"]
+    # per slot: the image stream's residual and slope, the text stream's: 2 image-sized tensors + 2 text-sized
+    assert sorted(t.shape for t in tensors) == sorted([x.shape, x.shape, e.shape, e.shape])
+    tokenmerge.remove_patch(model)
+    assert not patch.calls.state.clock.kept
+
+
+def test_a_new_generation_and_a_stopped_one_start_over():
+    """A generation stopped after a skipped step, then another from noise: its first steps are computed again (the
+    outputs equal a fresh patch's)."""
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 5)
+    tokenmerge.apply_step_cache(model, skip=1, warmup=1)
+    first = _run(model, calls)
+    _run(model, calls[:2])  # stopped after its first skipped step
+    again = _run(model, calls)
+    tokenmerge.remove_patch(model)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_patched_context_manager_and_the_method_spec():
+    from tokenmerge.tools.methods import parse_spec
+
+    _skip("flux")
+    model = CATALOGUE["flux"].build()
+    with tokenmerge.patched(model, method="step_cache", skip=2, warmup=3):
+        assert tokenmerge.describe_patch(model).config == StepCacheConfig(warmup=3, skip=2)
+    assert tokenmerge.describe_patch(model) is None
+    with pytest.raises(ValueError, match="takes no ratio"):
+        with tokenmerge.patched(model, 0.5, method="step_cache"):
+            pass
+    spec = parse_spec("stepcache:2,warmup=3,skip_growth=1")
+    assert spec.config() == StepCacheConfig(warmup=3, skip=2, skip_growth=1) and spec.is_step_cache
+    with pytest.raises(ValueError, match="stepcache"):
+        parse_spec("stepcache:2,fraction=0.5")
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------------------------
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["flux", "wan"])
+def test_compiled_accelerate_gives_the_eager_outputs_and_a_second_generation_compiles_nothing(name):
+    """``accelerate(speed="fast")`` (the step cache) compiled without fullgraph: the decision runs on the host (a graph
+    break at each end of the call), the computed and skipped calls compile once, a second generation compiles
+    nothing more, and the outputs are the eager ones."""
+    from torch._dynamo.utils import counters
+
+    _skip(name)
+    entry = CATALOGUE[name]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 8)
+    tokenmerge.accelerate(model, speed="fast")
+    eager = _run(model, calls)
+    torch.compiler.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager")
+    try:
+        got = _run(compiled, calls)
+        frames, breaks = counters["frames"]["total"], dict(counters["graph_break"])
+        again = _run(compiled, calls)
+        assert counters["frames"]["total"] == frames, "a second generation compiled again"
+        assert dict(counters["graph_break"]) == breaks, "a second generation broke the graph again"
+    finally:
+        tokenmerge.remove_patch(model)
+        torch.compiler.reset()
+    assert sum(breaks.values()) == 2 and all("on the host" in reason for reason in breaks), breaks
+    for run in (got, again):
+        for a, b in zip(run, eager):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_fullgraph_compile_is_refused_with_the_reason():
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    tokenmerge.apply_step_cache(model)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    try:
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="step cache .* without fullgraph=True"):
+            with torch.no_grad():
+                compiled(**entry.inputs(batch=2))
+    finally:
+        tokenmerge.remove_patch(model)
+        torch.compiler.reset()
