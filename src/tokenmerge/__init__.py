@@ -10,7 +10,6 @@ from .api import (
     apply_config,
     apply_patch,
     apply_reuse,
-    apply_step_cache,
     apply_todo,
     describe_patch,
     new_generation,
@@ -18,6 +17,7 @@ from .api import (
     patched,
     remove_patch,
 )
+from .api_steps import apply_step_cache
 from .config import ReuseConfig, ToDoConfig, ToMeConfig
 from .engine.techniques import StepCacheConfig
 from .faithful import accelerate

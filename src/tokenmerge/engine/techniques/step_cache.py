@@ -34,6 +34,7 @@ import torch
 
 from ...families.predicates import params
 from ...families.spec import Arg
+from ...merge.schedule import check_schedule, computed
 from ..discover import bind
 from ..technique import Technique
 
@@ -61,38 +62,16 @@ class StepCacheConfig:
     blocks = None  # every block of the stack: a skipped step runs none of them
 
     def __post_init__(self):
-        for name, low, what in (("warmup", 1, "the computed steps that start each generation; the first fills the "
-                                 "cache"), ("skip", 1, "the steps skipped in the first round after the warm-up"),
-                                ("skip_growth", 0, "how many more steps each round skips than the one before")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low} ({what}); got {value!r}")
-            object.__setattr__(self, name, int(value))
+        check_schedule(self)
         ex = self.extrapolate
         if isinstance(ex, bool) or not isinstance(ex, numbers.Real) or not 0.0 <= float(ex) <= 1.0:
             raise ValueError(f"extrapolate must be a number in [0, 1] (0: the kept residual held; 1: moved along its "
                              f"slope, first order); got {ex!r}")
         object.__setattr__(self, "extrapolate", float(ex))
-        if self.mask is not None and (not isinstance(self.mask, str) or not self.mask or self.mask[0] != "1" or
-                                      set(self.mask) - {"0", "1"}):
-            raise ValueError(f"mask must be None or a string of 1 (a computed step) and 0 (a skipped one) per step, "
-                             f"starting with 1 (the first step fills the cache), e.g. '1111010010001'; got "
-                             f"{self.mask!r}")
 
     def computed(self, step: int) -> bool:
-        """Whether step ``step`` of a generation (0: its first) is computed: the first ``warmup`` steps are, then
-        rounds of skipped steps each ended by a computed one, the first round ``skip`` skipped steps and each round
-        after it ``skip_growth`` more; with a ``mask``, its ``step``-th character (steps past its end are computed)."""
-        if self.mask is not None:
-            return step >= len(self.mask) or self.mask[step] == "1"
-        at = step - self.warmup + 1  # 1: the first step after the warm-up
-        if at <= 0:
-            return True
-        length = end = self.skip + 1  # the rounds' computed steps fall at end = skip + 1, then each round longer
-        while end < at:
-            length += self.skip_growth
-            end += length
-        return end == at
+        """Whether step ``step`` of a generation (0: its first) is computed (``merge.schedule.computed``)."""
+        return computed(step, self.warmup, self.skip, self.skip_growth, self.mask)
 
     def schedule(self, steps: int) -> list[bool]:
         """Whether each of ``steps`` steps is computed (``True``) or skipped."""

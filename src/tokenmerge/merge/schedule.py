@@ -1,0 +1,45 @@
+"""Which steps of a generation a cache across steps computes (the step cache, the UNet cache): a warm-up, then
+rounds of skipped steps each ended by a computed one, the rounds growing; or a static mask. No model here."""
+
+from __future__ import annotations
+
+import numbers
+
+__all__ = ["computed", "check_schedule"]
+
+
+def computed(step: int, warmup: int, skip: int, growth: int, mask: str | None = None) -> bool:
+    """Whether step ``step`` of a generation (0: its first) is computed: the first ``warmup`` steps are, then rounds
+    of skipped steps each ended by a computed one, the first round ``skip`` skipped steps and each round after it
+    ``growth`` more; with a ``mask``, its ``step``-th character is ``"1"`` (steps past its end are computed).
+
+    Example:
+        >>> "".join("1" if computed(k, 3, 1, 1) else "0" for k in range(12))
+        '111010010001'
+    """
+    if mask is not None:
+        return step >= len(mask) or mask[step] == "1"
+    at = step - warmup + 1  # 1: the first step after the warm-up
+    if at <= 0:
+        return True
+    length = end = skip + 1  # the rounds' computed steps fall at end = skip + 1, then each round longer
+    while end < at:
+        length += growth
+        end += length
+    return end == at
+
+
+def check_schedule(config) -> None:
+    """Validate ``config``'s ``warmup``, ``skip``, ``skip_growth`` and ``mask`` (``ValueError`` naming the field),
+    making the integers ``int``."""
+    for name, low, what in (("warmup", 1, "the computed steps that start each generation; the first fills the "
+                             "cache"), ("skip", 1, "the steps skipped in the first round after the warm-up"),
+                            ("skip_growth", 0, "how many more steps each round skips than the one before")):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low} ({what}); got {value!r}")
+        object.__setattr__(config, name, int(value))
+    mask = config.mask
+    if mask is not None and (not isinstance(mask, str) or not mask or mask[0] != "1" or set(mask) - {"0", "1"}):
+        raise ValueError(f"mask must be None or a string of 1 (a computed step) and 0 (a skipped one) per step, "
+                         f"starting with 1 (the first step fills the cache), e.g. '1111010010001'; got {mask!r}")
