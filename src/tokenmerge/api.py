@@ -14,6 +14,7 @@ from .engine.install import patches_of
 from .engine.planner import BlockPlan
 from .engine.refusals import check_apply
 from .engine.technique import technique_for
+from .engine.techniques import StepCacheConfig
 
 __all__ = ["apply_patch", "apply_todo", "apply_reuse", "apply_config", "remove_patch", "patched", "describe_patch",
            "new_generation", "observe", "PatchInfo", "DenoiserInfo", "BlockPlan"]
@@ -362,10 +363,8 @@ def patched(model, ratio: float | None = None, *, method: str = "tome", **kwargs
     if method == "step_cache" and ratio is not None:
         raise ValueError("method='step_cache' takes no ratio (it skips whole steps): pass skip=, warmup=, ...")
     previous = _snapshot(model)
-    if method == "step_cache":
-        from .api_steps import apply_step_cache
-
-        apply_step_cache(model, **kwargs)
+    if method == "step_cache":  # (apply_step_cache's arguments: StepCacheConfig's)
+        apply_config(model, StepCacheConfig(**kwargs))
     elif method == "reuse":
         apply_reuse(model, 0.5 if ratio is None else ratio, **kwargs)
     elif method == "todo":
