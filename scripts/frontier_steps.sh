@@ -37,7 +37,7 @@ $S,mask=$DIT50,extrapolate=1"
 run() {  # testbed model, prompt arguments, steps, stem, title, bench table
   local model="$1" prompts="$2" steps="$3" stem="$4" title="$5" bench="$6"
   local caches="CACHES_$steps" step="STEP_$steps"
-  "${Q[@]}" --model "$model" $prompts --steps "$steps" --cache "$CACHE/$model-$steps" --stem "quality-$stem" \
+  "${Q[@]}" --model "$model" $prompts --steps "$steps" --images "$CACHE/$model-$steps" --stem "quality-$stem" \
     --methods ${!step} ${!caches}
   "${F[@]}" --bench "$bench" --quality "benchmarks/results/quality/quality-$stem.json" --stem "frontier-$stem" \
     --title "$title, $steps steps"

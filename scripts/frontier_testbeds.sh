@@ -17,16 +17,16 @@ Q=(.venv/bin/tokenmerge quality --no-progress --steps 20)
 R=(--out benchmarks/results/quality)
 
 IMAGE_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2 fbc:0.1 fbc:0.2 taylorseer:5 pab:2 \
-magcache:0.06 magcache:0.12 magcache:0.25 reuse:0.5,warmup=3,keys=cached"
-IMAGE_B="reuse:0.5,warmup=4,keys=cached,text=true reuse:0.5,warmup=3,keys=cached,text=true \
-reuse:0.4,warmup=3,keys=cached,text=true reuse:0.3,warmup=3,keys=cached,text=true \
-reuse:0.55,fraction_end=0.25,warmup=2,keys=cached,text=true reuse:0.5,warmup=3,keys=cached,text=true+fbc:0.08 \
-reuse:0.4,warmup=3,keys=cached,text=true+fbc:0.1 reuse:0.3,warmup=3,keys=cached,text=true+fbc:0.1 \
-reuse:0.5,warmup=5,keys=cached,text=true reuse:0.6,warmup=4,keys=cached,text=true reuse:0.4,warmup=5,keys=cached,text=true \
-reuse:0.3,warmup=6,keys=cached,text=true,spread=0.5 \
-reuse:0.5,warmup=5,keys=cached,text=true+magcache:0.12 reuse:0.4,warmup=5,keys=cached,text=true+magcache:0.12"
+magcache:0.06 magcache:0.12 magcache:0.25 reuse:0.5,warmup=3,keys=kept"
+IMAGE_B="reuse:0.5,warmup=4,keys=kept,text=true reuse:0.5,warmup=3,keys=kept,text=true \
+reuse:0.4,warmup=3,keys=kept,text=true reuse:0.3,warmup=3,keys=kept,text=true \
+reuse:0.55,fraction_end=0.25,warmup=2,keys=kept,text=true reuse:0.5,warmup=3,keys=kept,text=true+fbc:0.08 \
+reuse:0.4,warmup=3,keys=kept,text=true+fbc:0.1 reuse:0.3,warmup=3,keys=kept,text=true+fbc:0.1 \
+reuse:0.5,warmup=5,keys=kept,text=true reuse:0.6,warmup=4,keys=kept,text=true reuse:0.4,warmup=5,keys=kept,text=true \
+reuse:0.3,warmup=6,keys=kept,text=true,spread=0.5 \
+reuse:0.5,warmup=5,keys=kept,text=true+magcache:0.12 reuse:0.4,warmup=5,keys=kept,text=true+magcache:0.12"
 # extrapolate=1: the kept residuals, keys and values move along their measured change
-X=keys=cached,text=true,extrapolate=1
+X=keys=kept,text=true,extrapolate=1
 IMAGE_A="$IMAGE_A reuse:0.5,warmup=3,$X reuse:0.5,warmup=4,$X reuse:0.4,warmup=4,$X reuse:0.35,warmup=4,$X \
 reuse:0.5,fraction_end=0.2,warmup=4,$X+fbc:0.08 reuse:0.5,fraction_end=0.2,warmup=4,$X+magcache:0.06 \
 magcache:0.08 magcache:0.1 reuse:0.35,warmup=4,$X+fbc:0.2"
@@ -43,11 +43,11 @@ reuse:1,warmup=4,$X,skip=1,skip_growth=1 reuse:0.5,warmup=4,$X,skip=1,skip_growt
 reuse:0.5,warmup=5,$X,skip=1,skip_growth=1"
 IMAGE_B="$IMAGE_B reuse:1,warmup=3,$X,skip=2,skip_growth=1 reuse:1,warmup=5,$X,skip=1,skip_growth=1 \
 reuse:1,warmup=4,$X,skip=3,skip_growth=1"
-VIDEO_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2x2x2 fbc:0.1 fbc:0.2 pab:2 reuse:0.5,keys=cached \
+VIDEO_A="tome:0.5,match_radius=1 tome:0.5,scope=block,match_radius=1 todo:2x2x2 fbc:0.1 fbc:0.2 pab:2 reuse:0.5,keys=kept \
 magcache:0.06 magcache:0.12 magcache:0.25"
 VIDEO_B="reuse:0.4 reuse:0.35 reuse:0.3 reuse:0.25 reuse:0.2 reuse:0.3+fbc:0.1 reuse:0.25+fbc:0.1 reuse:0.2+fbc:0.1 \
 reuse:0.4+magcache:0.12 reuse:0.3+magcache:0.12"
-Y=keys=cached,extrapolate=1
+Y=keys=kept,extrapolate=1
 VIDEO_A="$VIDEO_A reuse:0.3,extrapolate=1 reuse:0.4,$Y reuse:0.3,$Y reuse:0.25,$Y reuse:0.3,$Y+fbc:0.1 \
 reuse:0.3,$Y+magcache:0.06 magcache:0.35 magcache:0.5"
 VIDEO_B="$VIDEO_B reuse:0.4,fraction_end=0.1,$Y reuse:0.25,fraction_end=0.1,$Y reuse:0.4,fraction_end=0.1,$Y+fbc:0.1 \
@@ -61,13 +61,13 @@ run() {  # model, prompts args, stem
   local model="$1" prompts="$2" stem="$3" a="$4" b="$5"
   # generate: two processes, all six seeds (the selection and the report runs below read the cache; their own
   # tables go to the cache folder)
-  "${Q[@]}" --out "$CACHE/gen" --model "$model" $prompts --seeds 0 1 2 3 4 5 --cache "$CACHE/$model" --stem "$stem-gen-a" \
+  "${Q[@]}" --out "$CACHE/gen" --model "$model" $prompts --seeds 0 1 2 3 4 5 --images "$CACHE/$model" --stem "$stem-gen-a" \
     --methods $a > "$CACHE/$model-a.log" 2>&1 &
-  "${Q[@]}" --out "$CACHE/gen" --model "$model" $prompts --seeds 0 1 2 3 4 5 --cache "$CACHE/$model" --stem "$stem-gen-b" \
+  "${Q[@]}" --out "$CACHE/gen" --model "$model" $prompts --seeds 0 1 2 3 4 5 --images "$CACHE/$model" --stem "$stem-gen-b" \
     --methods $b > "$CACHE/$model-b.log" 2>&1
   wait
-  "${Q[@]}" "${R[@]}" --model "$model" $prompts --seeds 0 1 --cache "$CACHE/$model" --stem "$stem-select" --methods $a $b
-  "${Q[@]}" "${R[@]}" --model "$model" $prompts --seeds 2 3 4 5 --cache "$CACHE/$model" --stem "$stem" --methods $a $b
+  "${Q[@]}" "${R[@]}" --model "$model" $prompts --seeds 0 1 --images "$CACHE/$model" --stem "$stem-select" --methods $a $b
+  "${Q[@]}" "${R[@]}" --model "$model" $prompts --seeds 2 3 4 5 --images "$CACHE/$model" --stem "$stem" --methods $a $b
 }
 
 mkdir -p "$CACHE"

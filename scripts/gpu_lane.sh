@@ -187,11 +187,11 @@ NEXT15=(smoke:75 kernels-flux1-dev-1024:130 kernels-pixart-alpha-1024:60 reuse-w
 # the Triton kernels against the torch ones (kernels=triton), whole-block and around attention, with the grid limit
 KERNELS_METHODS="tome:0.5,scope=block tome:0.5,scope=block,kernels=triton tome:0.5 tome:0.5,kernels=triton"
 KERNELS_METHODS+=" grid-limit:0.5"
-# token reuse's partial and full steps (keys=cached: the others' keys and values kept; text=true: Flux's text too)
+# token reuse's partial and full steps (keys=kept: the others' keys and values kept; text=true: Flux's text too)
 # extrapolated (accelerate's image points), and the one-token step that times skip='s skipped steps
-REUSE_FLUX="reuse:0.5,keys=cached,text=true,extrapolate=1 reuse:0.2,keys=cached,text=true,extrapolate=1"
-REUSE_FLUX+=" reuse:0.0001,keys=cached,text=true,extrapolate=1"
-REUSE_WAN="reuse:0.3,keys=cached,extrapolate=1 reuse:0.25,keys=cached,extrapolate=1 reuse:0.0001,keys=cached,extrapolate=1"
+REUSE_FLUX="reuse:0.5,keys=kept,text=true,extrapolate=1 reuse:0.2,keys=kept,text=true,extrapolate=1"
+REUSE_FLUX+=" reuse:0.0001,keys=kept,text=true,extrapolate=1"
+REUSE_WAN="reuse:0.3,keys=kept,extrapolate=1 reuse:0.25,keys=kept,extrapolate=1 reuse:0.0001,keys=kept,extrapolate=1"
 save() {  # leave what was measured so far in $RESULTS_COPY (quick15, next15)
   [ -n "${RESULTS_COPY:-}" ] || return 0
   tar czf "$RESULTS_COPY/gpu-results.tgz" "$OUT" 2>/dev/null

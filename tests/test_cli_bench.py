@@ -168,20 +168,20 @@ def test_model_from_a_local_folder(tmp_path):
 def test_methods_whole_generations_and_breakdown(tmp_path):
     out = tmp_path / "res"
     rc = main(["bench", "--preset", "tiny", "--resolutions", "128", "--modes", "vanilla", "tokenmerge", "limit", "todo",
-               "todo-limit", "--methods", "tome:0.5,reuse_steps=2", "todo:2,mode=avg", "--steps", "2", "--breakdown",
+               "todo-limit", "--methods", "tome:0.5,plan_steps=2", "todo:2,mode=avg", "--steps", "2", "--breakdown",
                "--repeats", "1", "--out", str(out), "--no-progress"])
     assert rc == 0
     records = [json.loads(line) for line in (out / "bench.jsonl").open()]
     steps = [r for r in records if r["kind"] == "step"]
     assert [r["label"] for r in steps] == ["vanilla", "tokenmerge 0.5", "limit 0.5", "todo 2", "todo-limit 2",
-                                           "tokenmerge 0.5 reuse_steps=2", "todo 2 mode=avg"]
+                                           "tokenmerge 0.5 plan_steps=2", "todo 2 mode=avg"]
     assert all(r["status"] == "ok" and r["generate_s"] > 0 and len(r["generate_times_s"]) == 1 for r in steps)
     todo = next(r for r in steps if r["label"] == "todo 2")
     assert todo["gain_kept"] is None or todo["gain_kept"] == pytest.approx(
         (todo["speedup"] - 1) / (next(r for r in steps if r["label"] == "todo-limit 2")["speedup"] - 1))
     parts = {r["spec"]: r["phases_s"] for r in records if r["kind"] == "breakdown"}
     # vanilla and nothing else is left out: it has no patched blocks; "tome:0" is the unmerged reference
-    assert set(parts) == {"tome:0", "tome:0.5", "limit:0.5", "todo:2", "todo-limit:2", "tome:0.5,reuse_steps=2",
+    assert set(parts) == {"tome:0", "tome:0.5", "limit:0.5", "todo:2", "todo-limit:2", "tome:0.5,plan_steps=2",
                           "todo:2,mode=avg"}
     for spec, ph in parts.items():
         merges = spec.startswith(("tome:0.5", "limit"))  # (no query merging makes no plan: no similarity phase)

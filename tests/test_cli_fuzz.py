@@ -78,7 +78,7 @@ OPTIONS = {
               "--modes": st.sampled_from(["vanilla", "tokenmerge", "tomesd", "todo", "fast"]),
               "--attention": st.sampled_from(["sdpa", "vanilla", "xformers", "x"]), "--repeats": NUMBERS,
               "--warmup": NUMBERS, "--memory-limit": NUMBERS},
-    "quality": {**COMMON, "--stem": STEMS, "--cache": PATHS, "--count": NUMBERS, "--seeds": NUMBERS,
+    "quality": {**COMMON, "--stem": STEMS, "--images": PATHS, "--count": NUMBERS, "--seeds": NUMBERS,
                 "--category": st.text(max_size=20), "--grid-rows": NUMBERS, "--prompts": PATHS,
                 "--metrics": st.sampled_from(["clip", "fid", "x"]), "--clip-model": PATHS},
     "demo": COMMON,

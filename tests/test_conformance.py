@@ -150,7 +150,7 @@ def test_schedule_reuse_sharing_and_local_matching(name):
     assert torch.equal(_run(model, inputs), plain), "a schedule that excludes this step must not merge"
     tokenmerge.apply_patch(model, ratio=0.5)
     exact = _run(model, inputs)
-    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(ratio=0.5, reuse_steps=2), matcher=counting)
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(ratio=0.5, plan_steps=2), matcher=counting)
     first = _run(model, inputs)
     made = len(calls)
     later = inputs  # no timestep: every call is a step
@@ -161,7 +161,7 @@ def test_schedule_reuse_sharing_and_local_matching(name):
         except (ValueError, TypeError, AttributeError):
             pass
     second = _run(model, later)
-    assert made > 0 and len(calls) == made, "reuse_steps=2: the next step must reuse every plan"
+    assert made > 0 and len(calls) == made, "plan_steps=2: the next step must reuse every plan"
     assert torch.equal(first, exact) and torch.isfinite(second).all()
     calls.clear()
     tokenmerge.apply_config(model, tokenmerge.ToMeConfig(ratio=0.5, share_plans=True), matcher=counting)

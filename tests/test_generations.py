@@ -7,7 +7,7 @@
   sees the first's residuals (a patched pipeline: its scheduler's new timesteps; a bare model:
   ``tokenmerge.new_generation``).
 - Several calls per step (tiles of two sizes, batched and unbatched calls): each call's kept state is found by its
-  grid and its place in the step, so each equals a run of that call alone. ToMe's ``reuse_steps`` plans too.
+  grid and its place in the step, so each equals a run of that call alone. ToMe's ``plan_steps`` plans too.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def test_a_stopped_pipeline_generation_leaves_nothing_to_the_next_one(method):
         if method == "reuse":
             tokenmerge.apply_reuse(pipe, 0.5, warmup=1)
         else:
-            tokenmerge.apply_patch(pipe, 0.5, reuse_steps=3)
+            tokenmerge.apply_patch(pipe, 0.5, plan_steps=3)
 
     def img2img():
         out = pipe(**kwargs, strength=0.5, num_inference_steps=6, generator=torch.Generator().manual_seed(2))
@@ -161,12 +161,12 @@ def test_a_stopped_pipeline_generation_leaves_nothing_to_the_next_one(method):
 
 
 def test_tome_kept_plans_follow_each_tile():
-    """ToMe's ``reuse_steps``: plans kept per call's slot, so tiles of two sizes each reuse their own plans (as a run
+    """ToMe's ``plan_steps``: plans kept per call's slot, so tiles of two sizes each reuse their own plans (as a run
     of the tile alone does), and a new generation makes new ones."""
     entry, model = _flux()
     tiles = [entry.inputs(batch=2, grid=(4, 4), seed=0), entry.inputs(batch=2, grid=(2, 4), seed=2)]
     times = [1.0, 0.8, 0.6, 0.4]
-    tiled, alone = _tiled_and_alone(model, tiles, times, lambda m: tokenmerge.apply_patch(m, 0.5, reuse_steps=2))
+    tiled, alone = _tiled_and_alone(model, tiles, times, lambda m: tokenmerge.apply_patch(m, 0.5, plan_steps=2))
     for k in range(len(tiles)):
         assert all(torch.equal(a, b) for a, b in zip(tiled[k], alone[k])), k
 

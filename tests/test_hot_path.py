@@ -80,7 +80,7 @@ def test_one_call_runs_through_few_files_and_functions(name, technique):
     assert f"engine/techniques/{own}" in files
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(keys="cached"), dict(keys="cached", text=True)])
+@pytest.mark.parametrize("kwargs", [dict(), dict(keys="kept"), dict(keys="kept", text=True)])
 def test_a_token_reuse_partial_step_runs_through_few_files_functions_and_calls(kwargs):
     """The tiny Flux.1 with 1 double and 1 single block, a steady partial step (the round-robin's second round: its
     tables built already)."""

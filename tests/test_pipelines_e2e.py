@@ -125,7 +125,7 @@ def test_schedule_merges_in_the_first_half_only(name):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_reuse_steps_computes_plans_every_other_call(name):
+def test_plan_steps_computes_plans_every_other_call(name):
     case = CASES[name]
     pipe, kw = _built(case)
     kw = {**kw, **case.guidance, "num_inference_steps": 4}
@@ -135,7 +135,7 @@ def test_reuse_steps_computes_plans_every_other_call(name):
         made.append(len(calls))  # the denoiser call it is made in (from 1)
         return bipartite_soft_matching(*args, **kwargs)
 
-    tokenmerge.apply_config(pipe, tokenmerge.ToMeConfig(ratio=0.5, reuse_steps=2, share_plans=False),
+    tokenmerge.apply_config(pipe, tokenmerge.ToMeConfig(ratio=0.5, plan_steps=2, share_plans=False),
                             matcher=counting_matcher)
     calls = []  # the calls of the denoiser the counting reads (Ideogram 4: the conditional transformer's)
     handle = pipe.transformer.register_forward_pre_hook(lambda *_: calls.append(1))

@@ -1,4 +1,4 @@
-"""Merge-plan reuse: one plan per level and call (share_plans), and plans kept across calls (reuse_steps)."""
+"""Merge-plan reuse: one plan per level and call (share_plans), and plans kept across calls (plan_steps)."""
 
 import pytest
 import torch
@@ -82,10 +82,10 @@ def test_share_plans_on_a_unet_computes_one_plan_per_level_and_a_unet_defaults_t
     tokenmerge.remove_patch(unet)
 
 
-def test_reuse_steps_keeps_plans_for_k_calls_and_a_new_generation_recomputes():
+def test_plan_steps_keeps_plans_for_k_calls_and_a_new_generation_recomputes():
     model = TwinBlocks()
     calls = []
-    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, reuse_steps=2, share_plans=False),
+    tokenmerge.apply_config(model, tokenmerge.ToMeConfig(use_rand=False, plan_steps=2, share_plans=False),
                             matcher=counting(calls))
     per_call = []
     with torch.no_grad():
@@ -98,7 +98,7 @@ def test_reuse_steps_keeps_plans_for_k_calls_and_a_new_generation_recomputes():
     tokenmerge.apply_patch(model, use_rand=False, share_plans=False)
     with torch.no_grad():
         exact = model(**twin_inputs(800))
-    tokenmerge.apply_patch(model, use_rand=False, reuse_steps=3, share_plans=False)
+    tokenmerge.apply_patch(model, use_rand=False, plan_steps=3, share_plans=False)
     with torch.no_grad():
         model(**twin_inputs(900))
         kept = model(**twin_inputs(800))
@@ -109,7 +109,7 @@ def test_reuse_steps_keeps_plans_for_k_calls_and_a_new_generation_recomputes():
 def test_reuse_follows_batch_and_ratio_changes():
     unet = make_unet()
     calls = []
-    tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(reuse_steps=10, share_plans=False), matcher=counting(calls))
+    tokenmerge.apply_config(unet, tokenmerge.ToMeConfig(plan_steps=10, share_plans=False), matcher=counting(calls))
     with torch.no_grad():
         unet(**unet_inputs(batch=2))
         n = len(calls)
@@ -118,7 +118,7 @@ def test_reuse_follows_batch_and_ratio_changes():
     tokenmerge.remove_patch(unet)
 
 
-@pytest.mark.parametrize("kwargs, words", [(dict(reuse_steps=0), "reuse_steps"), (dict(share_plans=1), "share_plans")])
+@pytest.mark.parametrize("kwargs, words", [(dict(plan_steps=0), "plan_steps"), (dict(share_plans=1), "share_plans")])
 def test_bad_reuse_arguments(kwargs, words):
     with pytest.raises(ValueError, match=words):
         tokenmerge.apply_patch(make_unet(), **kwargs)

@@ -37,7 +37,7 @@ REFUSED = {name: LAYOUT for name in (
     "nucleus-moe-image", "kandinsky5", "krea2", "glm-image", "joyimage-edit", "joyimage-edit-plus", "ernie-image",
     "flux3", "flux3-ref")}
 # entries whose attention cannot give back only some tokens' rows: keys="fresh" is refused (with a word of the
-# reason), keys="cached" (the whole block on the recomputed tokens) runs
+# reason), keys="kept" (the whole block on the recomputed tokens) runs
 FRESH_REFUSED = {"flux2": "fused", "flux2-klein": "fused", "flux2-klein-ref": "fused", "mochi": "splits",
                  "omnigen": "reshapes", "sd3": "splits", "sd3.5": "splits", "sd3-controlnet": "splits"}
 
@@ -304,8 +304,8 @@ def test_fullgraph_compile_is_refused_with_the_reason():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name,kwargs", [("flux", {}), ("wan", {}), ("flux", dict(keys="cached", text=True)),
-                                         ("flux", dict(keys="cached", text=True, extrapolate=1.0)),
+@pytest.mark.parametrize("name,kwargs", [("flux", {}), ("wan", {}), ("flux", dict(keys="kept", text=True)),
+                                         ("flux", dict(keys="kept", text=True, extrapolate=1.0)),
                                          ("wan", dict(extrapolate=0.5))])
 def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kwargs):
     """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: a graph break at
@@ -402,7 +402,7 @@ def test_describe_patched_and_the_method_spec():
     # block indices of any count (a factor per axis takes 2 or 3), and the text stream's reuse
     assert parse_spec("reuse:0.4,blocks=(1,2,3,4,5)").reuse_config().blocks == (1, 2, 3, 4, 5)
     assert parse_spec("reuse:0.4,blocks=[0,]").reuse_config().blocks == (0,)
-    assert parse_spec("reuse:0.4,keys=cached,text=true").reuse_config().text is True
+    assert parse_spec("reuse:0.4,keys=kept,text=true").reuse_config().text is True
 
 
 def test_the_bench_times_a_full_and_a_partial_step(tmp_path):
@@ -474,8 +474,8 @@ def test_frontier_joins_several_bench_tables_the_last_one_winning(tmp_path):
     assert rows["reuse:0.5,warmup=4"] == f"{20 / (4 + 16 * 0.5):.2f}x"
 
 
-# ---- keys="cached": the block on the recomputed tokens, the others' keys and values kept ---------------------
-# catalogue entries whose calls keys="cached" cannot run on the recomputed tokens alone (per-token arguments, token
+# ---- keys="kept": the block on the recomputed tokens, the others' keys and values kept ---------------------
+# catalogue entries whose calls keys="kept" cannot run on the recomputed tokens alone (per-token arguments, token
 # counts): those calls compute every token, with one warning (a word of its reason here)
 CACHED_WHOLE = {"qwen-image-edit-2511": "per-token", "wan-ti2v": "per-token", "skyreels-v2-df": "per-token",
                 "ltx-i2v": "per-token", "hunyuan-video-i2v-token-replace": "num_tokens"}
@@ -491,7 +491,7 @@ def test_cached_keys_run_or_refuse_on_every_family(name):
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 3)
     vanilla = _run(model, calls)
-    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached")
+    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="kept")
     if name in CACHED_WHOLE:  # never an error halfway through a generation: those calls compute every token
         with pytest.warns(RuntimeWarning, match=CACHED_WHOLE[name]):
             reused = _run(model, calls)
@@ -510,7 +510,7 @@ def test_cached_keys_run_or_refuse_on_every_family(name):
 @pytest.mark.parametrize("name", sorted(TIME_EMBEDDING))
 def test_cached_keys_are_the_fresh_ones_when_nothing_changes_between_steps(name):
     """With a model whose blocks ignore the timestep and the same latent at every step, the other tokens' kept keys
-    and values are exactly this step's: keys="cached" must then give what keys="fresh" gives (which the property
+    and values are exactly this step's: keys="kept" must then give what keys="fresh" gives (which the property
     test checks against the unpatched blocks); with the real timestep embedding they differ."""
     _skip(name)
     entry = CATALOGUE[name]
@@ -576,7 +576,7 @@ def test_the_quality_tools_linear_work_counts_the_rows_computed():
     assert work[0] == entered[0] > 0
 
 
-# ---- text=True: the text stream's tokens reused too (keys="cached") -------------------------------------------
+# ---- text=True: the text stream's tokens reused too (keys="kept") -------------------------------------------
 def test_text_reuse_is_the_plain_reuse_when_nothing_changes_between_steps():
     """With blocks that ignore the timestep and the same latent at every step, the kept text residuals, keys and
     values are exactly this step's: text=True must give what text=False gives; with the timestep they differ."""
@@ -590,7 +590,7 @@ def test_text_reuse_is_the_plain_reuse_when_nothing_changes_between_steps():
             for name in ("weight", "bias"):
                 torch.nn.init.zeros_(getattr(model.get_submodule(TIME_EMBEDDING["flux"]), name))
         for text in (False, True):
-            tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached", text=text)
+            tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="kept", text=text)
             runs[still, text] = _run(model, calls)
             tokenmerge.remove_patch(model)
     for a, b in zip(runs[True, False], runs[True, True]):
@@ -610,7 +610,7 @@ def test_text_reuse_runs_the_block_on_the_recomputed_text_tokens_and_keeps_the_o
     inputs = []
     block.register_forward_pre_hook(lambda m, a, kw: inputs.append(kw["encoder_hidden_states"]), with_kwargs=True,
                                     prepend=True)
-    tokenmerge.apply_reuse(model, 0.25, warmup=1, keys="cached", text=True)
+    tokenmerge.apply_reuse(model, 0.25, warmup=1, keys="kept", text=True)
     block.register_forward_hook(lambda m, a, out: outs.append(out))  # after the patch's: the block's final output
     patch = model._tokenmerge_patch
     kept = []
@@ -634,8 +634,8 @@ def test_text_reuse_runs_the_block_on_the_recomputed_text_tokens_and_keeps_the_o
 
 
 @pytest.mark.parametrize("name,kwargs,words", [
-    ("flux", dict(text=True), "keys='cached'"), ("flux", dict(keys="cached", text="yes"), "True or False"),
-    ("wan", dict(keys="cached", text=True), "text=False"), ("pixart", dict(keys="cached", text=True), "text=False")])
+    ("flux", dict(text=True), "keys='kept'"), ("flux", dict(keys="kept", text="yes"), "True or False"),
+    ("wan", dict(keys="kept", text=True), "text=False"), ("pixart", dict(keys="kept", text=True), "text=False")])
 def test_text_reuse_is_refused_where_it_cannot_work(name, kwargs, words):
     _skip(name)
     model = CATALOGUE[name].build()
@@ -653,7 +653,7 @@ def test_text_reuse_with_an_attention_mask_recomputes_every_text_token():
         pytest.skip("this diffusers' Chroma takes no attention mask")
     runs = []
     for text in (False, True):
-        tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached", text=text)
+        tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="kept", text=text)
         runs.append(_run(model, calls))
         tokenmerge.remove_patch(model)
     for a, b in zip(*runs):
@@ -661,7 +661,7 @@ def test_text_reuse_with_an_attention_mask_recomputes_every_text_token():
 
 
 def test_kept_keys_take_a_call_whose_text_changed_length():
-    """keys="cached": the kept keys (3 text + 8 image rows) get a partial step's fresh rows in place where the
+    """keys="kept": the kept keys (3 text + 8 image rows) get a partial step's fresh rows in place where the
     layout holds (the text's recomputed rows at their places); a call whose text changed length gets every text row
     fresh and the kept image rows with the recomputed ones fresh."""
     from tokenmerge.engine.attention import CachedKeys
@@ -690,7 +690,7 @@ _SDPA = torch.nn.functional.scaled_dot_product_attention  # (token reuse routes 
 
 class _Keys(torch.overrides.TorchFunctionMode):
     """Every SDPA call's keys and values (``record``), or, with ``kept`` and ``fresh`` rows, its keys and values at
-    the kept rows replaced by ``kept``'s (the reference of keys="cached")."""
+    the kept rows replaced by ``kept``'s (the reference of keys="kept")."""
 
     def __init__(self, kept=None, fresh=None):
         super().__init__()
@@ -715,7 +715,7 @@ class _Keys(torch.overrides.TorchFunctionMode):
 
 @pytest.mark.parametrize("text", [False, True])
 def test_cached_keys_and_text_against_an_exact_reference(text):
-    """keys="cached" (and text=True): at a partial step each block's recomputed rows (image, and text ones with
+    """keys="kept" (and text=True): at a partial step each block's recomputed rows (image, and text ones with
     text=True) are the unpatched block's outputs with the other tokens' keys and values taken from their last
     computation (recorded at the full step), and every other row is its input plus its residual of that step."""
     _skip("flux")
@@ -727,7 +727,7 @@ def test_cached_keys_and_text_against_an_exact_reference(text):
     for i, block in enumerate(blocks):  # before the patch's hooks: each call's plain input, and its final output
         block.register_forward_pre_hook(lambda m, a, kw, i=i: seen[i].append({"kwargs": dict(kw)}), with_kwargs=True,
                                         prepend=True)
-    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached", text=text, spread=0.0)
+    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="kept", text=text, spread=0.0)
     patch = model._tokenmerge_patch
     rows = []
     for i, block in enumerate(blocks):

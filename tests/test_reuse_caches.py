@@ -153,7 +153,7 @@ def test_a_step_the_cache_cuts_short_leaves_the_tokens_progress(cache):
     calls = [entry.inputs(batch=2)]
     for _ in range(STEPS - 1):
         calls.append(later_step(model, calls[-1], 0.9))
-    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="cached", extrapolate=1.0)
+    tokenmerge.apply_reuse(model, 0.5, warmup=1, keys="kept", extrapolate=1.0)
     config = _config(cache)
     if cache == "fbc":  # (the extrapolated first block changes less from step to step)
         config.threshold = 0.19

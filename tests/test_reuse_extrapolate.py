@@ -33,7 +33,7 @@ def _record(model, blocks, patch):
 
 @pytest.mark.parametrize("factor", [1.0, 0.5])
 def test_extrapolated_rows_against_a_reference(factor):
-    """Two full steps then a partial one (keys="cached", text=True): each block's recomputed rows are the unpatched
+    """Two full steps then a partial one (keys="kept", text=True): each block's recomputed rows are the unpatched
     block's with the other tokens' keys and values at K1 + KEYS_AHEAD x factor x (K1 - K0) / (p1 - p0) x (p2 - p1)
     (K0, K1 recorded at the full steps), every other image and text row is its input plus R1 + factor x (R1 - R0) /
     (p1 - p0) x (p2 - p1), R the block's residual at each full step."""
@@ -42,7 +42,7 @@ def test_extrapolated_rows_against_a_reference(factor):
     model = entry.build()
     calls = _steps(model, entry.inputs(batch=2), 3)
     blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
-    tokenmerge.apply_reuse(model, 0.5, warmup=2, keys="cached", text=True, spread=0.0, extrapolate=factor)
+    tokenmerge.apply_reuse(model, 0.5, warmup=2, keys="kept", text=True, spread=0.0, extrapolate=factor)
     patch = model._tokenmerge_patch
     seen, handles = _record(model, blocks, patch)
     keys = {i: [] for i in range(len(blocks))}
@@ -127,7 +127,7 @@ def test_bad_extrapolate_is_refused(value):
 def test_describe_names_it_and_its_memory():
     _skip("flux")
     model = CATALOGUE["flux"].build()
-    tokenmerge.apply_reuse(model, 0.5, keys="cached", extrapolate=0.5)
+    tokenmerge.apply_reuse(model, 0.5, keys="kept", extrapolate=0.5)
     info = tokenmerge.describe_patch(model)
     assert "extrapolate=0.5" in str(info) and any("slope" in note for note in info.notes)
     tokenmerge.remove_patch(model)

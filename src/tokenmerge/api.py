@@ -37,13 +37,14 @@ def apply_patch(
     ratio_end: float | None = None,
     num_train_timesteps: int = 1000,
     share_plans: bool | None = None,
-    reuse_steps: int = 1,
+    plan_steps: int = 1,
     match_radius: int | None = 1,
     blocks=None,
     st: int = 1,
     scope: str = "attention",
     min_size: int | None = None,
     kernels: str = "torch",
+    reuse_steps: int | None = None,
 ):
     """Patch a diffusion model with ToMe (Token Merging for Stable Diffusion), in place.
 
@@ -83,7 +84,8 @@ def apply_patch(
         min_size: merge a call only where its hidden states hold at least this many elements per sample (tokens
             x channels). ``None`` (default): 4096 x 1024 on CUDA, where smaller calls were no faster merged (SD 1.5
             at 512 and SDXL at 1024 on an H200 run unmerged), 0 elsewhere. 0: merge every call.
-        reuse_steps: keep plans for this many consecutive denoiser calls (1, the default: recompute).
+        plan_steps: keep plans for this many consecutive denoiser calls (1, the default: recompute).
+            ``reuse_steps``, its former name, still works (with a ``DeprecationWarning``).
         match_radius: an integer R (default 1): each source token is matched only against the destinations of
             the windows at most R windows away, so the matching's cost grows with the token count instead of its
             square. ``None``: against every destination, as in tomesd (its exact results with ``use_rand=False``;
@@ -99,9 +101,10 @@ def apply_patch(
         arguments or a level setting that matches no block, ``TypeError`` for an unsupported model; on any
         error the model is left as it was.
     """
+    plan_steps = _former(plan_steps, reuse_steps)
     config = ToMeConfig(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
                         start=start, stop=stop, ratio_end=ratio_end, num_train_timesteps=num_train_timesteps,
-                        share_plans=share_plans, reuse_steps=reuse_steps, match_radius=match_radius,
+                        share_plans=share_plans, plan_steps=plan_steps, match_radius=match_radius,
                         blocks=blocks, st=st, scope=scope, min_size=min_size, kernels=kernels)
     return apply_config(model, config)
 
@@ -122,12 +125,13 @@ def apply_todo(
     ratio_end: float | None = None,
     num_train_timesteps: int = 1000,
     share_plans: bool | None = None,
-    reuse_steps: int = 1,
+    plan_steps: int = 1,
     match_radius: int | None = 1,
     blocks=None,
     st: int = 1,
     min_size: int | None = None,
     kernels: str = "torch",
+    reuse_steps: int | None = None,
 ):
     """Patch a diffusion model with ToDo (token downsampling, arXiv 2402.13573), in place.
 
@@ -143,7 +147,7 @@ def apply_todo(
         ratio: also merge the queries with ToMe at this ratio (0: off); ``sx``, ``sy``, ``use_rand`` and
             ``seed``, ``st`` as in ``apply_patch``. Keys and values are pooled from the unmerged tokens.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``apply_patch``.
-        share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``apply_patch``.
+        share_plans, plan_steps, match_radius: reuse and reach of the query merging, as in ``apply_patch``.
         blocks: which blocks, by index, as in ``apply_patch``.
         min_size: the smallest call that is pooled, as in ``apply_patch`` (``None``: 4096 x 1024 on CUDA).
         kernels: the query merging's kernels, as in ``apply_patch``.
@@ -154,11 +158,21 @@ def apply_todo(
     Returns:
         ``model``, patched (replacing any earlier tokenmerge patch). ``remove_patch`` removes it.
     """
+    plan_steps = _former(plan_steps, reuse_steps)
     config = ToDoConfig(downsample, mode, max_downsample, ratio, sx, sy, use_rand, seed, start=start, stop=stop,
                         ratio_end=ratio_end, num_train_timesteps=num_train_timesteps, share_plans=share_plans,
-                        reuse_steps=reuse_steps, match_radius=match_radius, blocks=blocks, st=st, min_size=min_size,
+                        plan_steps=plan_steps, match_radius=match_radius, blocks=blocks, st=st, min_size=min_size,
                         kernels=kernels)
     return apply_config(model, config)
+
+
+def _former(plan_steps: int, reuse_steps: int | None) -> int:
+    """``plan_steps``, or ``reuse_steps`` (its name before docs/glossary.md gave "reuse" to token reuse alone)."""
+    if reuse_steps is None:
+        return plan_steps
+    warnings.warn("tokenmerge: reuse_steps is now plan_steps (docs/glossary.md: 'reuse' names token reuse alone)",
+                  DeprecationWarning, stacklevel=3)
+    return reuse_steps
 
 
 def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: float | None = None,
@@ -191,26 +205,26 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
 
     Args to tinker with:
         spread: give each token that is not recomputed this share of the mean change of the recomputed tokens
-            around it (3x3 on the grid, 3x3x3 on video) since they were last computed, added to its cached residual
+            around it (3x3 on the grid, 3x3x3 on video) since they were last computed, added to its kept residual
             (ClusCa's idea: a computed token's change stands for its neighbours'); 0: off. No memory is kept for
             it. The default 0.3 was 0.6-2.2 dB more faithful than 0 on the embedded models.
         keys: ``"fresh"`` (default): every token goes through the block's projections, so the recomputed tokens
-            attend to this step's keys and values of all tokens, as described above. ``"cached"``: the whole block
+            attend to this step's keys and values of all tokens, as described above. ``"kept"``: the whole block
             runs on the recomputed tokens alone (its feed-forward, projections and norms too; rotary rows follow),
             and inside its attention the other tokens' keys and values are the ones kept from their last
             computation: less work per partial step (about ``fraction`` of a full one), 1.5-2.5 dB less faithful
             at the same fraction on the embedded models, and two more stored tensors per attention (keys and
             values of every token). Blocks whose per-token arguments would have to follow are refused with
-            ``"cached"``.
-        text: with ``keys="cached"``, on blocks with a separate text stream (Flux.1 and its kin): recompute the
-            same share of the text tokens too (round-robin), the others taking their cached text residual and
+            ``"kept"`` (``"cached"``, its former name, reads as ``"kept"``).
+        text: with ``keys="kept"``, on blocks with a separate text stream (Flux.1 and its kin): recompute the
+            same share of the text tokens too (round-robin), the others taking their kept text residual and
             keys and values, as the image tokens do. Flux.1 at 1024 px has 512 text tokens beside 4096 image ones:
             recomputing all of them is a quarter of a partial step's work at ``fraction=0.4``. One more stored
             tensor of the text stream's size per block. A call with an attention mask (Chroma's) recomputes every
             text token. ``False`` (default): every text token is recomputed at every step.
         extrapolate: move each kept residual along its token's last measured change (a first-order step in the
             denoising progress read from the timestep, TaylorSeer's idea per token), times this factor in [0, 1];
-            with ``keys="cached"`` the kept keys and values move half as far, and with ``text=True`` the text
+            with ``keys="kept"`` the kept keys and values move half as far, and with ``text=True`` the text
             stream's too. A token's change is measured each time it is recomputed (at least two computations: one
             full step and one partial one, or two full steps); 0 (default): kept residuals held as computed. Twice
             the kept memory. On the mosaic testbed (1,024 image tokens) 1 was 2-4 dB more faithful at the same
@@ -315,7 +329,7 @@ def remove_patch(model):
 
 def new_generation(model) -> None:
     """Start a new generation at the next denoiser call of ``model``'s patches: what they keep across the steps of
-    a generation (token reuse's residuals and keys, ToMe's ``reuse_steps`` plans) is forgotten, and the next call
+    a generation (token reuse's residuals and keys, ToMe's ``plan_steps`` plans) is forgotten, and the next call
     is a generation's first step (a full one for token reuse).
 
     A patched pipeline needs no call: each run of its scheduler's ``set_timesteps`` (every pipeline call) starts a

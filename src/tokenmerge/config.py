@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import KW_ONLY, dataclass
 
 from .merge.kernels import KERNELS
-from .merge.recompute import share
+from .merge.recompute import fraction_at
 
 __all__ = ["ToMeConfig", "ToDoConfig", "ReuseConfig", "DEFAULT_SEED", "POOL_MODES", "CUDA_MIN_SIZE", "min_size_on",
            "ORDERS", "KEYS"]
@@ -89,7 +90,7 @@ class _Schedule:
     ratio_end: float | None = None
     num_train_timesteps: int = 1000
     share_plans: bool | None = None
-    reuse_steps: int = 1
+    plan_steps: int = 1
     match_radius: int | None = 1
     blocks: tuple[int, ...] | None = None
     st: int = 1
@@ -114,7 +115,7 @@ class _Schedule:
         if self.min_size is not None:
             _check_int("min_size", self.min_size, 0, "None (on CUDA: calls of fewer than 4096 x 1024 tokens x channels "
                        "per sample run unmerged; elsewhere every call merges) or an integer >= 0 (0: merge every call)")
-        _check_int("reuse_steps", self.reuse_steps, 1, "an integer >= 1 (1 = recompute the plan at every call)")
+        _check_int("plan_steps", self.plan_steps, 1, "an integer >= 1 (1 = recompute the plan at every call)")
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {', '.join(map(repr, KERNELS))}; got {self.kernels!r}")
         if self.match_radius is not None:
@@ -200,7 +201,7 @@ class ToMeConfig(_Schedule):
             ``torch.compile`` and on other devices the torch operators run. Its slots' means are float32 sums
             in a fixed order (deterministic; the torch path sums in the input's dtype with ``index_add``, in any
             order on CUDA). Needs the triton package. Not yet timed on a GPU: the default stays ``"torch"``.
-        reuse_steps: keep each plan for this many consecutive denoiser calls (1: recompute every call, the
+        plan_steps: keep each plan for this many consecutive denoiser calls (1: recompute every call, the
             default). A new generation (the timestep going up) always recomputes.
         match_radius: an integer R (default 1): each source token is compared only with the destinations of the
             windows at most R windows away ((2R+1)^2 candidates), so the matching costs O(N) instead of O(N^2).
@@ -264,7 +265,7 @@ class ToDoConfig(_Schedule):
         max_downsample: the level rule of ``ToMeConfig`` (``None``: the finest level with attention).
         ratio: ToMe on the queries as well (0: off), with ``sx``, ``sy``, ``use_rand``, ``seed`` as in ToMe.
         start, stop, ratio_end, num_train_timesteps: the schedule, as in ``ToMeConfig``.
-        share_plans, reuse_steps, match_radius: reuse and reach of the query merging, as in ``ToMeConfig``.
+        share_plans, plan_steps, match_radius: reuse and reach of the query merging, as in ``ToMeConfig``.
         min_size: the smallest call that is pooled and merged, as in ``ToMeConfig``.
         kernels: the query merging's kernels, as in ``ToMeConfig``.
     """
@@ -320,10 +321,10 @@ class ToDoConfig(_Schedule):
 # every token is recomputed once every ceil(1 / fraction) partial steps)
 ORDERS = ("strided", "grid", "random")
 # where the other tokens' keys and values come from at a partial step: "fresh" (every token goes through the
-# block's projections: exact attention for the recomputed tokens), "cached" (the block runs on the recomputed tokens
+# block's projections: exact attention for the recomputed tokens), "kept" (the block runs on the recomputed tokens
 # alone and the others' keys and values are the ones kept from their last computation: less work, less faithful,
 # two more stored tensors per block)
-KEYS = ("fresh", "cached")
+KEYS = ("fresh", "kept")  # ("cached", this setting's name before 0.1.0's glossary, still reads as "kept")
 
 
 @dataclass(frozen=True)
@@ -372,12 +373,16 @@ class ReuseConfig:
         object.__setattr__(self, "warmup", _check_int("warmup", self.warmup, 1, "an integer >= 1 (the first step "
                                                       "fills the caches: it is always a full step)"))
         object.__setattr__(self, "every", _check_int("every", self.every, 0, "an integer >= 0"))
+        if self.keys == "cached":  # the former name
+            warnings.warn("tokenmerge: keys='cached' is now keys='kept' (docs/glossary.md: 'cache' names a cache "
+                          "across steps only)", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "keys", "kept")
         if self.keys not in KEYS:
             raise ValueError(f"keys must be one of {', '.join(KEYS)}; got {self.keys!r}")
         if not isinstance(self.text, bool):
             raise ValueError(f"text must be True or False; got {self.text!r}")
-        if self.text and self.keys != "cached":
-            raise ValueError("text=True needs keys='cached' (the text tokens that are not recomputed keep their keys "
+        if self.text and self.keys != "kept":
+            raise ValueError("text=True needs keys='kept' (the text tokens that are not recomputed keep their keys "
                              "and values from their last computation, as the image's do)")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}; got {self.order!r}")
@@ -396,10 +401,10 @@ class ReuseConfig:
 
     def schedule(self, steps: int) -> list[float | None]:
         """The share recomputed at each of ``steps`` steps whose timesteps fall linearly from noise (progress
-        ``k / steps``, as the embedded models' sampler): ``None`` for a full step (``merge.recompute.share``)."""
+        ``k / steps``, as the embedded models' sampler): ``None`` for a full step (``merge.recompute.fraction_at``)."""
         out, first = [], None
         for k in range(steps):
-            part = share(k, k / steps, first, self.fraction, self.fraction_end, self.warmup,
+            part = fraction_at(k, k / steps, first, self.fraction, self.fraction_end, self.warmup,
                          self.every) if self.reuses else None
             first = k / steps if part is not None and first is None else first
             out.append(part)

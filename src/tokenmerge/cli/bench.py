@@ -146,7 +146,7 @@ def add_parser(sub) -> None:
                         "each frame), or one per grid axis: 1x2x2, 2x2x2 (frames too). Default: 2")
     p.add_argument("--methods", nargs="+", type=_spec, default=[], metavar="SPEC",
                    help="more modes as method specs NAME[:VALUE][,KEY=VALUE...], the options of apply_patch / "
-                        "apply_todo: e.g. 'tome:0.5,reuse_steps=2' (plans kept 2 steps), 'tome:0.5,share_plans=true', "
+                        "apply_todo: e.g. 'tome:0.5,plan_steps=2' (plans kept 2 steps), 'tome:0.5,share_plans=true', "
                         "'tome:0.5,stop=0.5' (first half of the steps: use with --steps), 'todo:2,mode=avg', "
                         "'todo:2,ratio=0.3'. Names: " + ", ".join({**METHODS, **BENCH_METHODS}))
     p.add_argument("--attention", nargs="+", choices=ATTENTION_BACKENDS, default=["sdpa"],

@@ -13,8 +13,8 @@ from .common import OUT_HELP, STEM_HELP, check_outputs, finite_float, pick_devic
 HELP = """\
 Generate every prompt x seed with the vanilla model and with each method (same noise), and report fidelity to
 vanilla (PSNR, SSIM: per image, mean and 95% confidence interval), seconds per image, a grid (rows prompts,
-columns methods), Markdown and JSON, and a speed-vs-fidelity plot. Images are cached (--cache): a rerun with one
-more method generates only that method's images. The cache is this command's own: files named by a hash of their
+columns methods), Markdown and JSON, and a speed-vs-fidelity plot. Images are kept (--images): a rerun with one
+more method generates only that method's images. That folder is this command's own: files named by a hash of their
 settings, each written whole or not at all; a damaged one is generated again, with a warning naming it.
 
 Methods are specs NAME[:VALUE][,KEY=VALUE...]: tome:0.5 (ratio), todo:2 (factor), tomesd:0.5 (reference package),
@@ -41,7 +41,7 @@ def add_common(p, default_methods: list[str], default_steps: int) -> None:
                         "transformer), fashion-video (a Wan-style video transformer, 8-frame clips), fashion-mosaic "
                         "(Flux.1-style, 64 px mosaics from sentences: 1024 image + 32 text tokens), "
                         "fashion-video-long (Wan-style, 32-frame clips: 2048 tokens); or a real "
-                        "diffusers pipeline: a local folder (with model_index.json) or a cached hub id. Nothing is "
+                        "diffusers pipeline: a local folder (with model_index.json) or a hub id already on this machine. Nothing is "
                         "downloaded.")
     p.add_argument("--methods", nargs="+", type=_spec, default=[_spec(m) for m in default_methods], metavar="SPEC",
                    help=f"methods to compare with vanilla (default: {' '.join(default_methods)})")
@@ -75,11 +75,12 @@ def add_parser(sub) -> None:
                    help="extra metrics, run when their library and weights are here: clip (CLIP score), fid, kid, "
                         "lpips; a missing file is named in the report, the rest still runs")
     p.add_argument("--clip-model", default=None, metavar="PATH_OR_ID",
-                   help="CLIP model for --metrics clip (local folder or cached id; default "
+                   help="CLIP model for --metrics clip (local folder or a hub id already on this machine; default "
                         "openai/clip-vit-base-patch16)")
-    p.add_argument("--cache", type=Path, default=None,
-                   help="image cache folder (default OUT/cache): this command's own files (KEY.png, KEY.json), "
-                        "which it adds to and regenerates when damaged; other files there are left alone")
+    p.add_argument("--images", "--cache", dest="images", type=Path, default=None,
+                   help="the folder of generated images kept across runs (default OUT/images; --cache: its former "
+                        "name): this command's own files (KEY.png, KEY.json), which it adds to and regenerates when "
+                        "damaged; other files there are left alone")
     p.add_argument("--out", type=Path, default=Path("quality-results"),
                    help="output folder (default quality-results; created if missing), checked before the run. "
                         + OUT_HELP)
@@ -178,9 +179,9 @@ def run(args, parser) -> int:
     from ..tools.outputs import Outputs
 
     _check_methods(args.methods, parser)
-    cache = args.cache or args.out / "cache"
+    cache = args.images or args.out / "images"
     outputs = Outputs(args.out, output_names(args.stem))
-    check_outputs(parser, outputs, (cache, "--cache" if args.cache else "--out"))  # before any work
+    check_outputs(parser, outputs, (cache, "--images" if args.images else "--out"))  # before any work
     try:
         items = load_prompt_items(args.prompts or default_prompts(args), args.category,
                                   args.count)
@@ -196,7 +197,7 @@ def run(args, parser) -> int:
     try:
         report = run_job(pipe, job, device, progress=not args.no_progress, extra_metrics=extra)
     except MethodRefused as err:  # the warm-up round tries every method before the timed images
-        print(f"tokenmerge quality: {err}\n(the images generated so far are cached; run again without that method)",
+        print(f"tokenmerge quality: {err}\n(the images generated so far are kept; run again without that method)",
               file=sys.stderr)
         return 2
     if report is None:  # a worker process of a data-parallel run: the main process reports

@@ -5,7 +5,7 @@ applied, text joined).
 - ``PoolInAttention`` (ToDo, keys made inside the call): the image part of the keys and values pooled over the grid.
 - ``QueryRows`` (token reuse, ``keys="fresh"``): only the recomputed tokens' query rows (and every text or reference
   row) are attended; keys and values pass whole.
-- ``CachedKeys`` (token reuse, ``keys="cached"``): at a full step, a copy of every token's keys and values is kept;
+- ``CachedKeys`` (token reuse, ``keys="kept"``): at a full step, a copy of every token's keys and values is kept;
   at a partial step (the block runs on the recomputed tokens) their fresh rows are written into the kept ones, in
   place, and the queries attend to all of them.
 
@@ -280,7 +280,7 @@ KEYS_AHEAD = 0.5  # extrapolate: kept keys and values move this share as far as 
 
 @dataclasses.dataclass(eq=False)
 class CachedKeys(SdpaMode):
-    """Token reuse, ``keys="cached"``: each SDPA call over the image's keys keeps (at a full step, ``index`` None) a
+    """Token reuse, ``keys="kept"``: each SDPA call over the image's keys keeps (at a full step, ``index`` None) a
     copy of its keys and values in ``slot``, or (at a partial step: the block runs on the ``index`` tokens alone)
     writes their fresh rows (and the text's) into the kept ones, in place, and attends to all of them. An attention
     that calls SDPA once per sample (Mochi: each prompt's valid text) keeps one pair per call.
@@ -328,7 +328,7 @@ class CachedKeys(SdpaMode):
             self.text is None or self.text.shape[0] == before)
         if not fits:  # the text changed length since the keys were kept: every text row fresh
             if self.segments > 1:
-                raise ValueError("tokenmerge: token reuse with keys='cached' under context parallelism got a call "
+                raise ValueError("tokenmerge: token reuse with keys='kept' under context parallelism got a call "
                                  "whose text changed length since its keys were kept")
             kwargs["key"], kwargs["value"] = (_rebuilt(k, fresh, before, self.image, after, self.index)
                                               for k, fresh in zip(self.slot[pair], (key, kwargs["value"])))
@@ -373,14 +373,14 @@ class CachedKeys(SdpaMode):
         if self.segments == 1 and mask.shape[-1] == before + count + after != total:
             image = mask.narrow(-1, before, count)
             if not bool((image == image.narrow(-1, 0, 1)).all()):
-                raise ValueError("tokenmerge: token reuse with keys='cached' got an attention mask over the keys of "
+                raise ValueError("tokenmerge: token reuse with keys='kept' got an attention mask over the keys of "
                                  "the recomputed tokens only, which differs between them, so it cannot be extended to "
                                  "the kept ones; use keys='fresh'")
             shape = image.shape[:-1] + (self.image,)
             mask = torch.cat([mask.narrow(-1, 0, before), image.narrow(-1, 0, 1).expand(shape),
                               mask.narrow(-1, before + count, after)], -1)
         elif mask.shape[-1] != total * self.segments:
-            raise ValueError("tokenmerge: token reuse with keys='cached' got an attention mask over keys it cannot "
+            raise ValueError("tokenmerge: token reuse with keys='kept' got an attention mask over keys it cannot "
                              "follow; use keys='fresh'")
         if mask.shape[-2] == total:
             mask = mask.index_select(-2, sided_rows(self.index, before, self.image, after, self.tables))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["REUSING_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "CHAIN_HOOK", "ChainHook", "bad_hook",
+__all__ = ["CACHE_HOOKS", "HARMLESS_HOOKS", "REGISTRY_ATTR", "CHAIN_HOOK", "ChainHook", "bad_hook",
            "cache_message", "route", "watch_registries", "unwatch"]
 
 REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's HookRegistry (diffusers.hooks.hooks)
@@ -31,7 +31,7 @@ CHAIN_HOOK = "tokenmerge_chain_hook"  # the name of the patch's own hook in a re
 
 # diffusers hook names (the constants in diffusers/hooks/*.py) whose hook may return an output stored or predicted
 # at an earlier call instead of computing it from this call's input
-REUSING_HOOKS = {
+CACHE_HOOKS = {
     "pyramid_attention_broadcast": "Pyramid Attention Broadcast (apply_pyramid_attention_broadcast)",
     "faster_cache_block": "FasterCache (apply_faster_cache)",
     "faster_cache_denoiser": "FasterCache (apply_faster_cache)",
@@ -88,8 +88,8 @@ class ChainHook:
 
 def what_hook(name: str, hook) -> str | None:
     """What makes the hook ``name`` unsafe on a module that sees merged tokens, or ``None``."""
-    if name in REUSING_HOOKS:
-        return REUSING_HOOKS[name]
+    if name in CACHE_HOOKS:
+        return CACHE_HOOKS[name]
     if name not in HARMLESS_HOOKS and getattr(hook, "_is_stateful", False):
         return f"the stateful diffusers hook {name!r} ({type(hook).__name__}, which may return an output kept " \
                "from an earlier step)"

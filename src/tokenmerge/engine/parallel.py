@@ -17,7 +17,7 @@ ring attention, a split that falls inside the patched blocks) is refused at ``ap
 already on, and runs unmerged with the warning when it is enabled after the patch.
 
 Where the engine reads this (the call sites): ``Patch.install`` (``check_install``), ``CallHook.pre`` (``shard_of``:
-the call's grid becomes its rank's), ``Planner.block_call`` and ``MergeBlock.block_pre`` (the block whose input
+the call's grid becomes its rank's), ``Planner.block_call`` and ``ToMeWholeBlock.block_pre`` (the block whose input
 diffusers splits: ``Split.local`` / ``Split.hand_over``), ``Planner._made`` (``Shard.shift``: the random draws) and
 ToDo's key pooling (``PoolInAttention``: under Ulysses its attention call gets every rank's keys, ``Split.ulysses``
 segments of them). docs/design-parallel.md says what the engine must do.

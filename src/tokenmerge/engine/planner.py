@@ -4,7 +4,7 @@ matchings those plans need, owned here and released with the patch.
 
 A plan is made from a block's input (tomesd's metric) on the image tokens of its level's grid; with one plan per
 level (``share_plans``; by default on transformers) the first merged block of a level makes it and the level's other
-blocks of the call reuse it; with ``reuse_steps=k`` a plan is kept for ``k`` steps of its call's slot (the
+blocks of the call reuse it; with ``plan_steps=k`` a plan is kept for ``k`` steps of its call's slot (the
 step clock: ``call.Clock``). The destination choice is a
 pure function of (seed, block, timestep) (``merge.match``: every hash constant is there), drawn for every block at
 once, once per call and grid. On CUDA, a call whose hidden states are below ``min_size`` runs unmerged
@@ -75,7 +75,7 @@ class PlanCall:
 
 @dataclass
 class Plans:
-    """The plans a slot keeps across calls (``reuse_steps``): key (block, or level) -> (plan, batch, tokens, step,
+    """The plans a slot keeps across calls (``plan_steps``): key (block, or level) -> (plan, batch, tokens, step,
     ratio)."""
 
     plans: dict = field(default_factory=dict)
@@ -200,7 +200,7 @@ class Planner:
     def block_call(self, index: int, args, kwargs) -> BlockCall | None:
         """Block ``index``'s call: the plan of its image tokens and their grid, or None when it runs unmerged (the
         schedule's verdict, a call below ``min_size``). The plan: the one this call's level made already
-        (``share_plans``), one kept from an earlier call (``reuse_steps``), or one made now from the block's input."""
+        (``share_plans``), one kept from an earlier call (``plan_steps``), or one made now from the block's input."""
         state, site = self.patch.calls.state, self.blocks[index]
         if state.grid is None:
             raise ValueError(
@@ -253,7 +253,7 @@ class Planner:
             kept = state.clock.kept.get(state.slot)
             entry = kept.plans.get(key) if kept is not None else None
             if entry is None or entry[1] != batch or entry[2] != image or entry[4] != work.ratio \
-                    or state.clock.step - entry[3] >= self.config.reuse_steps:
+                    or state.clock.step - entry[3] >= self.config.plan_steps:
                 entry = self._made(state, index, key, x.mean(0, keepdim=True) if self.batch_pattern else x, grid,
                                    batch, image)
         observer = self.patch.observer
@@ -302,7 +302,7 @@ class Planner:
         entry = (plan, batch, image, state.clock.step, work.ratio)
         if self.shared:
             work.level_plans[key] = entry
-        if cfg.reuse_steps > 1:
+        if cfg.plan_steps > 1:
             kept = state.clock.kept.get(state.slot)
             if kept is None:
                 kept = state.clock.kept[state.slot] = Plans()
@@ -323,7 +323,7 @@ class Planned(Technique):
         super().__init__(patch)
         cfg = self.config
         self.planner = Planner(patch, patch.matcher, patch.code_paths)
-        self.clocked = cfg.reuse_steps > 1  # plans kept across calls: the step clock moves
+        self.clocked = cfg.plan_steps > 1  # plans kept across calls: the step clock moves
         self.scheduled = cfg.scheduled
         self.timed = self.clocked or self.scheduled
 

@@ -54,7 +54,7 @@ DIT = Family(
 )
 
 _SPLITS = ("its joint attention splits its output at its input's image token count, so it cannot return only some "
-           "tokens' rows")  # (keys="cached" runs the whole block on the recomputed tokens: that works)
+           "tokens' rows")  # (keys="kept" runs the whole block on the recomputed tokens: that works)
 MMDIT = Family(
     "diffusers-mmdit",
     match=config_has("patch_size", int) & has("pos_embed") & block_has("transformer_blocks", "attn", "ff")

@@ -42,7 +42,7 @@ __all__ = ["FLUX2", "QWEN_IMAGE", "SANA", "SANA_SPRINT", "FAMILIES"]
 _FLUX2_ROTARY = Rotary("image_rotary_emb", text=TEXT_BEFORE)
 _FLUX2_FUSED = ("its single-stream attention computes the feed-forward of every token inside the attention call (one "
                 "fused projection, concatenated with the attention's output), which cannot keep only some tokens' "
-                "rows")  # (keys="cached" runs the whole block on the recomputed tokens: that works)
+                "rows")  # (keys="kept" runs the whole block on the recomputed tokens: that works)
 FLUX2 = Family(
     "flux2",
     match=has("x_embedder", "single_stream_modulation") & has_list("transformer_blocks", "single_transformer_blocks")

@@ -93,7 +93,7 @@ class Mask:
     image: bool = True  # False: the mask covers the text only (Mochi) and passes whole
     same: tuple[str, ...] = ()  # other masks over the same tokens, which follow alike (Qwen-Image 2.1's key_valid)
     tokens: bool = False  # one entry per token that the block's own code reads (Bria FIBO 2's noise_mask picks each
-    # token's modulation), not an attention mask: token reuse with keys="cached" takes the recomputed tokens' entries
+    # token's modulation), not an attention mask: token reuse with keys="kept" takes the recomputed tokens' entries
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Token reuse's tensor code (``tokenmerge.apply_reuse``): which tokens a partial step recomputes, how the others'
 kept residuals take their recomputed neighbours' change, and where fresh rows go among kept ones. No model here.
 
-- ``share``: the share of image tokens a step recomputes (``None``: a full step), from the step's place in the
+- ``fraction_at``: the share of image tokens a step recomputes (``None``: a full step), from the step's place in the
   generation; ``recomputed_at``: the tokens a partial step recomputes, where the round-robin has got to.
 - ``select``: the ``count`` tokens of an order (``"grid"``, ``"strided"``, ``"random"``) from position ``start`` on,
   sorted: round-robin, every token once every ``ceil(N / count)`` partial steps.
@@ -24,11 +24,11 @@ import torch.nn.functional as F
 
 from .plan import TABLES, Tables, arange, sided_rows
 
-__all__ = ["share", "select", "recomputed_at", "spread_weights", "spread", "since", "settle", "in_dtype",
+__all__ = ["fraction_at", "select", "recomputed_at", "spread_weights", "spread", "since", "settle", "in_dtype",
            "slope_of", "extrapolated", "write_rows", "write_kept", "row_gaps", "kept_rows"]
 
 
-def share(step: int, progress: float, first: float | None, fraction: float, fraction_end: float | None,
+def fraction_at(step: int, progress: float, first: float | None, fraction: float, fraction_end: float | None,
           warmup: int, every: int) -> float | None:
     """The share of image tokens that step ``step`` of a generation (0: its first) recomputes, ``None`` for a full
     step: the first ``warmup`` steps and every ``every``-th after them are full; a partial step at denoising
@@ -56,9 +56,9 @@ def select(grid: tuple[int, ...], order: str, count: int, seed: int, start: int,
     return tables.get(window, grid, order, count, seed, start % math.prod(grid), torch.device(device))
 
 
-def recomputed_at(grid: tuple[int, ...], shares: list[float], order: str, seed: int, device,
+def recomputed_at(grid: tuple[int, ...], fractions: list[float], order: str, seed: int, device,
                   tables: Tables = TABLES) -> torch.Tensor:
-    """The tokens of ``grid`` that the last of partial steps of shares ``shares`` recomputes (``select``): as many as
+    """The tokens of ``grid`` that the last of partial steps of ``fractions`` recomputes (``select``): as many as
     its share of them (at least one, at most all), from where the round-robin has
     got to (the sum of those its predecessors recomputed).
 
@@ -67,7 +67,7 @@ def recomputed_at(grid: tuple[int, ...], shares: list[float], order: str, seed: 
         [2, 6]
     """
     tokens, start, count = math.prod(grid), 0, 0
-    for f in shares:
+    for f in fractions:
         start += count
         count = min(tokens, max(1, round(f * tokens)))
     return tables.get(window, grid, order, count, seed, start % tokens, torch.device(device))

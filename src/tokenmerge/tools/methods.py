@@ -2,7 +2,7 @@
 
 Grammar: ``NAME[:VALUE][,KEY=VALUE...]``. NAME is one of ``METHODS``; VALUE is ToMe's ratio or ToDo's factor;
 KEY=VALUE pairs are keyword arguments of ``apply_patch`` / ``apply_todo`` / ``tomesd.apply_patch``
-(``stop=0.5``, ``reuse_steps=2``, ``mode=avg``...). For ``tokenmerge quality`` only, diffusers' caches are methods
+(``stop=0.5``, ``plan_steps=2``, ``mode=avg``...). For ``tokenmerge quality`` only, diffusers' caches are methods
 too (``fbc:0.05``, ``taylorseer:5``, ``pab:2``: ``tools/caches.py``), and ``A+B`` runs two methods together
 (``tome:0.5+fbc:0.05``: a token reduction and a cache). ToDo's factor may be one per grid axis: ``todo:1x2x2`` (each
 video frame pooled 2x2), ``todo:2x2x2`` (frames too), also written ``todo,downsample=(2,2,2)``. A spec is checked
@@ -28,7 +28,7 @@ METHODS = {
     "tomesd": "the reference tomesd package, on the same blocks as ours; VALUE = ratio (default 0.5)",
     "reuse": "token reuse (apply_reuse): after warmup full steps, each step recomputes a moving share of the image "
              "tokens in every block, the others keep their kept block residual; VALUE = that share (default 0.5); "
-             "options warmup=, fraction_end=, keys=cached, text=true, extrapolate=, spread=, every=, order=, seed=, "
+             "options warmup=, fraction_end=, keys=kept, text=true, extrapolate=, spread=, every=, order=, seed=, "
              "blocks=(i,j,...)",
     "stepcache": "the step cache (apply_step_cache): after warmup computed steps, rounds of skipped steps (no block "
                  "runs; the stack's kept residual moved along its slope) each ended by a computed one; VALUE = the "
@@ -169,7 +169,8 @@ class MethodSpec:
         return self.name in _FACTOR_METHODS
 
     def kwargs(self) -> dict:
-        return dict(self.options)
+        """The options as keyword arguments (``reuse_steps``, ``plan_steps``'s former name, read as it)."""
+        return {("plan_steps" if k == "reuse_steps" else k): v for k, v in self.options}
 
     def check(self) -> None:
         """Raise ``ValueError``/``TypeError`` (naming the option) if the method would refuse these settings."""

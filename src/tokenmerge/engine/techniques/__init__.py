@@ -1,13 +1,13 @@
 """The techniques, each a class of the protocol (``engine/technique.py``) whose hooks read merge -> work -> unmerge:
 
-- ``around.MergeAround``: ToMe around a block's sub-modules (self-attention, joint text+image attention,
+- ``around.ToMeAround``: ToMe around a block's sub-modules (self-attention, joint text+image attention,
   cross-attention's queries, the feed-forward): the plan from the block's input, each sub-module's input merged,
   its output unmerged.
-- ``block.MergeBlock``: whole-block ToMe (``scope="block"``): the block's input merged once, the whole block run on
+- ``block.ToMeWholeBlock``: whole-block ToMe (``scope="block"``): the block's input merged once, the whole block run on
   the merged tokens, its update unmerged onto the residual stream.
-- ``todo.PoolKeys``: ToDo: self-attention's keys and values pooled from the token grid (given as
+- ``todo.ToDoPool``: ToDo: self-attention's keys and values pooled from the token grid (given as
   ``encoder_hidden_states``, or inside the attention call), queries merged too when ``ratio > 0``.
-- ``reuse.ReuseBlock``: token reuse: a share of the tokens recomputed at each partial step, the others' block
+- ``reuse.TokenReuse``: token reuse: a share of the tokens recomputed at each partial step, the others' block
   residuals kept from their last computation.
 - ``step_cache.StepCache``: the step cache: some steps computed, the others run no block at all and take the stack's
   kept residual, moved along its slope.
@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from ...config import ReuseConfig, ToDoConfig, ToMeConfig
 from ..technique import register_technique
-from .around import MergeAround
-from .block import MergeBlock
-from .reuse import ReuseBlock
+from .around import ToMeAround
+from .block import ToMeWholeBlock
+from .reuse import TokenReuse
 from .step_cache import StepCache, StepCacheConfig
-from .todo import PoolKeys
+from .todo import ToDoPool
 
-__all__ = ["MergeAround", "MergeBlock", "PoolKeys", "ReuseBlock", "StepCache", "StepCacheConfig"]
+__all__ = ["ToMeAround", "ToMeWholeBlock", "ToDoPool", "TokenReuse", "StepCache", "StepCacheConfig"]
 
-register_technique(ToMeConfig, lambda config: MergeBlock if config.scope == "block" else MergeAround)
-register_technique(ToDoConfig, lambda config: PoolKeys if config.pools else MergeAround)
-register_technique(ReuseConfig, lambda config: ReuseBlock)
+register_technique(ToMeConfig, lambda config: ToMeWholeBlock if config.scope == "block" else ToMeAround)
+register_technique(ToDoConfig, lambda config: ToDoPool if config.pools else ToMeAround)
+register_technique(ReuseConfig, lambda config: TokenReuse)
 register_technique(StepCacheConfig, lambda config: StepCache)

@@ -28,7 +28,7 @@ from ..call import follow, sides
 from ..discover import bind
 from ..planner import Planned
 
-__all__ = ["MergeAround", "BoundTarget"]
+__all__ = ["ToMeAround", "BoundTarget"]
 
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 _CONTEXT = Arg("encoder_hidden_states", also=("context",))
@@ -54,7 +54,7 @@ def _bound(module):
     return lambda names: tuple(b for b in (bind(Arg(n), module) for n in names) if b is not None)
 
 
-class MergeAround(Planned):
+class ToMeAround(Planned):
     """ToMe around the targets of each patched block.
 
     Args:

@@ -21,10 +21,10 @@ from ..call import follow, image_part, sides
 from ..discover import bind_whole
 from ..planner import Planned
 
-__all__ = ["MergeBlock"]
+__all__ = ["ToMeWholeBlock"]
 
 
-class MergeBlock(Planned):
+class ToMeWholeBlock(Planned):
     """Whole-block ToMe on each patched block.
 
     Args:

@@ -1,5 +1,5 @@
 """ToDo (token downsampling, arXiv 2402.13573): self-attention's keys and values come from the token grid pooled by
-a factor per axis; queries stay whole (or are merged by ToMe too, ``ratio > 0``: ``MergeAround``'s merge).
+a factor per axis; queries stay whole (or are merged by ToMe too, ``ratio > 0``: ``ToMeAround``'s merge).
 
 Two ways, as the family declares its self-attention (``Target.keys``):
 
@@ -24,9 +24,9 @@ from torch import nn
 from ...families.spec import JOINT, SELF
 from ..attention import PoolInAttention, backend_refusal, leave
 from ..projections import give_to_kv, take_to_kv
-from .around import BoundTarget, MergeAround
+from .around import BoundTarget, ToMeAround
 
-__all__ = ["PoolKeys"]
+__all__ = ["ToDoPool"]
 
 NO_SDPA = ("tokenmerge: ToDo found no scaled_dot_product_attention call in {attr} to pool the keys of: its attention "
            "backend computes attention another way (ToDo pools keys inside the call only with PyTorch's SDPA, "
@@ -34,7 +34,7 @@ NO_SDPA = ("tokenmerge: ToDo found no scaled_dot_product_attention call in {attr
            "returned an output without computing it, which this ToDo cannot follow: disable one of them")
 
 
-class PoolKeys(MergeAround):
+class ToDoPool(ToMeAround):
     """ToDo on each patched block's self-attention (and ToMe's query merging where ``ratio > 0``)."""
 
     name = "ToDo"

@@ -5,9 +5,9 @@ merge -> work -> unmerge as:
 
     begin (host)      full or partial step, the recomputed tokens S of each level (round-robin, ``merge.recompute``)
     block pre-hook    keep x, the block's image input                                     # (B, N, C)
-                      keys="cached": the block's input at S only (text and references whole, rotary rows too)
+                      keys="kept": the block's input at S only (text and references whole, rotary rows too)
     attention         keys="fresh": every token in, only S's query rows attended (``attention.QueryRows``)
-                      keys="cached": S's fresh keys and values written into the kept ones (``attention.CachedKeys``)
+                      keys="kept": S's fresh keys and values written into the kept ones (``attention.CachedKeys``)
     per-token target  keys="fresh": cross-attention, feed-forward, pointwise layers run on S's rows
     block hook        full step: R = out - x kept; partial step: out[S] - x[S] into R, y = x + R   # (B, N, C)
 
@@ -29,7 +29,16 @@ import torch
 
 from ....families.spec import TEXT_NONE, TEXT_STREAM, Arg, BlockSite
 from ....merge.plan import Tables
-from ....merge.recompute import extrapolated, recomputed_at, settle, share, since, spread, spread_weights, write_kept
+from ....merge.recompute import (
+    extrapolated,
+    fraction_at,
+    recomputed_at,
+    settle,
+    since,
+    spread,
+    spread_weights,
+    write_kept,
+)
 from ...attention import CachedKeys, Probe, QueryRows, leave
 from ...caches import ChainHook
 from ...call import coarsen, image_part, join, sides, take_mask, take_rotary
@@ -37,9 +46,9 @@ from ...compiled import on_host
 from ...discover import bind, bind_refusals, bind_whole
 from ...technique import Technique
 from .sites import NOTE_EXTRAPOLATE, NOTE_KEYS, NOTE_MEMORY, NOTE_TEXT, Site, check, hooked_sites, sub_module
-from .state import TEXT, Block, Kept, Recompute, Walk, gaps_of
+from .state import TEXT, BlockCall, Kept, Recompute, Walk, gaps_of
 
-__all__ = ["ReuseBlock"]
+__all__ = ["TokenReuse"]
 
 BLOCK = -1  # the "target" index of a block's own hooks (how caches.route names them)
 NO_SDPA = ("tokenmerge: token reuse found no scaled_dot_product_attention call over the image tokens in {where}: its "
@@ -47,7 +56,7 @@ NO_SDPA = ("tokenmerge: token reuse found no scaled_dot_product_attention call o
            "default 'native' backend)")
 
 
-class ReuseBlock(Technique):
+class TokenReuse(Technique):
     """Token reuse on each patched block.
 
     Args:
@@ -61,7 +70,7 @@ class ReuseBlock(Technique):
     def __init__(self, patch):
         super().__init__(patch)
         cfg = self.config
-        self.cached, self.reuses = cfg.keys == "cached", cfg.reuses
+        self.cached, self.reuses = cfg.keys == "kept", cfg.reuses
         self.order, self.seed = cfg.order, cfg.effective_seed
         self.tables = Tables()  # the recomputed tokens' indices and row tables, released at removal
         self.levels = sorted({b.level for b in self.blocks})
@@ -139,7 +148,7 @@ class ReuseBlock(Technique):
 
     def notes(self) -> list[str]:
         cfg = self.config
-        return [NOTE_MEMORY] + [NOTE_KEYS] * (cfg.keys == "cached") + [NOTE_TEXT] * cfg.text \
+        return [NOTE_MEMORY] + [NOTE_KEYS] * (cfg.keys == "kept") + [NOTE_TEXT] * cfg.text \
             + [NOTE_EXTRAPOLATE] * bool(cfg.extrapolate)
 
     # ---- the denoiser's call: which step, which tokens (on the host) ---------------------------------------
@@ -157,25 +166,25 @@ class ReuseBlock(Technique):
         steps = clock.whole
         if steps is None:
             steps = clock.whole = Walk()
-        step = clock.step  # its share (None: a full step), merge.recompute.share's (a constant share needs no call)
+        step = clock.step  # its fraction (None: a full step; merge.recompute.fraction_at, unless constant)
         if not self.reuses or step < cfg.warmup or (cfg.every and (step - cfg.warmup + 1) % cfg.every == 0):
             part = None
         elif cfg.fraction_end is None:
             part = cfg.fraction
         else:
-            part = share(step, progress, steps.first, cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.every)
+            part = fraction_at(step, progress, steps.first, cfg.fraction, cfg.fraction_end, cfg.warmup, cfg.every)
         if part is not None and steps.counted != clock.step:  # a new partial step (its other calls take the same)
             steps.first = progress if steps.first is None else steps.first
             if not steps.ran:  # the last one recomputed nothing (a cache skipped it): this one takes its tokens
-                steps.shares.pop()
-            steps.shares.append(part)
+                steps.fractions.pop()
+            steps.fractions.append(part)
             steps.counted, steps.ran = clock.step, False
         segments = state.shard.split.ulysses if state.shard is not None else 1
         call = state.work = Recompute(kept, part is not None and bool(kept.residual), segments, device, walk=steps)
         for level in self.levels:  # one grid for transformers; a UNet's levels halve it
             grid = state.grid if level == 0 else coarsen(state.grid, level)
             image = math.prod(grid)
-            index = recomputed_at(grid, steps.shares, self.order, self.seed, device, self.tables) if call.partial \
+            index = recomputed_at(grid, steps.fractions, self.order, self.seed, device, self.tables) if call.partial \
                 else None
             call.levels[level] = (image, index, grid)
             call.gaps[level] = since(kept.when, level, image, index, progress, ex, call.moves) if ex else None
@@ -184,7 +193,7 @@ class ReuseBlock(Technique):
         if isinstance(text, torch.Tensor) and text.dim() == 3 and state.shard is None:  # text=True: chosen here
             length = text.shape[1]
             if call.partial:
-                call.text[length] = recomputed_at((length,), steps.shares, "strided", 0, device, self.tables)
+                call.text[length] = recomputed_at((length,), steps.fractions, "strided", 0, device, self.tables)
             call.gaps[TEXT, length] = since(kept.when, (TEXT, length), length, call.text.get(length), progress, ex,
                                             call.moves) if ex else None
 
@@ -229,10 +238,10 @@ class ReuseBlock(Technique):
         if fits and self.cached:  # (a batch of another size is another slot)
             for t in range(len(self.targets[index])):
                 fits = fits and bool(kept.kv.get((index, t)))
-        call.blocks[index] = entry = Block(x, call.partial and fits, image, chosen, grid, text)
+        call.blocks[index] = entry = BlockCall(x, call.partial and fits, image, chosen, grid, text)
         if not (self.cached and entry.partial):
             return None
-        # keys="cached": the block on the recomputed tokens (text, references and rotary rows follow); a call with
+        # keys="kept": the block on the recomputed tokens (text, references and rotary rows follow); a call with
         for bound in refuse_if:  # arguments that cannot follow runs on every token (one warning)
             if bound.read(args, kwargs) is not None:
                 return self._whole(entry, f"{site.path} got {bound.name!r}, which a block run on some tokens would "
@@ -240,7 +249,7 @@ class ReuseBlock(Technique):
         for bound, per in per_token:
             if per.holds(bound.read(args, kwargs), image, full.shape[1]):
                 return self._whole(entry, f"{site.path} got a per-token {bound.name!r}, which token reuse with "
-                                          "keys='cached' does not follow (keys='fresh' does)")
+                                          "keys='kept' does not follow (keys='fresh' does)")
         entry.picked = x.index_select(1, chosen)
         joined = join(full, entry.picked, before, after)
         args, kwargs = arg.replace(args, kwargs, joined if split is None else split.hand_over(joined))
@@ -248,7 +257,7 @@ class ReuseBlock(Technique):
         if text is not None and masked is None:  # text=True (a mask over the text keeps every text row fresh)
             entry.text_index = call.text.get(text.shape[1])
             if entry.text_index is None:  # a length the denoiser's own argument did not show (chosen here, on the host)
-                entry.text_index = call.text[text.shape[1]] = self._text_rows(text, call.walk.shares)
+                entry.text_index = call.text[text.shape[1]] = self._text_rows(text, call.walk.fractions)
             args, kwargs = text_arg.replace(args, kwargs, text.index_select(1, entry.text_index))
         value = rotary.read(args, kwargs) if rotary is not None else None
         if value is not None:  # its rows at the recomputed tokens (and text rows), once per table and call (Flux
@@ -266,11 +275,11 @@ class ReuseBlock(Technique):
         return args, kwargs  # an attention mask stays whole: the keys are spliced back to every token's
 
     @on_host
-    def _text_rows(self, text: torch.Tensor, shares: list) -> torch.Tensor:
+    def _text_rows(self, text: torch.Tensor, fractions: list) -> torch.Tensor:
         """``text=True``: the recomputed text tokens of a text stream ``(B, T, C)`` (round-robin, as the image's)."""
-        return recomputed_at((text.shape[1],), shares, "strided", 0, text.device, self.tables)
+        return recomputed_at((text.shape[1],), fractions, "strided", 0, text.device, self.tables)
 
-    def _whole(self, entry: Block, reason: str) -> None:
+    def _whole(self, entry: BlockCall, reason: str) -> None:
         """Run this block's call on every token (its kept residual refreshed), with the patch's one warning."""
         entry.partial = False
         self._warn_once(f"{reason}: such calls run the block on every token")
@@ -364,7 +373,7 @@ class ReuseBlock(Technique):
         entry.modes[t] = mode.open(route=bool(route))
         return None
 
-    def _gather(self, entry: Block, hooked: Site, trailing: int, args, kwargs):
+    def _gather(self, entry: BlockCall, hooked: Site, trailing: int, args, kwargs):
         """A per-token sub-module's input at the recomputed rows (its text and reference rows whole)."""
         x = hooked.arg.read(args, kwargs)
         layout = TEXT_NONE if hooked.spec.text == TEXT_STREAM else hooked.spec.text
@@ -402,7 +411,7 @@ class ReuseBlock(Technique):
             return None
         return self._scatter(index, hooked, entry, output, state)
 
-    def _scatter(self, index: int, hooked: Site, entry: Block, output, state):
+    def _scatter(self, index: int, hooked: Site, entry: BlockCall, output, state):
         """The sub-module's output with its image rows (the recomputed tokens') scattered back to all N rows."""
         spec = hooked.spec
         at = spec.output_image if isinstance(output, (tuple, list)) else None

@@ -1,4 +1,4 @@
-"""Which sub-modules of a block token reuse hooks (``reuse.ReuseBlock``, at install time): its attentions, and with
+"""Which sub-modules of a block token reuse hooks (``reuse.TokenReuse``, at install time): its attentions, and with
 ``keys="fresh"`` its per-token layers (cross-attention, feed-forward, pointwise layers, a separate query projection),
 whose inputs a partial step gathers at the recomputed tokens."""
 
@@ -18,7 +18,7 @@ __all__ = ["Site", "hooked_sites", "sub_module", "check", "NOTE_MEMORY", "NOTE_K
 NOTE_MEMORY = (
     "token reuse keeps one tensor of each patched block's image output (batch x image tokens x width) from the "
     "first step of a generation to its end, per call of a step (guidance run as two calls keeps two)")
-NOTE_KEYS = ("keys='cached' keeps the keys and values of every token (text too) of each patched attention as well: "
+NOTE_KEYS = ("keys='kept' keeps the keys and values of every token (text too) of each patched attention as well: "
              "two more tensors per attention")
 NOTE_TEXT = "text=True keeps one tensor of each block's text-stream output as well"
 NOTE_EXTRAPOLATE = ("extrapolate keeps a slope beside each of those tensors (kept residuals, keys and values): twice "
@@ -43,7 +43,7 @@ def sub_module(block: nn.Module, attr: str) -> nn.Module | None:
 
 
 def hooked_sites(site: BlockSite, cached: bool) -> list[Site]:
-    """The sub-modules of a block that token reuse hooks (``cached``: ``keys="cached"``, its attentions alone: the
+    """The sub-modules of a block that token reuse hooks (``cached``: ``keys="kept"``, its attentions alone: the
     whole block runs on the recomputed tokens)."""
     sites = []
     for spec in (*site.targets, *site.pointwise):
@@ -83,7 +83,7 @@ def check(site, blocks, config) -> None:
                                  f"tokens outside attention ({spec.refuse})")
             if spec.reuse is not None and config.keys == "fresh":
                 raise ValueError(f"tokenmerge: token reuse with keys='fresh' cannot patch {block.path}: "
-                                 f"{spec.reuse}; keys='cached' runs the whole block on the recomputed tokens")
+                                 f"{spec.reuse}; keys='kept' runs the whole block on the recomputed tokens")
             sub = resolve(block.module, spec.attr)
             why = backend_refusal(sub, "token reuse") if spec.kind in (SELF, JOINT) and \
                 isinstance(sub, nn.Module) else None

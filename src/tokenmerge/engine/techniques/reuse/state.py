@@ -1,4 +1,4 @@
-"""Token reuse's state (``reuse.ReuseBlock``): what a slot keeps across steps, the generation's round-robin, one
+"""Token reuse's state (``reuse.TokenReuse``): what a slot keeps across steps, the generation's round-robin, one
 call's recomputed tokens and one block's call in flight."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from ....merge.recompute import in_dtype
 
-__all__ = ["TEXT", "Walk", "Kept", "Recompute", "Block", "gaps_of"]
+__all__ = ["TEXT", "Walk", "Kept", "Recompute", "BlockCall", "gaps_of"]
 
 TEXT = "text"  # extrapolate: (TEXT, length) names a text stream's gaps, (TEXT, block) its slopes
 
@@ -20,13 +20,13 @@ class Walk:
     last partial step ran every block (one a cache cut short leaves its tokens to the next)."""
 
     first: float | None = None
-    shares: list = dataclasses.field(default_factory=list)
+    fractions: list = dataclasses.field(default_factory=list)
     counted: int = -1
     ran: bool = True
 
     def reset(self) -> None:
         self.first, self.counted, self.ran = None, -1, True
-        self.shares.clear()
+        self.fractions.clear()
 
 
 @dataclasses.dataclass(slots=True)
@@ -60,7 +60,7 @@ class Recompute:
     walk: Walk | None = None
     moves: list = dataclasses.field(default_factory=list)  # extrapolate: since's moves, settled once every block ran
     ran: int = 0  # the blocks whose forward ran
-    blocks: dict = dataclasses.field(default_factory=dict)  # block index -> its Block in flight
+    blocks: dict = dataclasses.field(default_factory=dict)  # block index -> its BlockCall in flight
 
     def close(self) -> None:
         """Leave the SDPA modes of blocks still in flight (a call cut short)."""
@@ -69,7 +69,7 @@ class Recompute:
 
 
 @dataclasses.dataclass(slots=True)
-class Block:
+class BlockCall:
     """One block's call in flight: its inputs, its level's recomputed tokens, its targets' modes and layouts."""
 
     x: torch.Tensor
@@ -89,7 +89,7 @@ class Block:
             self.modes.popitem()[1].close()
 
 
-def gaps_of(call: Recompute, entry: Block, level: int) -> tuple:
+def gaps_of(call: Recompute, entry: BlockCall, level: int) -> tuple:
     """``extrapolate=``: the gaps (``merge.recompute.since``) of the block's image tokens and text stream, each
     ``None`` where there are none or they do not fit how the block runs (a block of a partial call run whole)."""
     image = in_dtype(call.gaps, level, entry.x.dtype)
