@@ -6,8 +6,8 @@ then for each tiny catalogue family runs, with diffusers' ``ContextParallelConfi
 - single process (no parallelism): vanilla, and patched with each method (ToMe, whole-block ToMe, ToDo);
 - enable-then-patch: vanilla CP, then for each method: patched CP, then removed;
 - patch-then-enable: for each method, a fresh model patched, then parallelised: patched CP, then removed;
-- token reuse (``REUSE``, on ``REUSE_CASES``): the same three ways, each over ``STEPS`` denoiser calls of a
-  generation (a full step, then partial ones), every call recorded.
+- token reuse (``REUSE``, on ``REUSE_CASES``) and the step cache (``STEP_CACHE``: computed, skipped, computed): the
+  same three ways, each over ``STEPS`` denoiser calls of a generation, every call recorded.
 
 Per run it records the output and, through a ``TorchFunctionMode``, the query and key counts of every
 ``scaled_dot_product_attention`` call, and through pre-hooks on the attention modules whether the rotary rows each
@@ -43,6 +43,7 @@ REUSE = {
     "reuse_text": {"fraction": 0.5, "warmup": 1, "keys": "cached", "text": True},  # Flux.1 only
     "reuse_extrapolate": {"fraction": 0.5, "warmup": 1, "keys": "cached", "extrapolate": 1.0},
 }
+STEP_CACHE = {"stepcache": {"skip": 1, "warmup": 1}}  # the step cache: computed, skipped, computed
 REUSE_CASES = ("wan", "flux", "ltx", "wan-3-frames")
 STEPS = 3
 # case -> (catalogue entry, token grid): grids that split into whole frames (the video families) or whole rows
@@ -157,25 +158,33 @@ def generation(model, name, inputs, entry) -> list:
 
 
 def reuse(tokenmerge, parallel, name, family, entry, inputs) -> dict:
-    """Token reuse on one family: single process, enable then patch, patch then enable (each a generation)."""
+    """Token reuse and the step cache on one family: single process, enable then patch, patch then enable (each a
+    generation)."""
     rec = {}
-    methods = [m for m in REUSE if m != "reuse_text" or family == "flux"]
+    methods = [m for m in REUSE if m != "reuse_text" or family == "flux"] + list(STEP_CACHE)
+
+    def apply(model, method):
+        if method in STEP_CACHE:
+            tokenmerge.apply_step_cache(model, **STEP_CACHE[method])
+        else:
+            tokenmerge.apply_reuse(model, **REUSE[method])
+
     single = entry.build()
     rec["vanilla_steps_sp"] = generation(single, family, inputs, entry)
     for method in methods:
-        tokenmerge.apply_reuse(single, **REUSE[method])
+        apply(single, method)
         rec[f"{method}_sp"] = generation(single, family, inputs, entry)
         tokenmerge.remove_patch(single)
     model = parallel(entry.build())
     rec["vanilla_steps_cp"] = generation(model, family, inputs, entry)
     for method in methods:
-        tokenmerge.apply_reuse(model, **REUSE[method])
+        apply(model, method)
         rec[f"{method}_cp_enable_first"] = generation(model, family, inputs, entry)
         tokenmerge.remove_patch(model)
         rec[f"{method}_removed_enable_first"] = generation(model, family, inputs, entry)
     for method in methods:
         model = entry.build()
-        tokenmerge.apply_reuse(model, **REUSE[method])
+        apply(model, method)
         parallel(model)
         rec[f"{method}_cp_patch_first"] = generation(model, family, inputs, entry)
         tokenmerge.remove_patch(model)

@@ -311,6 +311,24 @@ def test_token_reuse_per_slice_stays_near_the_single_process_run(ranks, name, me
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("name", REUSE_FAMILIES)
+def test_the_step_cache_under_context_parallelism_is_the_single_process_run(ranks, name, order):
+    """computed, skipped, computed: each rank keeps its own slice of the stack's residual and slope, so every call
+    (the skipped one too) is the single-process step cache's to float rounding, on both ranks, with no warning; the
+    skipped step is not vanilla's; removal gives vanilla back. (Wan's split is at its first block: diffusers' split
+    hook wraps the step cache's forward, patch first, or the step cache's wraps it, enable first.)"""
+    r0, r1 = _reuse(ranks, name, "stepcache")
+    cp, single, vanilla = r0[f"stepcache_cp_{order}"], r0["stepcache_sp"], r0["vanilla_steps_cp"]
+    for step, call in enumerate(cp):
+        assert (call["out"] - single[step]["out"]).abs().max() <= 1e-5, step
+        assert torch.equal(call["out"], r1[f"stepcache_cp_{order}"][step]["out"]) and not call["warnings"]
+    assert (cp[1]["out"] - vanilla[1]["out"]).abs().max() > 1e-3  # the skipped step
+    assert (cp[0]["out"] - vanilla[0]["out"]).abs().max() <= 1e-5
+    assert all(torch.equal(a["out"], b["out"]) for a, b in zip(r0[f"stepcache_removed_{order}"], vanilla))
+
+
+@pytest.mark.processes
 def test_token_reuse_refuses_ring_attention(ranks):
     rec = ranks["+edges"][0]
     assert rec["ring_reuse"] is not None and "ring attention" in rec["ring_reuse"]

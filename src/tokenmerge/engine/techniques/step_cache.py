@@ -306,7 +306,7 @@ class StepCache(Technique):
         out = bypass.inner(*args, **kwargs)
         layout = self.layouts.get(index)
         if layout is None:
-            layout = self._learn(index, args, kwargs, out)
+            layout = self._learn(bypass, args, kwargs, out)
             if layout is None:
                 return out
         ins = [None if b is None else b.read(args, kwargs) for b in layout.inputs]
@@ -328,18 +328,23 @@ class StepCache(Technique):
     def _split(self, bypass: Bypass, layout: Layout, values: list) -> list:
         """Under context parallelism split at this block by diffusers' hook, which runs inside this bypass when the
         hook was registered before the patch: the ``hidden_states`` this rank's slice, as the block sees it."""
-        shard = self.calls.state.shard
-        if shard is None or shard.split.block != bypass.index or bypass.block.__dict__.get("forward") is not bypass:
-            return values
         hidden = self.hidden[bypass.index]
-        return [shard.split.local(v) if b is not None and b.name == hidden.name else v
+        return [self._local(bypass, v) if b is not None and b.name == hidden.name else v
                 for b, v in zip(layout.inputs, values)]
 
-    def _learn(self, index: int, args: tuple, kwargs: dict, out) -> Layout | None:
-        """Block ``index``'s output layout, from its first computed call (``None``: it cannot be told, and no step
-        is skipped from now on, with one warning)."""
+    def _local(self, bypass: Bypass, x):
+        """``x``, the block's ``hidden_states``, as the block sees it (``_split``)."""
+        shard = self.calls.state.shard
+        if shard is None or shard.split.block != bypass.index or bypass.block.__dict__.get("forward") is not bypass:
+            return x
+        return shard.split.local(x)
+
+    def _learn(self, bypass: Bypass, args: tuple, kwargs: dict, out) -> Layout | None:
+        """A block's output layout, from its first computed call (``None``: it cannot be told, and no step is
+        skipped from now on, with one warning)."""
+        index = bypass.index
         site, hidden = self.blocks[index], self.hidden[index]
-        x = hidden.read(args, kwargs) if hidden is not None else None
+        x = self._local(bypass, hidden.read(args, kwargs)) if hidden is not None else None
         why = None
         if isinstance(out, torch.Tensor):
             layout = Layout(True, tuple, ("hidden",), (hidden,))
