@@ -411,3 +411,106 @@ def test_fullgraph_compile_is_refused_with_the_reason():
     finally:
         tokenmerge.remove_patch(model)
         torch.compiler.reset()
+
+
+# ---- pipelines, LoRA, copies --------------------------------------------------------------------------------------
+def _ran_per_call(pipe, names=("transformer",)):
+    """{component: [True where its blocks ran, per call]} (a block's sub-modules run only inside its forward)."""
+    seen = {name: [] for name in names}
+    handles = []
+    for name in names:
+        model = getattr(pipe, name)
+        blocks = [b for site in tokenmerge.engine.find_denoisers(model) for b in site.blocks]
+        ran = [False]
+        handles.append(model.register_forward_pre_hook(lambda m, a, ran=ran: ran.__setitem__(0, False)))
+        handles.append(model.register_forward_hook(lambda m, a, o, ran=ran, name=name: seen[name].append(ran[0])))
+        handles += [sub.register_forward_pre_hook(lambda m, a, ran=ran: ran.__setitem__(0, True))
+                    for b in blocks for sub in b.module.children()]
+    return seen, handles
+
+
+@pytest.mark.parametrize("name", ["wan-t2v", "flux-kontext", "flux2-klein"])
+def test_pipelines_skip_steps_and_a_second_run_is_the_first(name):
+    """A pipeline's generation (Wan: guidance as two calls a step; Kontext: reference tokens after the image's;
+    Flux.2: the text joined to the image before the single blocks) with the step cache: finite, not vanilla's, the
+    same again in a second run (its scheduler starts a new generation), vanilla's once removed."""
+    from tiny_pipelines import CASES
+
+    case = CASES[name]
+    if case.available() is not None:
+        pytest.skip(case.available())
+    pipe, kw = case.build()
+    kw = {**kw, "num_inference_steps": 5}
+    vanilla = case.generate(pipe, kw)
+    tokenmerge.apply_step_cache(pipe, skip=1, warmup=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # every block's layout told: no "cannot skip"
+        first = case.generate(pipe, kw)
+    assert torch.isfinite(first).all() and not torch.allclose(first, vanilla, atol=1e-5)
+    assert torch.equal(case.generate(pipe, kw), first)
+    tokenmerge.remove_patch(pipe)
+    assert torch.equal(case.generate(pipe, kw), vanilla)
+
+
+def test_wan_2_2s_two_transformers_each_keep_their_own_state():
+    """Wan 2.2's experts (``transformer`` for the noisy steps, ``transformer_2`` after the boundary): both patched,
+    each with its own clock: the second expert's first call starts its own generation (computed)."""
+    from tiny_pipelines import CASES
+
+    case = CASES["wan-t2v"]
+    if case.available() is not None:
+        pytest.skip(case.available())
+    pipe, kw = case.build()
+    if "transformer_2" not in getattr(pipe, "_optional_components", ()) and not hasattr(pipe, "transformer_2"):
+        pytest.skip("this diffusers' WanPipeline has no second transformer (Wan 2.2)")
+    parts = {k: v for k, v in pipe.components.items()}
+    parts["transformer_2"] = CATALOGUE["wan"].build()
+    pipe = type(pipe)(**parts, boundary_ratio=0.9)
+    kw = {**kw, "num_inference_steps": 10, "guidance_scale": 1.0}
+    tokenmerge.apply_step_cache(pipe, skip=1, warmup=1)
+    assert [d.path for d in tokenmerge.describe_patch(pipe).denoisers] == ["transformer", "transformer_2"]
+    seen, handles = _ran_per_call(pipe, ("transformer", "transformer_2"))
+    out = case.generate(pipe, kw)
+    for h in handles:
+        h.remove()
+    tokenmerge.remove_patch(pipe)
+    assert torch.isfinite(out).all()
+    for name in ("transformer", "transformer_2"):  # each expert: computed, skipped, computed, skipped...
+        assert len(seen[name]) > 2 and seen[name] == [k % 2 == 0 for k in range(len(seen[name]))], (name, seen)
+
+
+def test_a_lora_loaded_after_the_patch_acts_at_the_computed_steps():
+    pytest.importorskip("peft")
+    from peft import LoraConfig
+
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 4)
+    tokenmerge.apply_step_cache(model, skip=1, warmup=1)  # computed, skipped, computed, skipped
+    plain = _run(model, calls)
+    model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                                 init_lora_weights=False))
+    with_lora = _run(model, calls)
+    tokenmerge.remove_patch(model)
+    vanilla_lora = _run(model, calls)
+    assert torch.equal(with_lora[0], vanilla_lora[0]) and torch.allclose(with_lora[2], vanilla_lora[2], atol=1e-5)
+    assert not torch.allclose(with_lora[1], plain[1], atol=1e-4)  # the skipped step carries the LoRA's residual
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_are_independent_patched_models(how):
+    import copy
+    import pickle
+
+    _skip("wan")
+    entry = CATALOGUE["wan"]
+    model = entry.build()
+    calls = _steps(model, entry.inputs(batch=2), 4)
+    tokenmerge.apply_step_cache(model, skip=1, warmup=1)
+    want = _run(model, calls)
+    other = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    assert all(torch.equal(a, b) for a, b in zip(_run(other, calls), want))
+    tokenmerge.remove_patch(other)
+    assert all(torch.equal(a, b) for a, b in zip(_run(model, calls), want))  # the original keeps its patch
+    assert not torch.equal(_run(other, calls)[1], want[1])
