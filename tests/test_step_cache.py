@@ -386,6 +386,7 @@ def test_compiled_accelerate_gives_the_eager_outputs_and_a_second_generation_com
     try:
         got = _run(compiled, calls)
         frames, breaks = counters["frames"]["total"], dict(counters["graph_break"])
+        graphs = counters["stats"]["unique_graphs"]
         again = _run(compiled, calls)
         assert counters["frames"]["total"] == frames, "a second generation compiled again"
         assert dict(counters["graph_break"]) == breaks, "a second generation broke the graph again"
@@ -393,6 +394,9 @@ def test_compiled_accelerate_gives_the_eager_outputs_and_a_second_generation_com
         tokenmerge.remove_patch(model)
         torch.compiler.reset()
     assert sum(breaks.values()) == 2 and all("on the host" in reason for reason in breaks), breaks
+    # a graph of the call's start, one of a computed and one of a skipped call (measured: 3 on Flux.1 and Wan; a
+    # slope weight handed to the blocks as a number made one more per weight)
+    assert graphs <= 3, graphs
     for run in (got, again):
         for a, b in zip(run, eager):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
