@@ -44,6 +44,7 @@ def test_todo_mode(tmp_path):
     assert all(r["status"] == "ok" for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_memory_limit_reports_oom_and_goes_on(tmp_path):
     out = tmp_path / "res"
@@ -81,6 +82,7 @@ def test_memory_probe_that_could_not_start_threads_under_the_limit_is_oom(monkey
             memory.memory_cell(resolve("tiny"), cell, MethodSpec("vanilla"), "float32", limit_mb)
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_memory_limit_that_fits_measures_memory(tmp_path):
     out = tmp_path / "res"
@@ -91,6 +93,7 @@ def test_memory_limit_that_fits_measures_memory(tmp_path):
     assert row["status"] == "ok" and float(row["peak_mem_mb"]) > 50
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the inherited high-water mark is Linux's")
 def test_memory_probe_reports_its_own_peak_not_its_parents():
@@ -739,6 +742,7 @@ def test_a_half_precision_preset_compiles_as_one_graph():
     assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_compiled_token_reuse_times_its_partial_step(tmp_path, monkeypatch, fast_cpu):
     """Token reuse compiled (dynamo's eager backend: no inductor minutes): its host decision breaks fullgraph, so it

@@ -135,6 +135,7 @@ def test_a_foreign_record_file_is_not_taken_for_ours(tmp_path):
         Outputs(tmp_path, ["a.md"]).check()
 
 
+@pytest.mark.slow
 def test_the_demo_reruns_into_its_default_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     argv = ["demo", "--steps", "1", "--methods", "tome:0.5", "--no-progress", "--no-speed"]  # speed: test_quality

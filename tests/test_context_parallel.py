@@ -37,7 +37,11 @@ from tokenmerge.engine.parallel import Split, shard_grid
 from tokenmerge.merge import num_windows, random_offsets
 
 HERE = Path(__file__).parent
-FAMILIES = ("wan", "flux", "qwen-image", "flux2", "ltx", "chronoedit", "wan-3-frames")
+ALL_FAMILIES = ("wan", "flux", "qwen-image", "flux2", "ltx", "chronoedit", "wan-3-frames")
+# the default run's two ranks run Wan (split at its first block) and Flux.1 (split at the denoiser's input); the
+# other families, the same checks, are slow (``pytest -m slow``): the ranks then run them all
+FAST = ("wan", "flux")
+FAMILIES = [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in ALL_FAMILIES]
 METHODS = ("tome", "block", "todo")
 ORDERS = ("enable_first", "patch_first")
 WORLD = 2
@@ -126,17 +130,18 @@ def _launch(out: Path, names) -> None:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def ranks(tmp_path_factory, request):
     """``{name: (rank 0's record, rank 1's record)}`` of the families and of the edge cases (``"+edges"``)."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
     from tiny_denoisers import available
 
-    names = [n for n in FAMILIES if available(n.removesuffix("-3-frames")) is None]
+    everything = "slow" in (request.config.getoption("markexpr") or "").replace("not slow", "")
+    names = [n for n in (ALL_FAMILIES if everything else FAST) if available(n.removesuffix("-3-frames")) is None]
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one run for every xdist worker
-    out = shared / "context-parallel"
+    out = shared / ("context-parallel-all" if everything else "context-parallel")
     try:
         from filelock import FileLock
     except ImportError:  # pragma: no cover (diffusers' hub client needs filelock)
@@ -259,7 +264,8 @@ def test_refused_at_apply_when_it_cannot_be_right(ranks):
     assert rec["split_inside_block1"] is None
 
 
-REUSE_FAMILIES = ("wan", "flux", "ltx", "wan-3-frames")
+REUSE_FAMILIES = [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in ("wan", "flux", "ltx",
+                                                                                     "wan-3-frames")]
 REUSE_METHODS = ("reuse", "reuse_cached", "reuse_text", "reuse_extrapolate")
 
 
@@ -354,6 +360,7 @@ def test_bench_context_parallel_argument_errors(monkeypatch, capsys, env, args, 
     assert exit_info.value.code == 2 and words in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_bench_under_torchrun_on_the_cpu(tmp_path):
     """``torchrun --nproc-per-node 2 -m tokenmerge bench --context-parallel ulysses``: gloo on the CPU, the tiny Wan

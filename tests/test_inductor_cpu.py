@@ -32,6 +32,7 @@ def toy():
     tokenmerge.unregister_family(family.name)
 
 
+@pytest.mark.slow
 # the default (local matching) in every run; global matching (another matcher's kernels) with the slow tests
 @pytest.mark.parametrize("options", [{}, pytest.param({"match_radius": None}, marks=pytest.mark.slow)],
                          ids=["local-matching", "global-matching"])

@@ -227,6 +227,7 @@ def test_bad_arguments(argv, words, capsys, tmp_path):
     assert words in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.processes
 def test_two_process_accelerate_run(tmp_path):
     out = tmp_path / "q"

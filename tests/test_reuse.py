@@ -304,9 +304,10 @@ def test_fullgraph_compile_is_refused_with_the_reason():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name,kwargs", [("flux", {}), ("wan", {}), ("flux", dict(keys="kept", text=True)),
+@pytest.mark.parametrize("name,kwargs", [("flux", {}), pytest.param("wan", {}, marks=pytest.mark.slow),
+                                         pytest.param("flux", dict(keys="kept", text=True), marks=pytest.mark.slow),
                                          ("flux", dict(keys="kept", text=True, extrapolate=1.0)),
-                                         ("wan", dict(extrapolate=0.5))])
+                                         pytest.param("wan", dict(extrapolate=0.5), marks=pytest.mark.slow)])
 def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kwargs):
     """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: a graph break at
     each end of the call, and no other), the blocks' full and partial calls compile once, and a second generation
