@@ -71,7 +71,7 @@ def test_the_schedule():
 @pytest.mark.parametrize("kwargs,words", [
     (dict(warmup=0), "warmup must be an integer >= 1"), (dict(skip=0), "skip must be an integer >= 1"),
     (dict(skip_growth=-1), "skip_growth must be"), (dict(skip=1.5), "skip must be"), (dict(warmup=True), "warmup"),
-    (dict(extrapolate=1.5), "extrapolate must be a number in"),
+    (dict(extrapolate=1.5), "extrapolate must be a number in"), (dict(min_steps=-1), "min_steps must be"),
     (dict(mask="0111"), "starting with 1"), (dict(mask="11x"), "mask must be"), (dict(mask=""), "mask must be")])
 def test_bad_settings_are_refused(kwargs, words):
     with pytest.raises(ValueError, match=words):
@@ -454,6 +454,23 @@ def test_pipelines_skip_steps_and_a_second_run_is_the_first(name):
     assert torch.equal(case.generate(pipe, kw), first)
     tokenmerge.remove_patch(pipe)
     assert torch.equal(case.generate(pipe, kw), vanilla)
+
+
+def test_a_pipeline_of_fewer_than_min_steps_skips_nothing():
+    """``min_steps``: a generation shorter than it (its scheduler's step count) computes every step (distilled
+    models); a longer one skips."""
+    from tiny_pipelines import CASES
+
+    case = CASES["flux-kontext"]
+    if case.available() is not None:
+        pytest.skip(case.available())
+    pipe, kw = case.build()
+    short, long = {**kw, "num_inference_steps": 5}, {**kw, "num_inference_steps": 9}
+    vanilla = [case.generate(pipe, k) for k in (short, long)]
+    tokenmerge.apply_config(pipe, StepCacheConfig(warmup=1, skip=1, min_steps=9))
+    got = [case.generate(pipe, k) for k in (short, long)]
+    tokenmerge.remove_patch(pipe)
+    assert torch.equal(got[0], vanilla[0]) and not torch.allclose(got[1], vanilla[1], atol=1e-5)
 
 
 def test_wan_2_2s_two_transformers_each_keep_their_own_state():

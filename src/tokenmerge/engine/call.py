@@ -188,6 +188,7 @@ class Clock:
 
     def __init__(self) -> None:
         self.mark: tuple = (None, None)  # (new_generation() count, the pipeline scheduler's timesteps tensor)
+        self.steps: int | None = None  # the generation's step count, where a patched pipeline's scheduler tells it
         self.generation = 0
         self.step = -1
         self.progress: float | None = None
@@ -200,6 +201,7 @@ class Clock:
         if marks != self.mark[0] or timesteps is not self.mark[1] or self.progress is None or (
                 progress is not None and progress < self.progress):
             self.mark = (marks, timesteps)
+            self.steps = len(timesteps) if timesteps is not None and hasattr(timesteps, "__len__") else None
             self.generation += 1
             self.step = 0
             self.places.clear()

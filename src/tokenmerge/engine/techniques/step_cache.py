@@ -57,6 +57,7 @@ class StepCacheConfig:
     skip_growth: int = 0
     extrapolate: float = 1.0
     mask: str | None = None
+    min_steps: int = 0
 
     max_downsample = None  # what the block selection reads (discover.select_blocks): the finest level's blocks
     blocks = None  # every block of the stack: a skipped step runs none of them
@@ -68,6 +69,10 @@ class StepCacheConfig:
             raise ValueError(f"extrapolate must be a number in [0, 1] (0: the kept residual held; 1: moved along its "
                              f"slope, first order); got {ex!r}")
         object.__setattr__(self, "extrapolate", float(ex))
+        m = self.min_steps
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0:
+            raise ValueError(f"min_steps must be an integer >= 0 (a generation of fewer steps, as a patched "
+                             f"pipeline's scheduler tells, skips none); got {m!r}")
 
     def computed(self, step: int) -> bool:
         """Whether step ``step`` of a generation (0: its first) is computed (``merge.schedule.computed``)."""
@@ -266,7 +271,8 @@ class StepCache(Technique):
         kept = clock.kept.get(state.slot)
         if kept is None:
             kept = clock.kept[state.slot] = Kept()
-        skipping = self.unskippable is None and bool(kept.runs) and not cfg.computed(clock.step)
+        short = cfg.min_steps and clock.steps is not None and clock.steps < cfg.min_steps  # (distilled models)
+        skipping = self.unskippable is None and bool(kept.runs) and not short and not cfg.computed(clock.step)
         work = state.work = Pass(kept, skipping, progress)
         if not skipping:
             return
@@ -422,8 +428,9 @@ class StepCache(Technique):
     def summary(self) -> str:
         c = self.config
         return (f"tokenmerge step cache: warmup={c.warmup} skip={c.skip} skip_growth={c.skip_growth} "
-                f"extrapolate={c.extrapolate:g} (steps computed of 20: {sum(c.schedule(20))}, of 50: "
-                f"{sum(c.schedule(50))})")
+                f"extrapolate={c.extrapolate:g}" + (f" mask={c.mask}" if c.mask else "")
+                + (f" min_steps={c.min_steps}" if c.min_steps else "")
+                + f" (steps computed of 20: {sum(c.schedule(20))}, of 50: {sum(c.schedule(50))})")
 
     def notes(self) -> list[str]:
         return [NOTE_MEMORY + (NOTE_SLOPE if self.config.extrapolate else "")]
