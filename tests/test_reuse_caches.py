@@ -1,7 +1,7 @@
 """Token reuse composed with diffusers' caches that skip: First Block Cache (threshold above 0), MagCache and
 TaylorSeer on whole blocks, both orders of enabling, checked against a reference computed step by step.
 
-What a skipped step does (docs/guides/token-reuse.md): the cache's hook sits above token reuse's on each block, so a
+What a skipped step does (docs/guides/reuse.md): the cache's hook sits above token reuse's on each block, so a
 block the cache skips or predicts runs none of token reuse's hooks, and its kept residual stays as it was; the step
 still moves token reuse's clock (the denoiser's own hook runs), but a step cut short (a block that did not run) does
 not move its round-robin: the next partial step recomputes the same tokens. The reference follows each block through

@@ -24,7 +24,7 @@ from .families.spec import grid_rank
 __all__ = ["accelerate", "SPEEDS"]
 
 SPEEDS = ("faithful", "balanced", "fast")
-# the frontiers' points (docs/guides/reuse.md has their speed and PSNR): per kind and speed
+# the frontiers' points (docs/guides/step-cache.md has their speed and PSNR): per kind and speed
 _UNET = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on the UNets' finest level
 # the step cache: computed steps in rounds that skip more as the denoising settles, the kept residual moved along
 # its slope (extrapolate: the slope's factor)
