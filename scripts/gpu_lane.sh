@@ -33,6 +33,10 @@
 #                  default $REUSE_WAN; tagged -reuse), then the rows not yet
 #                  measured: wan2.1-14b-480p hunyuan-video-720p flux1-dev-2048 sdxl-2048 (eager), one compiled row
 #                  with CUDA graphs (pixart-alpha-1024, whole-block, reduce-overhead), the summary.
+#   gen15          the lease for #56 (as quick15, same budget and RESULTS_COPY): whole generations (GEN_STEPS denoiser
+#                  steps, default 20, with the preset's scheduler and guidance) of tokenmerge.accelerate's three
+#                  speeds and the step cache's computed and skipped steps, eager, on flux1-dev-1024,
+#                  wan2.1-1.3b-480p, sd15-512 and sdxl-1024 (files tagged -gen), then the summary.
 # ROW: the rows of `tokenmerge bench --gpu` (all when none is named): sd15-512 sd15-1024 sdxl-1024 sdxl-2048
 #   pixart-alpha-1024 flux1-dev-1024 flux1-dev-2048 wan2.1-1.3b-480p wan2.1-14b-480p hunyuan-video-720p
 #
@@ -62,7 +66,7 @@ ROWS=("$@")
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//' >&2; }
 case "$PART" in
-  check|lane|lane-compile|quick|quick15|next15|bench|compiled|summary|all) ;;
+  check|lane|lane-compile|quick|quick15|next15|gen15|bench|compiled|summary|all) ;;
   "") usage; exit 2 ;;
   *) echo "gpu_lane.sh: unknown part '$PART'" >&2; usage; exit 2 ;;
 esac
@@ -181,17 +185,21 @@ summary() {
 # quick15's parts: the smallest time (s) each needs to be started, in the issue's order
 QUICK15=(smoke:60 flux1-dev-1024:110 sdxl-1024:80 pixart-alpha-1024:70 sd15-512:50 wan2.1-1.3b-480p:150
          compiled-pixart-alpha-1024:150 summary:10)
+# gen15: whole generations of accelerate's speeds (#56), then the summary
+GEN15=(gen-flux1-dev-1024:150 gen-wan2.1-1.3b-480p:200 gen-sd15-512:60 gen-sdxl-1024:90 summary:10)
 NEXT15=(smoke:75 kernels-flux1-dev-1024:130 kernels-pixart-alpha-1024:60 reuse-wan2.1-1.3b-480p:150
         wan2.1-14b-480p:200 hunyuan-video-720p:200 flux1-dev-2048:150 sdxl-2048:100 compiled-ro-pixart-alpha-1024:150
         summary:10)
 # the Triton kernels against the torch ones (kernels=triton), whole-block and around attention, with the grid limit
 KERNELS_METHODS="tome:0.5,scope=block tome:0.5,scope=block,kernels=triton tome:0.5 tome:0.5,kernels=triton"
 KERNELS_METHODS+=" grid-limit:0.5"
-# token reuse's partial and full steps (keys=kept: the others' keys and values kept; text=true: Flux's text too)
-# extrapolated (accelerate's image points), and the one-token step that times skip='s skipped steps
-REUSE_FLUX="reuse:0.5,keys=kept,text=true,extrapolate=1 reuse:0.2,keys=kept,text=true,extrapolate=1"
-REUSE_FLUX+=" reuse:0.0001,keys=kept,text=true,extrapolate=1"
-REUSE_WAN="reuse:0.3,keys=kept,extrapolate=1 reuse:0.25,keys=kept,extrapolate=1 reuse:0.0001,keys=kept,extrapolate=1"
+# token reuse's partial and full steps (keys=kept: the others' keys and values kept; text=true: Flux's text too),
+# extrapolated, and the step cache's computed and skipped steps (stepcache:1: a computed step, then a skipped one)
+REUSE_FLUX="reuse:0.5,keys=kept,text=true,extrapolate=1 reuse:0.2,keys=kept,text=true,extrapolate=1 stepcache:1"
+REUSE_WAN="reuse:0.3,keys=kept,extrapolate=1 reuse:0.25,keys=kept,extrapolate=1 stepcache:1"
+# whole generations of tokenmerge.accelerate's speeds (#56: the step cache on transformers), beside the step
+# cache's computed and skipped steps; GEN_STEPS denoiser steps (20 by default)
+GEN_METHODS="auto,speed=faithful auto,speed=balanced auto,speed=fast stepcache:1"
 save() {  # leave what was measured so far in $RESULTS_COPY (quick15, next15)
   [ -n "${RESULTS_COPY:-}" ] || return 0
   tar czf "$RESULTS_COPY/gpu-results.tgz" "$OUT" 2>/dev/null
@@ -232,6 +240,8 @@ quick15() {  # quick15 [PART:SECONDS...]: the parts of one lease (default QUICK1
         in_time "$left" bench_row "${name#compiled-ro-}" compiled reduce-overhead ;;
       compiled-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-} default" \
         in_time "$left" bench_row "${name#compiled-}" compiled default ;;
+      gen-*) GPU_METHODS="${GEN_METHODS}" TAG=gen BENCH_ARGS="${BENCH_ARGS} --steps ${GEN_STEPS:-20}" \
+        timed "generations ${name#gen-} (accelerate)" in_time "$left" bench_row "${name#gen-}" eager ;;
       reuse-flux*) GPU_METHODS="${REUSE_METHODS:-$REUSE_FLUX}" TAG=reuse \
         timed "bench ${name#reuse-} (token reuse)" in_time "$left" bench_row "${name#reuse-}" eager ;;
       reuse-*) GPU_METHODS="${REUSE_METHODS:-$REUSE_WAN}" TAG=reuse \
@@ -248,6 +258,7 @@ run_part() {
   case $1 in
     quick15) quick15 ;;
     next15) quick15 "${NEXT15[@]}" ;;
+    gen15) quick15 "${GEN15[@]}" ;;
     check) timed check check ;;
     lane) timed lane lane ;;
     lane-compile) timed lane-compile lane_compile ;;

@@ -687,6 +687,22 @@ def test_gpu_table_rows_and_summary(tmp_path, monkeypatch, capsys, fast_cpu):
     assert "| tiny-wan 64x96 x 9 (float32) |" in text and "Command: `tokenmerge bench" in text
 
 
+def test_gpu_rows_time_whole_generations_of_accelerate(tmp_path, monkeypatch, capsys, fast_cpu):
+    """--gpu ROW --steps N (the GPU lane's gen15): each method's whole generations beside its steps; accelerate's
+    speeds and the step cache's computed and skipped steps."""
+    _skip_without_class("tiny-wan")
+    _tiny_rows(monkeypatch)
+    out = tmp_path / "res"
+    assert main(["bench", "--gpu", "tiny-wan", "--methods", "auto,speed=fast", "stepcache:1", "--steps", "4",
+                 "--device", "cpu", "--warmup", "0", "--repeats", "1", "--out", str(out), "--stem", "gen",
+                 "--no-progress"]) == 0
+    records = {r["label"]: r for r in _records_of(out / "gen.jsonl") if r["kind"] == "step"}
+    assert set(records) == {"vanilla", "auto speed=fast", "stepcache 1"}
+    assert all(r["generate_s"] for r in records.values())
+    assert records["stepcache 1"]["step_timed"] == "skipped" and records["stepcache 1"]["full_median_s"]
+    capsys.readouterr()
+
+
 def _records_of(path):
     return [json.loads(line) for line in path.open()]
 
@@ -698,6 +714,7 @@ def _records_of(path):
     (["--gpu", "nope"], "invalid choice"),
     (["--gpu", "sd15-512", "--methods", "grid-limit:0.5"], "row sd15-512: grid-limit:0.5: grid-limit is for"),
     (["--gpu", "flux1-dev-1024", "--methods", "todo:2x2x2"], "3 factors"),
+    (["--gpu", "hunyuan-video-720p", "--steps", "2"], "times denoiser steps only"),
 ])
 def test_gpu_argument_errors(args, words, capsys, tmp_path):
     with pytest.raises(SystemExit) as err:

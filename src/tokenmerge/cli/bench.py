@@ -29,7 +29,7 @@ table. --summarize puts the records of several runs (their .jsonl) into one such
 
 # what --gpu sets itself: the options that describe the grid
 _GRID_OPTIONS = ("preset", "model", "resolutions", "frames", "batch_sizes", "modes", "ratios", "todo_factors",
-                 "steps", "breakdown", "memory", "memory_limit")
+                 "breakdown", "memory", "memory_limit")  # (--steps: its rows' whole generations too)
 
 
 def _resolution(text: str) -> int | str:

@@ -41,10 +41,15 @@ def run_gpu(args, parser, grid_options) -> int:
     names = list(dict.fromkeys(n for name in (args.gpu or list(gpu.ROWS))
                                for n in (gpu.QUICK if name == "quick" else (name,))))
     rows = {name: gpu.ROWS[name] for name in names}
+    from ..bench.generation import GENERATION_FAMILIES
+
     for name, row in rows.items():
         problem = _row_problem(resolve(row.preset), args.methods)
         if problem:
             parser.error(f"--methods: row {name}: {problem}")
+        if args.steps and resolve(row.preset).family not in GENERATION_FAMILIES:
+            parser.error(f"--steps: row {name} ({resolve(row.preset).family}) times denoiser steps only; whole "
+                         f"generations are timed for the {', '.join(GENERATION_FAMILIES)} rows")
     device = pick_device(args.device, parser)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {device}: torch sees no CUDA device here (torch {torch.__version__})")
@@ -70,7 +75,7 @@ def run_gpu(args, parser, grid_options) -> int:
               + f", {dtype}", flush=True)
         rows_records, meta = runner.run_grid(
             [preset], ["sdpa"], [row.resolution], [1], modes, args.repeats or row.repeats, device, dtype,
-            progress=not args.no_progress, compile=args.compile or False, warmup=args.warmup,
+            progress=not args.no_progress, compile=args.compile or False, warmup=args.warmup, steps=args.steps,
             frames=[row.frames] if row.frames else None, kernels=True, eager=not args.compiled_only,
             log=lambda line: print(line, flush=True))  # each record as made: a run cut short keeps them in its log
         for r in rows_records:
