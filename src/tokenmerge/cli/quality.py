@@ -41,8 +41,8 @@ def add_common(p, default_methods: list[str], default_steps: int) -> None:
                         "transformer), fashion-video (a Wan-style video transformer, 8-frame clips), fashion-mosaic "
                         "(Flux.1-style, 64 px mosaics from sentences: 1024 image + 32 text tokens), "
                         "fashion-video-long (Wan-style, 32-frame clips: 2048 tokens); or a real "
-                        "diffusers pipeline: a local folder (with model_index.json) or a hub id already on this machine. Nothing is "
-                        "downloaded.")
+                        "diffusers pipeline: a local folder (with model_index.json) or a hub id already on this "
+                        "machine. Nothing is downloaded.")
     p.add_argument("--methods", nargs="+", type=_spec, default=[_spec(m) for m in default_methods], metavar="SPEC",
                    help=f"methods to compare with vanilla (default: {' '.join(default_methods)})")
     p.add_argument("--steps", type=positive_int, default=default_steps,
