@@ -271,9 +271,10 @@ def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matche
     """
     kind = technique_for(config)
     sites = find_denoisers(model)
-    selected = [(site, select_blocks(site, config.max_downsample, config.blocks)) for site in sites]
+    levels = getattr(config, "max_downsample", None)  # (a technique whose config has no level or block choice
+    selected = [(site, select_blocks(site, levels, getattr(config, "blocks", None))) for site in sites]  # takes all)
     if not any(blocks for _, blocks in selected):
-        raise ValueError(nothing_matched(sites, config.max_downsample))
+        raise ValueError(nothing_matched(sites, levels))
     left = {id(site): kind.leave(site, config) for site, blocks in selected if blocks}
     if all(left.values()):  # the technique leaves every denoiser that has blocks: refused, with its reason
         name = next(site.path or type(site.module).__name__ for site, blocks in selected if blocks)
@@ -281,7 +282,7 @@ def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matche
     for site, blocks in selected:
         name = site.path or type(site.module).__name__
         if not blocks:
-            warnings.warn(f"tokenmerge: {name} is left unpatched: " + nothing_matched([site], config.max_downsample),
+            warnings.warn(f"tokenmerge: {name} is left unpatched: " + nothing_matched([site], levels),
                           stacklevel=3)
         elif left[id(site)]:
             warnings.warn(f"tokenmerge: {name} is left unpatched by the {kind.name}: {left[id(site)]}", stacklevel=3)

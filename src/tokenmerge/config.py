@@ -348,8 +348,6 @@ class ReuseConfig:
     text: bool = False
     extrapolate: float = 0.0
 
-    max_downsample = None  # what the block selection reads (discover.select_blocks): every block of the finest level
-
     def __post_init__(self):
         f = self.fraction
         if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.0 < float(f) <= 1.0:

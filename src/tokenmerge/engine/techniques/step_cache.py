@@ -59,9 +59,6 @@ class StepCacheConfig:
     mask: str | None = None
     min_steps: int = 0
 
-    max_downsample = None  # what the block selection reads (discover.select_blocks): the finest level's blocks
-    blocks = None  # every block of the stack: a skipped step runs none of them
-
     def __post_init__(self):
         check_schedule(self)
         ex = self.extrapolate
