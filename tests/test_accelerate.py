@@ -9,14 +9,12 @@ speed on the trained testbeds is checked against the PSNR committed when the set
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import warnings
 
 import pytest
 import torch
 from tiny_denoisers import CATALOGUE, all_tensors, available
-from tiny_models import later_step
+from tiny_models import counting_forwards, later_step, runs_per_call
 
 import tokenmerge
 from tokenmerge import StepCacheConfig, ToMeConfig
@@ -37,41 +35,6 @@ def _run(model, calls):
         return [torch.cat([t.flatten().float() for t in all_tensors(model(**c))]) for c in calls]
 
 
-@contextlib.contextmanager
-def _counting(model):
-    """A list of counts of the model's blocks' own ``forward`` (their class's) runs, while in the block (patch the
-    model inside it: the step cache calls the class's forward it found at its install)."""
-    count = [0]
-    sites = [b for site in tokenmerge.engine.find_denoisers(model) for b in site.blocks]
-    blocks = {id(b.module) for b in sites}
-    saved = {cls: cls.__dict__.get("forward") for cls in {type(b.module) for b in sites}}
-    for cls in saved:
-        @functools.wraps(cls.forward)  # (its signature: what binding an argument by name reads)
-        def counted(self, *args, _forward=cls.forward, **kwargs):
-            count[0] += id(self) in blocks  # (other modules of the class, not the family's blocks, run as they are)
-            return _forward(self, *args, **kwargs)
-        cls.forward = counted
-    try:
-        yield count
-    finally:
-        for cls, forward in saved.items():
-            if forward is None:
-                del cls.forward
-            else:
-                cls.forward = forward
-
-
-def _blocks_ran(model, calls, count) -> list[int]:
-    """Per call, how many times the counted blocks ran."""
-    per_call = []
-    with torch.no_grad():
-        for c in calls:
-            before = count[0]
-            model(**c)
-            per_call.append(count[0] - before)
-    return per_call
-
-
 @pytest.mark.parametrize("name", ENTRIES)
 def test_accelerate_acts_on_every_family_or_says_why_not(name):
     if available(name) is not None:
@@ -86,11 +49,11 @@ def test_accelerate_acts_on_every_family_or_says_why_not(name):
     except ValueError:  # a model whose timestep cannot move on in the tiny inputs (Cosmos 1.0): one call
         pass
     vanilla = _run(model, calls)
-    with warnings.catch_warnings(record=True) as caught, _counting(model) as count:
+    with warnings.catch_warnings(record=True) as caught, counting_forwards(model) as count:
         warnings.simplefilter("always")
         tokenmerge.accelerate(model, speed="fast")
         info = tokenmerge.describe_patch(model)
-        ran = _blocks_ran(model, calls, count) if info is not None and family.kind != "unet" else None
+        ran = runs_per_call(model, calls, count) if info is not None and family.kind != "unet" else None
     if name in LEFT:
         said = [str(w.message) for w in caught if "accelerate left" in str(w.message)]
         assert info is None and len(said) == 1 and "ControlNet" in said[0], said

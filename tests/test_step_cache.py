@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 from tiny_denoisers import CATALOGUE, all_tensors, available
-from tiny_models import later_step
+from tiny_models import counting_forwards, runs_per_call, steps_of
 
 import tokenmerge
 from tokenmerge import StepCacheConfig
@@ -43,11 +43,7 @@ def _run(model, calls):
         return [torch.cat([t.flatten().float() for t in all_tensors(model(**c))]) for c in calls]
 
 
-def _steps(model, inputs, n):
-    calls = [inputs]
-    for _ in range(n - 1):
-        calls.append(later_step(model, calls[-1]))
-    return calls
+
 
 
 def _progress(model, call) -> float:
@@ -162,7 +158,7 @@ def test_skipped_steps_against_the_reference(name, factor):
     _skip(name)
     entry = CATALOGUE[name]
     model = entry.build()
-    calls = _steps(model, entry.inputs(batch=2), 6)
+    calls = steps_of(model, entry.inputs(batch=2), 6)
     cfg = StepCacheConfig(warmup=2, skip=2, extrapolate=factor)
     want = _reference(model, calls, cfg.schedule(6), factor)
     tokenmerge.apply_config(model, cfg)
@@ -180,7 +176,7 @@ def test_guidance_as_two_calls_keeps_one_state_per_branch():
     _skip("wan")
     entry = CATALOGUE["wan"]
     model = entry.build()
-    cond = _steps(model, entry.inputs(batch=1, seed=0), 5)
+    cond = steps_of(model, entry.inputs(batch=1, seed=0), 5)
     uncond = [dict(c, encoder_hidden_states=torch.randn_like(c["encoder_hidden_states"])) for c in cond]
     cfg = StepCacheConfig(warmup=2, skip=1, extrapolate=1.0)
     want = [_reference(model, branch, cfg.schedule(5), 1.0) for branch in (cond, uncond)]
@@ -195,26 +191,15 @@ def test_guidance_as_two_calls_keeps_one_state_per_branch():
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_a_skipped_step_runs_no_block(monkeypatch):
+def test_a_skipped_step_runs_no_block():
     """The blocks' own forward (their class's, counted) runs at every computed step and at no skipped one."""
     _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
-    calls = _steps(model, entry.inputs(batch=2), 5)
-    count = [0]
-    for cls in {type(b) for b in _stack(model)[0]}:  # before the patch: it calls the forward it finds there
-        @functools.wraps(cls.forward)  # (its signature: what binding an argument by name reads)
-        def counted(self, *args, _forward=cls.forward, **kwargs):
-            count[0] += 1
-            return _forward(self, *args, **kwargs)
-        monkeypatch.setattr(cls, "forward", counted)
-    tokenmerge.apply_step_cache(model, skip=2, warmup=2)
-    per_call = []
-    with torch.no_grad():
-        for c in calls:
-            before = count[0]
-            model(**c)
-            per_call.append(count[0] - before)
+    calls = steps_of(model, entry.inputs(batch=2), 5)
+    with counting_forwards(model) as count:
+        tokenmerge.apply_step_cache(model, skip=2, warmup=2)
+        per_call = runs_per_call(model, calls, count)
     tokenmerge.remove_patch(model)
     assert per_call[0] > 0 and per_call[1] == per_call[0] and per_call[4] == per_call[0]
     assert per_call[2] == per_call[3] == 0, per_call
@@ -226,7 +211,7 @@ def test_controlnet_residuals_are_added_afresh_at_a_skipped_step():
     _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
-    calls = _steps(model, entry.inputs(batch=2), 4)
+    calls = steps_of(model, entry.inputs(batch=2), 4)
     blocks, _ = _stack(model)
     gen = torch.Generator().manual_seed(5)
     for k, c in enumerate(calls):
@@ -270,7 +255,7 @@ def test_every_family_skips_or_is_refused_with_the_reason(name):
         assert tokenmerge.describe_patch(model) is None
         return
     try:
-        calls = _steps(model, entry.inputs(batch=2), 4)
+        calls = steps_of(model, entry.inputs(batch=2), 4)
     except ValueError:  # a model whose timestep cannot move on (Cosmos 1.0's tiny inputs): a first step only
         calls = [entry.inputs(batch=2)]
     vanilla = _run(model, calls)
@@ -291,7 +276,7 @@ def test_a_block_whose_layout_cannot_be_told_runs_every_step_with_one_warning():
     _skip("wan")
     entry = CATALOGUE["wan"]
     model = entry.build()
-    calls = _steps(model, entry.inputs(batch=2), 3)
+    calls = steps_of(model, entry.inputs(batch=2), 3)
     vanilla = _run(model, calls)
     block = model.blocks[0]
 
@@ -316,7 +301,7 @@ def test_describe_patch_and_the_memory_it_keeps():
     _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
-    calls = _steps(model, entry.inputs(batch=2), 2)
+    calls = steps_of(model, entry.inputs(batch=2), 2)
     tokenmerge.apply_step_cache(model, skip=1, warmup=4, skip_growth=1)
     info = tokenmerge.describe_patch(model)
     assert str(info).startswith("tokenmerge step cache: warmup=4 skip=1 skip_growth=1 extrapolate=1")
@@ -339,7 +324,7 @@ def test_a_new_generation_and_a_stopped_one_start_over():
     _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
-    calls = _steps(model, entry.inputs(batch=2), 5)
+    calls = steps_of(model, entry.inputs(batch=2), 5)
     tokenmerge.apply_step_cache(model, skip=1, warmup=1)
     first = _run(model, calls)
     _run(model, calls[:2])  # stopped after its first skipped step
@@ -377,7 +362,7 @@ def test_compiled_accelerate_gives_the_eager_outputs_and_a_second_generation_com
     _skip(name)
     entry = CATALOGUE[name]
     model = entry.build()
-    calls = _steps(model, entry.inputs(batch=2), 8)
+    calls = steps_of(model, entry.inputs(batch=2), 8)
     tokenmerge.accelerate(model, speed="fast")
     eager = _run(model, calls)
     torch.compiler.reset()
@@ -507,7 +492,7 @@ def test_a_lora_loaded_after_the_patch_acts_at_the_computed_steps():
     _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
-    calls = _steps(model, entry.inputs(batch=2), 4)
+    calls = steps_of(model, entry.inputs(batch=2), 4)
     tokenmerge.apply_step_cache(model, skip=1, warmup=1)  # computed, skipped, computed, skipped
     plain = _run(model, calls)
     model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
@@ -527,7 +512,7 @@ def test_copies_are_independent_patched_models(how):
     _skip("wan")
     entry = CATALOGUE["wan"]
     model = entry.build()
-    calls = _steps(model, entry.inputs(batch=2), 4)
+    calls = steps_of(model, entry.inputs(batch=2), 4)
     tokenmerge.apply_step_cache(model, skip=1, warmup=1)
     want = _run(model, calls)
     other = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import json
 
@@ -532,3 +534,50 @@ def later_step(model, inputs: dict, factor: float = 0.8) -> dict:
         if bound.progress(value * f, 1000) > bound.progress(value, 1000):
             return {**inputs, bound.name: t * f}
     raise ValueError(f"no later timestep than {value} for {type(model).__name__}")
+
+
+def steps_of(model, inputs: dict, n: int) -> list[dict]:
+    """``n`` calls of one generation from ``inputs``, each at the next timestep (``later_step``)."""
+    calls = [inputs]
+    for _ in range(n - 1):
+        calls.append(later_step(model, calls[-1]))
+    return calls
+
+
+@contextlib.contextmanager
+def counting_forwards(model):
+    """Counts the runs of the model's blocks' own ``forward`` (their class's: a skipped call of a cache across steps
+    runs none) while inside; yields ``count`` (``count[0]``: runs so far). Patch the model inside the block: a cache
+    across steps calls the class's forward it finds when it is installed. Other modules of those classes (blocks
+    the family does not patch) run uncounted."""
+    from tokenmerge.engine import find_denoisers
+
+    count = [0]
+    sites = [b for site in find_denoisers(model) for b in site.blocks]
+    blocks = {id(b.module) for b in sites}
+    saved = {cls: cls.__dict__.get("forward") for cls in {type(b.module) for b in sites}}
+    for cls in saved:
+        @functools.wraps(cls.forward)  # (its signature: what binding an argument by name reads)
+        def counted(self, *args, _forward=cls.forward, **kwargs):
+            count[0] += id(self) in blocks
+            return _forward(self, *args, **kwargs)
+        cls.forward = counted
+    try:
+        yield count
+    finally:
+        for cls, forward in saved.items():
+            if forward is None:
+                del cls.forward
+            else:
+                cls.forward = forward
+
+
+def runs_per_call(model, calls, count) -> list[int]:
+    """Per call of ``calls``, the block runs ``count`` (``counting_forwards``) saw."""
+    per_call = []
+    with torch.no_grad():
+        for c in calls:
+            before = count[0]
+            model(**c)
+            per_call.append(count[0] - before)
+    return per_call
