@@ -17,9 +17,9 @@ from .api import (
     patched,
     remove_patch,
 )
-from .api_steps import apply_step_cache
+from .api_steps import apply_step_cache, apply_unet_cache
 from .config import ReuseConfig, ToDoConfig, ToMeConfig
-from .engine.techniques import StepCacheConfig
+from .engine.techniques import StepCacheConfig, UNetCacheConfig
 from .faithful import accelerate
 from .families import Family, register_family, registered_families, unregister_family
 
@@ -33,6 +33,7 @@ __all__ = [
     "StepCacheConfig",
     "ToDoConfig",
     "ToMeConfig",
+    "UNetCacheConfig",
     "__version__",
     "accelerate",
     "apply_config",
@@ -40,6 +41,7 @@ __all__ = [
     "apply_reuse",
     "apply_step_cache",
     "apply_todo",
+    "apply_unet_cache",
     "describe_patch",
     "new_generation",
     "observe",

@@ -1,12 +1,12 @@
-"""The public calls of the caches across steps: ``apply_step_cache`` (transformers). Each applies its technique's
-config through ``api.apply_config`` (install, rollback, removal: the shared lifecycle)."""
+"""The public calls of the caches across steps: ``apply_step_cache`` (transformers), ``apply_unet_cache`` (UNets). Each
+applies its technique's config through ``api.apply_config`` (install, rollback, removal: the shared lifecycle)."""
 
 from __future__ import annotations
 
 from .api import apply_config
-from .engine.techniques import StepCacheConfig
+from .engine.techniques import StepCacheConfig, UNetCacheConfig
 
-__all__ = ["apply_step_cache"]
+__all__ = ["apply_step_cache", "apply_unet_cache"]
 
 
 def apply_step_cache(model, skip: int = 1, *, warmup: int = 4, skip_growth: int = 0, extrapolate: float = 1.0):
@@ -52,3 +52,53 @@ def apply_step_cache(model, skip: int = 1, *, warmup: int = 4, skip_growth: int 
         >>> image = pipe("a photo of an astronaut").images[0]                   # doctest: +SKIP
     """
     return apply_config(model, StepCacheConfig(warmup, skip, skip_growth, extrapolate))
+
+
+def apply_unet_cache(model, skip: int = 2, *, warmup: int = 3, depth: int = 1, layers: int | None = None,
+                     skip_growth: int = 0, extrapolate: float = 0.0, mask: str | None = None):
+    """Patch a UNet with the UNet cache (DeepCache's idea), in place: after ``warmup`` computed steps, steps come in
+    rounds of cached steps and one computed step; a cached step runs only the UNet's shallow path.
+
+    A cached step runs ``conv_in``, the first ``depth`` down blocks, the last ``depth`` up blocks (with the skip
+    connections they own, fresh from this step) and ``conv_out``; the input of the first of those up blocks (the
+    output of ``up_blocks[-depth - 1]``) is the one of the last computed step, ``F + extrapolate * S * dt`` (``S`` its
+    change per unit of denoising progress between the last two computed steps, ``dt`` the progress since the last
+    computed step, read from the timestep). With ``layers``, the cut falls inside ``down_blocks[depth - 1]`` (as
+    DeepCache's branch of a layer): a cached step runs its first ``layers`` layers and, of ``up_blocks[-depth]``, the
+    layers that read their skip connections and the one before's. No deep block or layer runs at a cached step. Kept
+    memory: that feature (and its slope with ``extrapolate``) per call of a step; guidance as two calls keeps two.
+
+    Important args:
+        model: a diffusers pipeline or UNet of the UNet2DConditionModel kind (SD 1.x/2.x, SDXL and its refiner, the
+            video UNets); a pipeline's ControlNet is left unpatched and runs every step: at a cached step the UNet
+            adds its residuals to the shallow skip connections as usual, while its deep and mid residuals act only
+            through the feature kept from the last computed step. Transformers (use ``apply_step_cache``),
+            LDM-style ``UNetModel`` and ControlNet-XS are refused with the reason.
+        skip: the steps cached in the first round after the warm-up (each round: its cached steps, then one computed
+            step). ``warmup=1, skip=N - 1``: DeepCache's uniform schedule (a full step every N).
+        warmup: computed steps at the start of each generation (at least 1: the first fills the cache).
+        depth: the down and up blocks a cached step runs at each end of the UNet (1: the finest level only, the
+            cheapest cached step; larger: more faithful, slower).
+        layers: ``None`` (default): whole blocks; an integer: the layers of ``down_blocks[depth - 1]`` a cached step
+            runs (0: none: at depth 1 only ``conv_in``, the last up block's last layer and ``conv_out``), for a
+            cheaper cached step where a level has several layers (SD 1.x/2.x and SDXL: 2).
+
+    Args to tinker with:
+        skip_growth: each round caches this many more steps than the one before (0, the default: every round
+            ``skip``). ``UNetCacheConfig(...).schedule(steps)`` lists which steps are computed.
+        extrapolate: the slope's factor in [0, 1] (0, the default: the feature held, as DeepCache; 1: first order).
+        mask: a static schedule instead: a string of ``1`` (computed) and ``0`` (cached) per step, starting with 1.
+
+    Steps are told apart by the timestep, as in ``apply_step_cache``. torch.compile: compile without
+    ``fullgraph=True`` (one graph break at the call's start); a second generation compiles nothing.
+
+    Returns:
+        ``model``, patched (any earlier tokenmerge patch is replaced). ``tokenmerge.remove_patch`` removes it and
+        gives back bit-identical outputs. Raises ``ValueError`` for bad arguments or a model it cannot cut,
+        ``TypeError`` for a model it does not know; on any error the model is left as it was.
+
+    Example:
+        >>> tokenmerge.apply_unet_cache(pipe, skip=2, warmup=3)  # doctest: +SKIP
+        >>> image = pipe("a photo of an astronaut").images[0]    # doctest: +SKIP
+    """
+    return apply_config(model, UNetCacheConfig(warmup, skip, skip_growth, extrapolate, mask, depth, layers))

@@ -34,11 +34,14 @@ METHODS = {
                  "runs; the stack's kept residual moved along its slope) each ended by a computed one; VALUE = the "
                  "first round's skipped steps (default 1); options warmup=, skip_growth=, extrapolate=, mask= (a "
                  "string of 1 and 0 per step: a static mask)",
+    "unetcache": "the UNet cache (apply_unet_cache, DeepCache's idea): stepcache's schedule, a cached step runs the "
+                 "UNet's first depth down and last depth up blocks only; VALUE = skip (default 2); options warmup=, "
+                 "depth=, layers=, skip_growth=, extrapolate=, mask=",
     "auto": "tokenmerge.accelerate: the faithful setting for the model (ToMe on a UNet, token reuse on a "
             "transformer); no VALUE; option speed=faithful|balanced|fast (default balanced)",
 }
 # methods whose state carries across steps: the bench times their steady partial (or skipped) step after a full one
-STATEFUL = ("reuse", "stepcache", "auto")
+STATEFUL = ("reuse", "stepcache", "unetcache", "auto")
 # options that do not change a partial or skipped step's work (the schedule, which tokens): the bench's record omits
 # them
 SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end", "skip_growth", "mask")
@@ -145,13 +148,14 @@ class MethodSpec:
         return ReuseConfig(fraction=self.value, **self.kwargs())
 
     def config(self):
-        """The ``StepCacheConfig`` of a step-cache spec (its schedule: which steps are computed)."""
-        from .. import StepCacheConfig
+        """The ``StepCacheConfig`` (``UNetCacheConfig``) of a step (UNet) cache spec (its schedule: which steps are
+        computed)."""
+        from .. import StepCacheConfig, UNetCacheConfig
 
         kwargs = self.kwargs()
         if isinstance(kwargs.get("mask"), int) and not isinstance(kwargs["mask"], bool):  # read as a number
             kwargs["mask"] = str(kwargs["mask"])
-        return StepCacheConfig(skip=int(self.value), **kwargs)
+        return (UNetCacheConfig if self.name == "unetcache" else StepCacheConfig)(skip=int(self.value), **kwargs)
 
     @property
     def is_cache(self) -> bool:
@@ -160,8 +164,8 @@ class MethodSpec:
 
     @property
     def is_step_cache(self) -> bool:
-        """Whether it is this library's step cache."""
-        return self.name == "stepcache"
+        """Whether it is one of this library's caches across steps (the step cache, the UNet cache)."""
+        return self.name in ("stepcache", "unetcache")
 
     @property
     def is_factor(self) -> bool:
@@ -185,9 +189,9 @@ class MethodSpec:
             ToDoConfig(downsample=self.value, **self.kwargs())
         elif self.name == "reuse":
             self.reuse_config()
-        elif self.name == "stepcache":
+        elif self.is_step_cache:
             if self.value != int(self.value):
-                raise ValueError(f"stepcache's value (the steps skipped in a round) must be an integer, got "
+                raise ValueError(f"{self.name}'s value (the steps skipped in a round) must be an integer, got "
                                  f"{self.value:g}")
             self.config()
         elif self.name == "auto":
@@ -224,7 +228,7 @@ class MethodSpec:
             tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()), code_paths=code_paths)
         elif self.name == "reuse":
             tokenmerge.apply_config(model, self.reuse_config())
-        elif self.name == "stepcache":
+        elif self.is_step_cache:
             tokenmerge.apply_config(model, self.config())
         elif self.name == "auto":
             tokenmerge.accelerate(model, **self.kwargs())
@@ -357,7 +361,7 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
     if name == "auto" and value:
         raise ValueError(f"method spec {quote(text)}: auto takes no value (its option speed= is the knob)")
     number = _value(value) if value else DEFAULTS.get(name, 2 if name in _FACTOR_METHODS else
-                                                      1 if name == "stepcache" else 0.5)
+                                                      1 if name == "stepcache" else 2 if name == "unetcache" else 0.5)
     per_axis = isinstance(number, tuple) and name in _FACTOR_METHODS
     if name != "auto" and not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
         hint = " (ToDo: or a factor per axis such as 1x2x2)" if name in _FACTOR_METHODS else ""
@@ -383,7 +387,8 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
                 raise ValueError(f"{name}'s value must be a positive integer, got {value}")
             number = int(number)
         spec = MethodSpec(name, None if name == "auto" else number if name in _FACTOR_METHODS or name in CACHES
-                          else int(number) if name == "stepcache" and number == int(number) else float(number),
+                          else int(number) if name in ("stepcache", "unetcache") and number == int(number)
+                          else float(number),
                           tuple(options))
         spec.check()
     except ImportError as err:

@@ -11,6 +11,8 @@
   residuals kept from their last computation.
 - ``step_cache.StepCache``: the step cache: some steps computed, the others run no block at all and take the stack's
   kept residual, moved along its slope.
+- ``unet_cache.UNetCache``: the UNet cache: some steps computed, the others run a UNet's shallow path only and take
+  the deep path's output from the last computed step (DeepCache).
 
 Each config class has one technique (``technique.technique_for``), registered here.
 """
@@ -24,10 +26,13 @@ from .block import ToMeWholeBlock
 from .reuse import TokenReuse
 from .step_cache import StepCache, StepCacheConfig
 from .todo import ToDoPool
+from .unet_cache import UNetCache, UNetCacheConfig
 
-__all__ = ["ToMeAround", "ToMeWholeBlock", "ToDoPool", "TokenReuse", "StepCache", "StepCacheConfig"]
+__all__ = ["ToMeAround", "ToMeWholeBlock", "ToDoPool", "TokenReuse", "StepCache", "StepCacheConfig", "UNetCache",
+           "UNetCacheConfig"]
 
 register_technique(ToMeConfig, lambda config: ToMeWholeBlock if config.scope == "block" else ToMeAround)
 register_technique(ToDoConfig, lambda config: ToDoPool if config.pools else ToMeAround)
 register_technique(ReuseConfig, lambda config: TokenReuse)
 register_technique(StepCacheConfig, lambda config: StepCache)
+register_technique(UNetCacheConfig, lambda config: UNetCache)

@@ -1,0 +1,404 @@
+"""The UNet cache (``tokenmerge.apply_unet_cache``): DeepCache's idea on the engine. Some steps are computed; the
+others run only the UNet's shallow path and take the deep path's output from the last computed step.
+
+A diffusers UNet runs ``conv_in``, its down blocks (each returning its hidden states and its skip connections,
+collected in order), the mid block, its up blocks (each popping its skip connections from the end), ``conv_out``.
+The last ``depth`` up blocks read only the skip connections of ``conv_in`` and of the first ``depth`` down blocks
+(checked at apply time), and the output of ``up_blocks[-depth - 1]``. So a cached step runs ``conv_in``, the first
+``depth`` down blocks, the last ``depth`` up blocks and ``conv_out``; the deep path (the other down blocks, the mid
+block, the other up blocks) runs nothing: each of its modules' ``forward`` is wrapped (``Bypass``, as diffusers' hook
+registry wraps one; the model's code is not copied) and returns
+
+    a placeholder        of the shape it returned at the last computed step (a zero-stride view of one zero, which
+                         costs nothing; a writable tensor of zeros where the call carries T2I-Adapter residuals,
+                         which the UNet adds in place)
+    the kept feature     the deepest cached up block (``up_blocks[-depth - 1]``, or the mid block where ``depth``
+                         is the number of levels): its output F at the last computed step, moved along its slope
+                         F + extrapolate x S x dt (S: its change per unit of denoising progress between the last two
+                         computed steps, dt: the progress since the last one)
+
+    begin (host)         computed or cached (``UNetCacheConfig.computed``: the step cache's schedule language), the
+                         cached step's feature and placeholders made
+    computed step        every module runs; the feature (a copy: an up block's FreeU scales its input in place) and
+                         the deep modules' output shapes are kept
+    end (host)           F kept per slot, S measured against the F before
+
+ControlNet: a ControlNet's outputs are read at every level, so it is left unpatched and runs every step; the UNet
+adds its residuals as usual: this step's to the shallow skip connections (which a cached step reads), while the deep
+ones and the mid block's land on placeholders that nothing reads: their effect at a cached step is the one carried
+in F from the last computed step. Kept state (``Kept``) lives in the step clock by the call's slot: guidance run as
+two calls keeps two, a new generation forgets it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import warnings
+
+import torch
+
+from ...families.spec import Arg
+from ...merge.schedule import check_schedule, computed
+from ..discover import bind
+from ..technique import Technique
+from .step_cache import Bypass, StepCache
+
+__all__ = ["UNetCacheConfig", "UNetCache", "Kept"]
+
+# what the UNet adds in place to a deep block's output (T2I-Adapter's residuals: ``sample += ...``)
+_IN_PLACE = (Arg("down_intrablock_additional_residuals"),)
+
+
+@dataclasses.dataclass(frozen=True)
+class UNetCacheConfig:
+    """Settings of ``apply_unet_cache`` (validated when made; see its docstring).
+
+    Example:
+        >>> "".join("1" if c else "0" for c in UNetCacheConfig(warmup=1, skip=2).schedule(10))  # DeepCache's N=3
+        '1001001001'
+    """
+
+    warmup: int = 3
+    skip: int = 2
+    skip_growth: int = 0
+    extrapolate: float = 0.0
+    mask: str | None = None
+    depth: int = 1
+    layers: int | None = None
+
+    max_downsample = 1 << 30  # what the block selection reads: every transformer block of the UNet (all run
+    blocks = None  # under the patch, the deep ones only at computed steps)
+
+    def __post_init__(self):
+        check_schedule(self)
+        ex = self.extrapolate
+        if isinstance(ex, bool) or not isinstance(ex, numbers.Real) or not 0.0 <= float(ex) <= 1.0:
+            raise ValueError(f"extrapolate must be a number in [0, 1] (0: the kept feature held; 1: moved along its "
+                             f"slope, first order); got {ex!r}")
+        object.__setattr__(self, "extrapolate", float(ex))
+        d = self.depth
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
+            raise ValueError(f"depth must be an integer >= 1 (the down and up blocks a cached step runs at each end "
+                             f"of the UNet); got {d!r}")
+        object.__setattr__(self, "depth", int(d))
+        m = self.layers
+        if m is not None and (isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0):
+            raise ValueError(f"layers must be None (every layer of the cut's down block) or an integer >= 0 (its "
+                             f"first layers a cached step runs); got {m!r}")
+        object.__setattr__(self, "layers", None if m is None else int(m))
+
+    def computed(self, step: int) -> bool:
+        """Whether step ``step`` of a generation (0: its first) is computed (``merge.schedule.computed``)."""
+        return computed(step, self.warmup, self.skip, self.skip_growth, self.mask)
+
+    def schedule(self, steps: int) -> list[bool]:
+        """Whether each of ``steps`` steps is computed (``True``) or cached."""
+        return [self.computed(k) for k in range(steps)]
+
+
+@dataclasses.dataclass(slots=True)
+class Kept:
+    """One slot's kept state: the feature F (the deepest cached module's output) and its slope S at the last
+    computed step (at progress ``at``), the deep modules' output outlines, their placeholders once made."""
+
+    feature: torch.Tensor | None = None
+    slope: torch.Tensor | None = None
+    at: float | None = None
+    outlines: dict = dataclasses.field(default_factory=dict)
+    blanks: dict = dataclasses.field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.feature = self.slope = self.at = None
+        self.outlines.clear()
+        self.blanks.clear()
+
+
+@dataclasses.dataclass(slots=True)
+class Pass:
+    """One call in flight: cached (``outs``: what each deep module returns) or computed (``seen``: each deep module's
+    output, the feature's copy at the last index)."""
+
+    kept: Kept
+    caching: bool
+    progress: float
+    outs: dict = dataclasses.field(default_factory=dict)
+    seen: dict = dataclasses.field(default_factory=dict)
+    feature: torch.Tensor | None = None  # computed: a copy of the feature (the feature module's first tensor)
+
+    def close(self) -> None:
+        self.outs = {}
+        self.seen = {}
+        self.feature = None
+
+
+def _outline(value):
+    """What a placeholder of ``value`` needs: ``(shape, dtype, device)`` per tensor, the structure of a tuple;
+    ``False`` for what cannot be told."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), value.dtype, value.device
+    if isinstance(value, (tuple, list)):
+        parts = tuple(_outline(v) for v in value)
+        return False if any(p is False for p in parts) else (type(value), parts)
+    return None if value is None else False
+
+
+def _blank(outline, writable: bool):
+    """A placeholder of ``outline``: a zero-stride view of one zero (``writable``: a tensor of zeros)."""
+    if outline is None:
+        return None
+    if isinstance(outline[0], type):
+        return outline[0](_blank(o, writable) for o in outline[1])
+    shape, dtype, device = outline
+    if writable:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.zeros((), dtype=dtype, device=device).expand(shape)
+
+
+def _layers(down, layers: int | None) -> int:
+    """The layers of the cut's down block that a cached step runs."""
+    return len(down.resnets) if layers is None else layers
+
+
+def _layer(block, i: int) -> list:
+    """Layer ``i`` of a block: its resnet and, where it has them, its attention."""
+    attentions = getattr(block, "attentions", None)
+    return [("resnets", block.resnets[i])] + ([("attentions", attentions[i])] if attentions is not None else [])
+
+
+_PLAIN = {"resnets", "attentions", "downsamplers", "upsamplers"}  # what a block cut inside may hold as lists
+
+
+def _holding(outline, feature: torch.Tensor, writable: bool):
+    """The feature module's output at a cached step: ``feature`` where it returned a tensor, first in the tuple it
+    returned (an attention's ``(output,)``) otherwise."""
+    if not isinstance(outline[0], type):
+        return feature
+    return outline[0]((feature, *(_blank(o, writable) for o in outline[1][1:])))
+
+
+def _skips(block) -> int:
+    """The skip connections a diffusers down block returns: one per resnet, one for its downsampler."""
+    return len(block.resnets) + (getattr(block, "downsamplers", None) is not None)
+
+
+class UNetCache(Technique):
+    """The UNet cache on a diffusers UNet's deep path.
+
+    Args:
+        patch: the installed patch (config, site, its ``CallHook``).
+    """
+
+    name = "UNet cache"
+    clocked = timed = host = True  # computed or cached: decided on the host at each call
+
+    def __init__(self, patch):
+        super().__init__(patch)
+        self.deep, self.paths = self.deep_path(patch.site.module, patch.config.depth, patch.config.layers)
+        unet = patch.site.module
+        cut = unet.down_blocks[patch.config.depth - 1]
+        partial = _layers(cut, patch.config.layers) < len(cut.resnets)  # the cut inside blocks: FreeU's in-place
+        self.mirror = unet.up_blocks[len(unet.down_blocks) - patch.config.depth] if partial else None  # scaling of
+        # the cached layers' inputs there needs writable placeholders
+        self.in_place = [b for b in (bind(a, unet) for a in _IN_PLACE) if b is not None]
+        self.bypasses: list[Bypass] = []
+        self.unusable: str | None = None  # why no step can be cached (a deep output that cannot be told)
+        self.warned = False
+
+    @staticmethod
+    def deep_path(unet, depth: int, layers: int | None) -> tuple[list, list[str]]:
+        """The modules a cached step does not run, in call order, the deepest cached one (the feature's) last: the
+        layers of ``down_blocks[depth - 1]`` from ``layers`` on and its downsampler, the deeper down blocks, the mid
+        block, the up blocks before ``up_blocks[-depth]``, and the layers of that one that read the skips of those
+        down layers."""
+        n = len(unet.down_blocks)
+        down, up = unet.down_blocks[depth - 1], unet.up_blocks[n - depth]
+        base = f"down_blocks.{depth - 1}"
+        deep = [(m, f"{base}.{part}.{i}") for i in range(_layers(down, layers), len(down.resnets))
+                for part, m in _layer(down, i)]
+        deep += [(m, f"{base}.downsamplers.{i}") for i, m in enumerate(getattr(down, "downsamplers", None) or ())]
+        deep += [(unet.down_blocks[i], f"down_blocks.{i}") for i in range(depth, n)]
+        deep += [(unet.mid_block, "mid_block")] if getattr(unet, "mid_block", None) is not None else []
+        deep += [(unet.up_blocks[i], f"up_blocks.{i}") for i in range(n - depth)]
+        deep += [(m, f"up_blocks.{n - depth}.{part}.{i}") for i in range(len(down.resnets) - _layers(down, layers))
+                 for part, m in _layer(up, i)]
+        return [m for m, _ in deep], [p for _, p in deep]
+
+    # ---- the protocol's static parts ------------------------------------------------------------------------
+    @classmethod
+    def check(cls, site, blocks, config) -> None:
+        unet, name = site.module, f"{site.path or type(site.module).__name__} ({site.family.name})"
+        if site.family.kind != "unet":
+            raise ValueError(f"tokenmerge: the UNet cache reuses a UNet's deep path, and {name} is a transformer "
+                             "(one stack of blocks): use tokenmerge.apply_step_cache on it")
+        if site.family.name == "ldm-unet":
+            raise ValueError(f"tokenmerge: the UNet cache cannot patch {name}: an LDM-style UNetModel's forward "
+                             "(CompVis ldm, sgm, cldm, the webuis' forks) decides which skip connection each output "
+                             "block reads and adds ControlNet residuals in place, and differs between forks; the UNet "
+                             "cache follows diffusers' UNet2DConditionModel (load the model with diffusers, or use "
+                             "apply_patch)")
+        down, up = getattr(unet, "down_blocks", None), getattr(unet, "up_blocks", None)
+        if site.family.name == "controlnet-xs" or up is None or len(up) != len(down) or \
+                not all(hasattr(b, "resnets") for b in (*down, *up)):
+            raise ValueError(f"tokenmerge: the UNet cache cannot patch {name}: it follows UNets whose down and up "
+                             "blocks pair level by level with skip connections (UNet2DConditionModel and its video "
+                             "kin); this one's blocks do not (ControlNet-XS runs a control UNet beside the base one)")
+        n, depth, layers = len(down), config.depth, config.layers
+        if depth > n or (depth == n and layers is None and getattr(unet, "mid_block", None) is None):
+            raise ValueError(f"tokenmerge: depth={depth} leaves no deep path to cache in {name}: it has {n} levels "
+                             f"(down blocks){'' if depth > n else ' and no mid block'}; use depth < {n}")
+        reads = sum(len(b.resnets) for b in up[n - depth:])
+        gives = 1 + sum(_skips(b) for b in down[:depth]) - (getattr(down[depth - 1], "downsamplers", None) is not None)
+        if reads != gives:
+            raise ValueError(f"tokenmerge: the UNet cache cannot cut {name} at depth={depth}: its last {depth} up "
+                             f"block(s) read {reads} skip connections, where conv_in and the first {depth} down "
+                             f"block(s) give {gives}; the shallow path would read the deep path's")
+        cut, mirror = down[depth - 1], up[n - depth]
+        if layers is not None and layers > len(cut.resnets):
+            raise ValueError(f"tokenmerge: layers={layers}, where down_blocks.{depth - 1} of {name} has "
+                             f"{len(cut.resnets)} layers")
+        if layers is not None and layers < len(cut.resnets):
+            odd = [f"{i} ({type(b).__name__}) holds {', '.join(sorted(lists - _PLAIN))}" for i, b in
+                   ((f"down_blocks.{depth - 1}", cut), (f"up_blocks.{n - depth}", mirror))
+                   for lists in [{k for k, v in b.named_children() if isinstance(v, torch.nn.ModuleList)}]
+                   if lists - _PLAIN or len(getattr(b, "attentions", None) or b.resnets) != len(b.resnets)]
+            if odd or len(mirror.resnets) != len(cut.resnets) + 1:
+                raise ValueError(f"tokenmerge: layers={layers} cuts inside down_blocks.{depth - 1} and up_blocks."
+                                 f"{n - depth} of {name}, which needs layers of a resnet and an attention each, the up "
+                                 "block reading the down block's layers and one more skip; "
+                                 + ("; ".join(odd) if odd else f"the up block has {len(mirror.resnets)} layers")
+                                 + ": use layers=None (whole blocks)")
+        if site.timestep is None:
+            raise TypeError(f"tokenmerge: {name} takes no timestep argument, which the UNet cache needs to tell the "
+                            "denoising steps apart")
+
+    @classmethod
+    def leave(cls, site, config) -> str | None:
+        if hasattr(site.module, "controlnet_down_blocks"):  # diffusers' ControlNets: an output read at every level
+            return ("a ControlNet's outputs are read at every level (its residuals), so it runs every step; at a "
+                    "cached step the UNet adds this step's residuals to the shallow skip connections it reads, and "
+                    "the deep ones' effect is the last computed step's, carried in the cached feature")
+        return None
+
+    @classmethod
+    def refuses_cache(cls, config, is_target: bool) -> str | None:
+        return "the UNet cache does not run the deep path at cached steps, and keeps its own feature"
+
+    @classmethod
+    def cache_message(cls, path: str, what: str, when: str, why: str) -> str:
+        return (f"tokenmerge: {what} {when} on {path}, under the UNet cache ({why}): two caches across steps on one "
+                "UNet would each reuse the other's stale outputs; use one of them")
+
+    # ---- installation -----------------------------------------------------------------------------------------
+    def install(self) -> list:
+        for index, module in enumerate(self.deep):
+            bypass = Bypass(self, index, module, module.__dict__.get("forward"))
+            module.forward = bypass
+            self.bypasses.append(bypass)
+        return []
+
+    release = StepCache.release  # the forwards given back (or passing through, where wrapped since)
+
+    def hook_codes(self) -> list:
+        return [UNetCache.forward.__code__, Bypass.__call__.__code__, Bypass.inner.__code__]
+
+    # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
+    def begin(self, state, info) -> None:
+        """Set up the call: computed or cached; a cached call gets each deep module's output."""
+        progress = info.progress
+        if progress is None:
+            self._warn_once("a call got no timestep, which the UNet cache needs to tell the steps apart; such calls "
+                            "compute every block")
+            return
+        cfg, clock = self.config, state.clock
+        kept = clock.kept.get(state.slot)
+        if kept is None:
+            kept = clock.kept[state.slot] = Kept()
+        caching = self.unusable is None and kept.feature is not None and not cfg.computed(clock.step)
+        work = state.work = Pass(kept, caching, progress)
+        if not caching:
+            return
+        last = len(self.deep) - 1
+        writable = any(b.read(info.args, info.kwargs) is not None for b in self.in_place) or (
+            self.mirror is not None and all(getattr(self.mirror, k, None) for k in ("s1", "s2", "b1", "b2")))
+        if kept.slope is not None and cfg.extrapolate:  # a new tensor: a later block may scale its input in place
+            feature = kept.feature.add(kept.slope, alpha=cfg.extrapolate * (progress - kept.at))
+        else:
+            feature = kept.feature.clone()
+        work.outs[last] = _holding(kept.outlines[last], feature, writable)
+        for index in range(last):
+            if writable:  # added to in place (T2I-Adapter, FreeU inside a block cut): fresh zeros
+                work.outs[index] = _blank(kept.outlines[index], True)
+                continue
+            blank = kept.blanks.get(index)
+            if blank is None:  # made once per slot: views of one zero
+                blank = kept.blanks[index] = _blank(kept.outlines[index], False)
+            work.outs[index] = blank
+
+    def _warn_once(self, reason: str) -> None:
+        if self.warned:
+            return
+        self.warned = True
+        name = self.patch.site.path or type(self.patch.site.module).__name__
+        warnings.warn(f"tokenmerge: {name}: {reason}. The generation goes on", RuntimeWarning, stacklevel=5)
+
+    # ---- a deep module ------------------------------------------------------------------------------------------
+    def forward(self, bypass: Bypass, args: tuple, kwargs: dict):
+        """The module's call: its placeholder (or the kept feature) at a cached step, its own forward otherwise."""
+        work = self.calls.state.work
+        if work is None:
+            return bypass.inner(*args, **kwargs)
+        if work.caching:
+            return work.outs[bypass.index]
+        out = bypass.inner(*args, **kwargs)
+        index = bypass.index
+        work.seen[index] = out
+        if index == len(self.deep) - 1:
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            if isinstance(first, torch.Tensor):  # kept apart: the next up layer's FreeU scales its input in place
+                work.feature = first.clone()
+        return out
+
+    # ---- after the denoiser's call (on the host) ----------------------------------------------------------------
+    def end(self, state) -> None:
+        """A computed call that ran every deep module once: its feature kept, its slope measured against the feature
+        kept at the last computed step, the deep outputs' outlines kept for the placeholders."""
+        work = state.work
+        if work.caching:
+            return
+        seen, last = work.seen, len(self.deep) - 1
+        if len(seen) != len(self.deep):
+            missing = [self.paths[i] for i in range(len(self.deep)) if i not in seen]
+            return self._refuse(f"{', '.join(missing)} did not run in a call of the UNet")
+        outlines = {i: _outline(seen[i]) for i in range(len(self.deep))}
+        odd = [self.paths[i] for i, o in outlines.items() if o is False]
+        if odd or work.feature is None:
+            return self._refuse(f"{(odd or [self.paths[last]])[0]} returns what the UNet cache cannot stand in for "
+                                "(tensors, or tuples of them, expected)")
+        kept, feature, progress = work.kept, work.feature, work.progress
+        gap = None if kept.at is None else progress - kept.at
+        old = kept.feature
+        slope = None
+        if self.config.extrapolate and old is not None and old.shape == feature.shape and gap and gap > 0:
+            slope = (feature - old).div_(gap)
+        if kept.outlines != outlines:
+            kept.blanks.clear()
+        kept.feature, kept.slope, kept.at, kept.outlines = feature, slope, progress, outlines
+
+    def _refuse(self, why: str) -> None:
+        if not torch.compiler.is_compiling():
+            self.unusable = why
+            self._warn_once(f"the UNet cache cannot cache steps: {why}; every step is computed")
+
+    # ---- describe_patch -------------------------------------------------------------------------------------------
+    def summary(self) -> str:
+        c = self.config
+        return (f"tokenmerge UNet cache: depth={c.depth} layers={c.layers} warmup={c.warmup} skip={c.skip} "
+                f"skip_growth={c.skip_growth} extrapolate={c.extrapolate:g} (steps computed of 20: "
+                f"{sum(c.schedule(20))}, of 50: {sum(c.schedule(50))}); a cached step runs only the path shallower "
+                f"than {self.paths[-1]}, whose output it takes from the last computed step")
+
+    def notes(self) -> list[str]:
+        note = (f"the UNet cache keeps, per call of a step (guidance run as two calls keeps two), the output of "
+                f"{self.paths[-1]} (batch x channels x height x width at its level)")
+        return [note + (", and its slope beside it: two such tensors" if self.config.extrapolate else "")]
