@@ -24,8 +24,8 @@ from tokenmerge.families.spec import grid_rank
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 ENTRIES = sorted({example for f in BUILTIN for example in f.examples} & set(CATALOGUE))
 # what accelerate(speed="fast") must pick (the frontiers' points, written out)
-FAST_IMAGE = StepCacheConfig(warmup=3, skip=1, skip_growth=1, extrapolate=0.7)
-FAST_VIDEO = StepCacheConfig(warmup=3, skip=1, skip_growth=1, extrapolate=0.7)
+FAST_IMAGE = StepCacheConfig(warmup=3, skip=1, skip_growth=2, extrapolate=0.7, min_steps=9)
+FAST_VIDEO = StepCacheConfig(warmup=2, skip=1, skip_growth=2, extrapolate=0.7, min_steps=9)
 LEFT = ("flux-controlnet", "flux-controlnet-union", "hunyuan-dit-controlnet", "qwen-image-controlnet",
         "sana-controlnet", "sd3-controlnet")  # bare ControlNets: their outputs are read after every block
 
@@ -85,11 +85,11 @@ def test_each_speed_is_the_frontiers_point():
     """The settings written out (docs/guides/step-cache.md has where each was measured)."""
     want = {"unet": {"faithful": ToMeConfig(ratio=0.3), "balanced": ToMeConfig(ratio=0.5),
                      "fast": ToMeConfig(ratio=0.6)},
-            "flux": {"faithful": StepCacheConfig(warmup=4, skip=1, extrapolate=0.85),
-                     "balanced": StepCacheConfig(warmup=4, skip=1, skip_growth=1, extrapolate=0.7),
+            "flux": {"faithful": StepCacheConfig(warmup=4, skip=1, skip_growth=1, extrapolate=0.7, min_steps=9),
+                     "balanced": StepCacheConfig(warmup=3, skip=1, skip_growth=1, extrapolate=0.7, min_steps=9),
                      "fast": FAST_IMAGE},
-            "wan": {"faithful": StepCacheConfig(warmup=4, skip=1, extrapolate=0.85),
-                    "balanced": StepCacheConfig(warmup=4, skip=1, skip_growth=1, extrapolate=0.7),
+            "wan": {"faithful": StepCacheConfig(warmup=3, skip=1, skip_growth=1, extrapolate=0.7, min_steps=9),
+                    "balanced": StepCacheConfig(warmup=3, skip=1, skip_growth=2, extrapolate=0.7, min_steps=9),
                     "fast": FAST_VIDEO}}
     for name, speeds in want.items():
         if available("unet-sd" if name == "unet" else name) is not None:  # (diffusers 0.27: no Flux.1, no Wan)
@@ -144,8 +144,8 @@ def _cell(config: StepCacheConfig) -> str:
 
 # the PSNR (dB, to the unpatched model's output) each speed gave on the trained testbeds in a 20-step generation when
 # these settings were chosen (seed 2, the first quality prompt), and the tolerance
-TESTBED_PSNR = {("mosaic", "faithful"): 45.0, ("mosaic", "balanced"): 35.7, ("mosaic", "fast"): 34.1,
-                ("video-long", "faithful"): 45.9, ("video-long", "balanced"): 40.2, ("video-long", "fast"): 38.1}
+TESTBED_PSNR = {("mosaic", "faithful"): 35.7, ("mosaic", "balanced"): 34.1, ("mosaic", "fast"): 30.3,
+                ("video-long", "faithful"): 38.1, ("video-long", "balanced"): 32.6, ("video-long", "fast"): 30.0}
 TOLERANCE_DB = 0.5
 
 

@@ -27,13 +27,15 @@ SPEEDS = ("faithful", "balanced", "fast")
 # the frontiers' points (docs/guides/step-cache.md has their speed and PSNR): per kind and speed
 _UNET = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on the UNets' finest level
 # the step cache: computed steps in rounds that skip more as the denoising settles, the kept residual moved along
-# its slope (extrapolate: the slope's factor)
-_IMAGE = {"faithful": dict(warmup=4, skip=1, extrapolate=0.85),
-          "balanced": dict(warmup=4, skip=1, skip_growth=1, extrapolate=0.7),
-          "fast": dict(warmup=3, skip=1, skip_growth=1, extrapolate=0.7)}
-_VIDEO = {"faithful": dict(warmup=4, skip=1, extrapolate=0.85),
-          "balanced": dict(warmup=4, skip=1, skip_growth=1, extrapolate=0.7),
-          "fast": dict(warmup=3, skip=1, skip_growth=1, extrapolate=0.7)}
+# its slope at 0.7 (chosen on seeds 0-1 of the testbeds at 20 steps: docs/guides/step-cache.md); a generation of
+# fewer than 9 steps (a distilled model's, as a pipeline's scheduler tells) skips none
+_MIN_STEPS = 9
+_IMAGE = {"faithful": dict(warmup=4, skip=1, skip_growth=1, extrapolate=0.7),
+          "balanced": dict(warmup=3, skip=1, skip_growth=1, extrapolate=0.7),
+          "fast": dict(warmup=3, skip=1, skip_growth=2, extrapolate=0.7)}
+_VIDEO = {"faithful": dict(warmup=3, skip=1, skip_growth=1, extrapolate=0.7),
+          "balanced": dict(warmup=3, skip=1, skip_growth=2, extrapolate=0.7),
+          "fast": dict(warmup=2, skip=1, skip_growth=2, extrapolate=0.7)}
 
 
 def _kind(model) -> str:
@@ -53,8 +55,9 @@ def _attempts(kind: str, speed: str) -> list[tuple]:
         return [(ToMeConfig(ratio=ratio), f"a UNet: ToMe at ratio {ratio:g} (faithful on UNets: they merge at their "
                                           "finest level only; on CUDA, calls too small to pay run unmerged)")]
     setting = (_IMAGE if kind == "image" else _VIDEO)[speed]
-    return [(StepCacheConfig(**setting), f"an {kind} transformer: the step cache at the {kind} frontier's {speed} "
-                                         f"point ({_setting(setting)})")]
+    return [(StepCacheConfig(**setting, min_steps=_MIN_STEPS),
+             f"an {kind} transformer: the step cache at the {kind} frontier's {speed} point ({_setting(setting)}; "
+             f"a generation of fewer than {_MIN_STEPS} steps skips none)")]
 
 
 def _setting(base: dict) -> str:
