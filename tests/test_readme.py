@@ -45,6 +45,9 @@ def test_the_readme_is_a_short_guide():
         assert heading in README
     # the setting that reproduces tomesd, as the parity tests pass it
     assert "match_radius=None, use_rand=False, share_plans=False" in README
+    # the first screen shows the call we recommend, tomesd's just below it
+    first = "\n".join(README.splitlines()[:40])
+    assert "tokenmerge.accelerate(pipe)" in first and first.index("accelerate(pipe)") < first.index("apply_patch(")
 
 
 def test_the_readme_commands_and_links():
