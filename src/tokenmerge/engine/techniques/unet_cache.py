@@ -5,15 +5,19 @@ A diffusers UNet runs ``conv_in``, its down blocks (each returning its hidden st
 collected in order), the mid block, its up blocks (each popping its skip connections from the end), ``conv_out``.
 The last ``depth`` up blocks read only the skip connections of ``conv_in`` and of the first ``depth`` down blocks
 (checked at apply time), and the output of ``up_blocks[-depth - 1]``. So a cached step runs ``conv_in``, the first
-``depth`` down blocks, the last ``depth`` up blocks and ``conv_out``; the deep path (the other down blocks, the mid
-block, the other up blocks) runs nothing: each of its modules' ``forward`` is wrapped (``Bypass``, as diffusers' hook
-registry wraps one; the model's code is not copied) and returns
+``depth`` down blocks, the last ``depth`` up blocks and ``conv_out``. With ``layers`` the cut falls inside
+``down_blocks[depth - 1]`` (DeepCache's branch of a layer): a cached step runs its first ``layers`` layers (a resnet
+and its attention each) and, of ``up_blocks[-depth]``, the layers that read their skips and the one before's; the
+deepest cached module is then the layer of ``up_blocks[-depth]`` before those. The deep path (the down layers and
+blocks after the cut, the mid block, the up blocks and layers before it) runs nothing: each of its modules'
+``forward`` is wrapped (``Bypass``, as diffusers' hook registry wraps one; the model's code is not copied) and returns
 
     a placeholder        of the shape it returned at the last computed step (a zero-stride view of one zero, which
                          costs nothing; a writable tensor of zeros where the call carries T2I-Adapter residuals,
                          which the UNet adds in place)
-    the kept feature     the deepest cached up block (``up_blocks[-depth - 1]``, or the mid block where ``depth``
-                         is the number of levels): its output F at the last computed step, moved along its slope
+    the kept feature     the deepest cached module (``up_blocks[-depth - 1]``, the mid block where ``depth`` is the
+                         number of levels, or the layer of a cut): its output F at the last computed step, moved
+                         along its slope
                          F + extrapolate x S x dt (S: its change per unit of denoising progress between the last two
                          computed steps, dt: the progress since the last one)
 
