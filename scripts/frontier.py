@@ -174,12 +174,13 @@ def markdown(pts, notes, bench_cmds, quality_cmd: str, title: str) -> str:
         lines.append(f"| {p['label']} | {p['kind']} | {p['speedup']:.2f}x | {p['how']} | {p['psnr']:.2f}{ci} | "
                      f"{p['ssim']:.3f} | {work} | {'yes' if p['frontier'] else ''} |")
     lines += ["", "Kind: tokens = a token reduction (ToMe, ToDo, token reuse); cache = a cache across steps (the "
-              "step cache, stepcache; diffusers' caches); combined = both. "
+              "step cache, stepcache; the UNet cache, unetcache; diffusers' caches); combined = both. "
               "Speed-up, how: measured = the bench's step time (medians, interleaved); on N% of steps = a "
               "schedule (start/stop): the measured step speed-up on that share of the steps, vanilla on the rest; "
               "measured steps (token reuse, the step cache): the bench's measured full (computed) step and partial "
               "step (token reuse: its fraction's, or interpolated between two measured fractions) or skipped step "
-              "(the step cache: no block runs), weighted by the generation's schedule; "
+              "(the step cache: no block runs; the UNet cache: a cached step, the shallow path only), weighted by the "
+              "generation's schedule; "
               "counted = 1 / the share of vanilla's nn.Linear multiply-adds the cache ran on the trained model (zero "
               "overhead: an upper bound); x counted = times the cache's further saving on top of the token "
               "reduction (its linear work over the combination's)."]
@@ -195,17 +196,18 @@ def plot(pts, path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     style = {"tokens": ("o", "tab:blue", "token reduction (measured)"),
-             "step": ("D", "tab:red", "step cache (measured steps)"),
+             "step": ("D", "tab:red", "step / UNet cache (measured steps)"),
              "cache": ("s", "tab:orange", "diffusers cache (counted)"), "combined": ("^", "tab:green", "both")}
     for kind, (marker, color, label) in style.items():
-        sel = [p for p in pts if (p["kind"] if not p["spec"].startswith("stepcache") else "step") == kind]
+        sel = [p for p in pts if (p["kind"] if not p["spec"].startswith(("stepcache", "unetcache")) else "step")
+               == kind]
         if sel:
             ax.scatter([p["speedup"] for p in sel], [p["psnr"] for p in sel], marker=marker, color=color,
                        label=label, zorder=3)
     front = sorted((p for p in pts if p["frontier"]), key=lambda p: p["speedup"])
     ax.plot([p["speedup"] for p in front], [p["psnr"] for p in front], "k--", lw=1, label="frontier", zorder=2)
     for p in pts:  # the frontier's points and the other methods' named; the many reuse and step cache settings off
-        if p["frontier"] or not p["label"].startswith(("reuse", "stepcache")):  # it are not
+        if p["frontier"] or not p["label"].startswith(("reuse", "stepcache", "unetcache")):  # it are not
             ax.annotate(p["label"], (p["speedup"], p["psnr"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("speed-up over vanilla")
     ax.set_ylabel("PSNR to vanilla (dB), trained model")

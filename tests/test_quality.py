@@ -183,7 +183,7 @@ def test_demo_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "2", "--out", str(out), "--no-progress", "--no-speed"]) == 0
     report = _report(out, "demo")
-    assert [m["label"] for m in report["methods"]] == ["vanilla", "tome 0.3", "tome 0.5", "todo 2"]
+    assert [m["label"] for m in report["methods"]] == ["vanilla", "auto", "tome 0.5", "todo 2"]
     assert [row["prompt"] for row in report["images"][::4]] == ["T-shirt", "Trouser", "Dress", "Sneaker", "Bag"]
     assert (out / "demo-grid.png").stat().st_size > 0
     printed = capsys.readouterr().out
@@ -274,7 +274,7 @@ def test_demo_speed_figure_on_a_tiny_preset(tmp_path, capsys, monkeypatch):
     assert main(["demo", "--steps", "1", "--out", str(out), "--no-progress", "--methods", "tome:0.5"]) == 0
     text = (out / "demo-speed.md").read_text()
     assert "tiny-wan" in text and "tokenmerge 0.5 scope=block" in text and "| tokenmerge 0.5 |" in text
-    assert "| reuse 0.3 |" in text and "full step" in text  # token reuse: its partial step, and its full step
+    assert "| stepcache 1 |" in text and "full step" in text  # the step cache: its skipped step, and a full one
     assert "RANDOM weights" in capsys.readouterr().out
 
 

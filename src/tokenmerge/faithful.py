@@ -1,13 +1,16 @@
 """One call that picks the faithful setting for what a user holds: ``tokenmerge.accelerate(pipe)``.
 
 Per kind of denoiser it takes the setting the committed frontiers chose (speed measured by the bench, fidelity on the
-trained embedded models: ``docs/guides/step-cache.md``, ``benchmarks/results/frontier/``): a UNet gets ToMe (faithful
-there, and its usual sizes left unmerged on CUDA by ``min_size``); a transformer the step cache (computed steps in
-rounds that skip more steps as the denoising settles; a skipped step runs no block, the stack's kept residual moved
-along its slope). ``speed="faithful"`` is >= 36 dB on both testbeds of the model's kind, ``"balanced"`` the fastest
-point at >= 32 dB, ``"fast"`` the fastest at >= 30 dB. Where the step cache cannot patch a model, it is left
-unpatched with one warning saying why (merging every step is not faithful on a transformer). ``describe_patch``
-says what was chosen and why.
+trained embedded models: ``docs/guides/step-cache.md``, ``docs/guides/unet-cache.md``, ``benchmarks/results/
+frontier/``): a UNet gets the UNet cache (cached steps run its shallow path only, the deep path's output taken from
+the last computed step, moved along its slope); a UNet the UNet cache cannot cut (an LDM-style ``UNetModel``,
+ControlNet-XS) gets ToMe; a transformer the step cache (computed steps in rounds that skip more steps as the
+denoising settles; a skipped step runs no block, the stack's kept residual moved along its slope). ``speed=
+"faithful"`` is the fastest point at >= 36 dB on the testbeds of the model's kind, ``"balanced"`` at >= 32 dB,
+``"fast"`` at >= 30 dB (on the selection seeds; the held-out seeds' figures are in the guides). A generation of fewer
+than 9 steps (a distilled model's) caches none. Where no technique can patch a model, it is left unpatched with one
+warning saying why (merging every step is not faithful on a transformer). ``describe_patch`` says what was chosen
+and why.
 """
 
 from __future__ import annotations
@@ -18,14 +21,21 @@ from .api import apply_config
 from .config import ToMeConfig
 from .engine import find_denoisers
 from .engine.install import patches_of
-from .engine.techniques import StepCacheConfig
+from .engine.techniques import StepCacheConfig, UNetCacheConfig
 from .families.spec import grid_rank
 
 __all__ = ["accelerate", "SPEEDS"]
 
 SPEEDS = ("faithful", "balanced", "fast")
-# the frontiers' points (docs/guides/step-cache.md has their speed and PSNR): per kind and speed
-_UNET = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on the UNets' finest level
+# the frontiers' points (docs/guides/step-cache.md and unet-cache.md have their speed and PSNR): per kind and speed.
+# The UNet cache: a cached step runs conv_in, the last up block's last layer and conv_out (depth 1, layers 0), the
+# feature moved along its slope at 0.7; chosen on seeds 0-1 of the fashion-unet at 20 and 50 steps (the fastest point
+# at >= 36 / 32 / 30 dB at both step counts: scripts/select_unet_cache.py, docs/guides/unet-cache.md)
+_UNET = {"faithful": dict(warmup=4, skip=2, extrapolate=0.7),
+         "balanced": dict(warmup=3, skip=1, skip_growth=1, extrapolate=0.7),
+         "fast": dict(warmup=2, skip=1, skip_growth=1, extrapolate=0.7)}
+_UNET_CUT = dict(depth=1, layers=0)
+_TOME = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on a UNet the UNet cache cannot cut
 # the step cache: computed steps in rounds that skip more as the denoising settles, the kept residual moved along
 # its slope at 0.7 (chosen on seeds 0-1 of the testbeds at 20 steps: docs/guides/step-cache.md); a generation of
 # fewer than 9 steps (a distilled model's, as a pipeline's scheduler tells) skips none
@@ -51,9 +61,18 @@ def _kind(model) -> str:
 def _attempts(kind: str, speed: str) -> list[tuple]:
     """The settings to try, the first that the model takes wins: ``(config, why)``."""
     if kind == "unet":
-        ratio = _UNET[speed]
-        return [(ToMeConfig(ratio=ratio), f"a UNet: ToMe at ratio {ratio:g} (faithful on UNets: they merge at their "
-                                          "finest level only; on CUDA, calls too small to pay run unmerged)")]
+        setting, ratio = _UNET[speed], _TOME[speed]
+        return [(UNetCacheConfig(**setting, **_UNET_CUT, min_steps=_MIN_STEPS),
+                 f"a UNet: the UNet cache at the UNet frontier's {speed} point ({_setting(setting)}; a cached step "
+                 f"runs the shallow path only: conv_in, the last up block's last layer, conv_out; a generation of "
+                 f"fewer than {_MIN_STEPS} steps caches none)"),
+                (UNetCacheConfig(**setting, depth=1, min_steps=_MIN_STEPS),
+                 f"a UNet whose levels the UNet cache cannot cut inside (a video UNet's temporal layers): the UNet "
+                 f"cache at the UNet frontier's {speed} point ({_setting(setting)}) with whole blocks: a cached step "
+                 f"runs conv_in, the first down and last up block, conv_out"),
+                (ToMeConfig(ratio=ratio), f"a UNet the UNet cache cannot cut: ToMe at ratio {ratio:g} (faithful on "
+                                          "UNets: they merge at their finest level only; on CUDA, calls too small "
+                                          "to pay run unmerged)")]
     setting = (_IMAGE if kind == "image" else _VIDEO)[speed]
     return [(StepCacheConfig(**setting, min_steps=_MIN_STEPS),
              f"an {kind} transformer: the step cache at the {kind} frontier's {speed} point ({_setting(setting)}; "
@@ -62,14 +81,15 @@ def _attempts(kind: str, speed: str) -> list[tuple]:
 
 def _setting(base: dict) -> str:
     """A preset's settings in words: ``warmup 4, skipping 1 step a round, 1 more each round``."""
-    words = [f"warmup {base['warmup']}", f"skipping {base['skip']} step{'s' * (base['skip'] > 1)} a round"]
+    words = [f"warmup {base['warmup']}", f"caching {base['skip']} step{'s' * (base['skip'] > 1)} a round"]
     words += [f"{base.get('skip_growth')} more each round"] * bool(base.get("skip_growth"))
     return ", ".join(words + [f"the slope at {base['extrapolate']:g}"])
 
 
 def accelerate(model, speed: str = "balanced"):
-    """Make ``model`` generate faster with the faithful setting for it, in place: ToMe on a UNet, the step cache on
-    an image or video transformer, at the settings the frontiers chose; ``describe_patch(model)`` says which and why.
+    """Make ``model`` generate faster with the faithful setting for it, in place: the UNet cache on a UNet (ToMe
+    where the UNet cache cannot cut it), the step cache on an image or video transformer, at the settings the
+    frontiers chose; ``describe_patch(model)`` says which and why.
 
     Args:
         model: what ``apply_patch`` accepts (a diffusers pipeline, a bare denoiser, an LDM-style model).
@@ -94,8 +114,9 @@ def accelerate(model, speed: str = "balanced"):
         except (ValueError, TypeError) as err:  # this setting cannot follow the model: the next one, if any
             refusals.append(str(err))
             continue
+        because = f" ({refusals[-1]})" if refusals else ""  # why the earlier setting was not taken
         for patch in patches_of(model):
-            patch.chosen = f"accelerate(speed={speed!r}): {why}"
+            patch.chosen = f"accelerate(speed={speed!r}): {why}{because}"
         return model
     warnings.warn(f"tokenmerge.accelerate left {type(model).__name__} unpatched: {refusals[-1]} (merging tokens at "
                   "every step is not faithful on a transformer; apply_patch(..., scope='block') is the fast, "

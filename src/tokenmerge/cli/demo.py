@@ -9,14 +9,15 @@ from .common import check_outputs
 from .quality import EMBEDDED_PROMPTS, _check_methods, add_common, embedded, load
 
 HELP = """\
-Generate the same prompts and seeds with the vanilla model and with a few token-reduction settings (on the
-transformers, tokenmerge.accelerate, which picks token reuse there, beside ToMe), print a timing and fidelity table
+Generate the same prompts and seeds with the vanilla model and with tokenmerge.accelerate (the UNet cache on the
+UNet, the step cache on the transformers) beside ToMe and ToDo, print a timing and fidelity table
 and write a comparison grid. Offline, no download: by default it runs the three small
 models that ship inside tokenmerge, trained on Fashion-MNIST, on five of its classes: a diffusers UNet (32x32
 images, 1024 tokens at its finest level), a Flux.1-style transformer (256 image tokens beside 4 text tokens) and a
 Wan-style video transformer (8-frame clips, 512 tokens), then times one denoising step of the Wan 2.1 1.3B
 architecture at 480x832 x 9 frames (its real widths with 1 of its 30 blocks and RANDOM weights: a speed figure,
-not images), vanilla against ToMe per attention, whole-block ToMe and token reuse (its partial step). With --model
+not images), vanilla against ToMe per attention, whole-block ToMe and the step cache (a computed and a skipped
+step). With --model
 it does the first part on a real diffusers pipeline you have locally (four Parti prompts).
 
 It writes demo.md, demo.json, demo-grid.png and demo-plot.png (and demo-dit.*, demo-video.*, demo-video.gif,
@@ -30,7 +31,7 @@ one of them edited since, is never overwritten: the demo stops before it runs an
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="vanilla vs merged on the embedded model (or --model): table and grid",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(p, ["tome:0.3", "tome:0.5", "todo:2"], 20)
+    add_common(p, ["auto", "tome:0.5", "todo:2"], 20)
     p.add_argument("--no-speed", action="store_true", help="skip the real-width speed figure (about a minute)")
     p.add_argument("--out", type=Path, default=Path("tokenmerge-demo"),
                    help="output folder (default tokenmerge-demo; created if missing): demo.md, .json, -grid.png, "
@@ -42,7 +43,7 @@ def add_parser(sub) -> None:
 # five so that the demo stays within a few minutes on 2 cores
 CLASSES = (0, 1, 3, 7, 8)
 # the embedded transformers' parts of the demo: (--model name, output stem, methods)
-# the transformers: tokenmerge.accelerate (token reuse at the frontier's points: benchmarks/results/frontier/), the
+# the transformers: tokenmerge.accelerate (the step cache at the frontier's points: benchmarks/results/frontier/), the
 # faithful setting there, beside ToMe in every step and in the second half of the steps only (start=0.5)
 TRANSFORMERS = (("fashion-dit", "demo-dit", ("auto", "auto,speed=fast", "tome:0.5", "tome:0.5,start=0.5", "todo:2")),
                 ("fashion-video", "demo-video", ("auto", "auto,speed=fast", "tome:0.5", "tome:0.5,start=0.5",
@@ -50,7 +51,7 @@ TRANSFORMERS = (("fashion-dit", "demo-dit", ("auto", "auto,speed=fast", "tome:0.
 # the speed figure: one block of the real-width Wan preset is enough for a per-block speed-up (the others are alike)
 # and keeps it under a minute on 2 cores; ToDo's speed-up at this size is small (`tokenmerge bench` gives it)
 SPEED = dict(preset="wan-1b", resolution="480x832", frames=9,
-             methods=("vanilla", "tome:0.5", "tome:0.5,scope=block", "reuse:0.3"), repeats=1)
+             methods=("vanilla", "tome:0.5", "tome:0.5,scope=block", "stepcache:1"), repeats=1)
 
 
 def _outputs(args):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numbers
 
-__all__ = ["computed", "check_schedule"]
+__all__ = ["computed", "check_schedule", "Scheduled"]
 
 
 def computed(step: int, warmup: int, skip: int, growth: int, mask: str | None = None) -> bool:
@@ -29,9 +29,39 @@ def computed(step: int, warmup: int, skip: int, growth: int, mask: str | None = 
     return end == at
 
 
-def check_schedule(config) -> None:
-    """Validate ``config``'s ``warmup``, ``skip``, ``skip_growth`` and ``mask`` (``ValueError`` naming the field),
-    making the integers ``int``."""
+class Scheduled:
+    """What a cache's config (with ``warmup``, ``skip``, ``skip_growth``, ``mask``, ``min_steps``) says about a
+    generation's steps."""
+
+    __slots__ = ()
+
+    def computed(self, step: int) -> bool:
+        """Whether step ``step`` of a generation (0: its first) is computed (``computed`` above)."""
+        return computed(step, self.warmup, self.skip, self.skip_growth, self.mask)
+
+    def schedule(self, steps: int) -> list[bool]:
+        """Whether each of ``steps`` steps is computed (``True``) or not."""
+        return [self.computed(k) for k in range(steps)]
+
+    def too_short(self, steps: int | None) -> bool:
+        """Whether a generation of ``steps`` steps (``None``: not told) is below ``min_steps``: it caches none."""
+        return bool(self.min_steps) and steps is not None and steps < self.min_steps
+
+
+def check_schedule(config, kept: str) -> None:
+    """Validate ``config``'s ``warmup``, ``skip``, ``skip_growth``, ``mask``, ``min_steps`` and ``extrapolate``
+    (``ValueError`` naming the field; ``kept``: what the slope moves, in its message), making the integers ``int``
+    and ``extrapolate`` a ``float``."""
+    ex = config.extrapolate
+    if isinstance(ex, bool) or not isinstance(ex, numbers.Real) or not 0.0 <= float(ex) <= 1.0:
+        raise ValueError(f"extrapolate must be a number in [0, 1] (0: the kept {kept} held; 1: moved along its "
+                         f"slope, first order); got {ex!r}")
+    object.__setattr__(config, "extrapolate", float(ex))
+    m = config.min_steps
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0:
+        raise ValueError(f"min_steps must be an integer >= 0 (a generation of fewer steps, as a patched pipeline's "
+                         f"scheduler tells, computes every step); got {m!r}")
+    object.__setattr__(config, "min_steps", int(m))
     for name, low, what in (("warmup", 1, "the computed steps that start each generation; the first fills the "
                              "cache"), ("skip", 1, "the steps skipped in the first round after the warm-up"),
                             ("skip_growth", 0, "how many more steps each round skips than the one before")):

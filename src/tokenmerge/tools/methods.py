@@ -37,7 +37,7 @@ METHODS = {
     "unetcache": "the UNet cache (apply_unet_cache, DeepCache's idea): stepcache's schedule, a cached step runs the "
                  "UNet's first depth down and last depth up blocks only; VALUE = skip (default 2); options warmup=, "
                  "depth=, layers=, skip_growth=, extrapolate=, mask=",
-    "auto": "tokenmerge.accelerate: the faithful setting for the model (ToMe on a UNet, token reuse on a "
+    "auto": "tokenmerge.accelerate: the faithful setting for the model (the UNet cache on a UNet, the step cache on a "
             "transformer); no VALUE; option speed=faithful|balanced|fast (default balanced)",
 }
 # methods whose state carries across steps: the bench times their steady partial (or skipped) step after a full one

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import numbers
 import warnings
 
 import torch
 
 from ...families.predicates import params
 from ...families.spec import Arg
-from ...merge.schedule import check_schedule, computed
+from ...merge.schedule import Scheduled, check_schedule
 from ..discover import bind
 from ..technique import Technique
 
@@ -44,7 +43,7 @@ _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 
 
 @dataclasses.dataclass(frozen=True)
-class StepCacheConfig:
+class StepCacheConfig(Scheduled):
     """Settings of ``apply_step_cache`` (validated when made; see its docstring).
 
     Example:
@@ -60,24 +59,7 @@ class StepCacheConfig:
     min_steps: int = 0
 
     def __post_init__(self):
-        check_schedule(self)
-        ex = self.extrapolate
-        if isinstance(ex, bool) or not isinstance(ex, numbers.Real) or not 0.0 <= float(ex) <= 1.0:
-            raise ValueError(f"extrapolate must be a number in [0, 1] (0: the kept residual held; 1: moved along its "
-                             f"slope, first order); got {ex!r}")
-        object.__setattr__(self, "extrapolate", float(ex))
-        m = self.min_steps
-        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0:
-            raise ValueError(f"min_steps must be an integer >= 0 (a generation of fewer steps, as a patched "
-                             f"pipeline's scheduler tells, skips none); got {m!r}")
-
-    def computed(self, step: int) -> bool:
-        """Whether step ``step`` of a generation (0: its first) is computed (``merge.schedule.computed``)."""
-        return computed(step, self.warmup, self.skip, self.skip_growth, self.mask)
-
-    def schedule(self, steps: int) -> list[bool]:
-        """Whether each of ``steps`` steps is computed (``True``) or skipped."""
-        return [self.computed(k) for k in range(steps)]
+        check_schedule(self, "residual")
 
 
 @dataclasses.dataclass(slots=True)
@@ -268,8 +250,8 @@ class StepCache(Technique):
         kept = clock.kept.get(state.slot)
         if kept is None:
             kept = clock.kept[state.slot] = Kept()
-        short = cfg.min_steps and clock.steps is not None and clock.steps < cfg.min_steps  # (distilled models)
-        skipping = self.unskippable is None and bool(kept.runs) and not short and not cfg.computed(clock.step)
+        skipping = (self.unskippable is None and bool(kept.runs) and not cfg.too_short(clock.steps)  # (distilled
+                    and not cfg.computed(clock.step))  # models' few steps: min_steps)
         work = state.work = Pass(kept, skipping, progress)
         if not skipping:
             return

@@ -43,7 +43,7 @@ import warnings
 import torch
 
 from ...families.spec import Arg
-from ...merge.schedule import check_schedule, computed
+from ...merge.schedule import Scheduled, check_schedule
 from ..discover import bind
 from ..technique import Technique
 from .step_cache import Bypass, StepCache
@@ -55,7 +55,7 @@ _IN_PLACE = (Arg("down_intrablock_additional_residuals"),)
 
 
 @dataclasses.dataclass(frozen=True)
-class UNetCacheConfig:
+class UNetCacheConfig(Scheduled):
     """Settings of ``apply_unet_cache`` (validated when made; see its docstring).
 
     Example:
@@ -70,17 +70,13 @@ class UNetCacheConfig:
     mask: str | None = None
     depth: int = 1
     layers: int | None = None
+    min_steps: int = 0
 
     max_downsample = 1 << 30  # what the block selection reads: every transformer block of the UNet (all run
     blocks = None  # under the patch, the deep ones only at computed steps)
 
     def __post_init__(self):
-        check_schedule(self)
-        ex = self.extrapolate
-        if isinstance(ex, bool) or not isinstance(ex, numbers.Real) or not 0.0 <= float(ex) <= 1.0:
-            raise ValueError(f"extrapolate must be a number in [0, 1] (0: the kept feature held; 1: moved along its "
-                             f"slope, first order); got {ex!r}")
-        object.__setattr__(self, "extrapolate", float(ex))
+        check_schedule(self, "feature")
         d = self.depth
         if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
             raise ValueError(f"depth must be an integer >= 1 (the down and up blocks a cached step runs at each end "
@@ -91,14 +87,6 @@ class UNetCacheConfig:
             raise ValueError(f"layers must be None (every layer of the cut's down block) or an integer >= 0 (its "
                              f"first layers a cached step runs); got {m!r}")
         object.__setattr__(self, "layers", None if m is None else int(m))
-
-    def computed(self, step: int) -> bool:
-        """Whether step ``step`` of a generation (0: its first) is computed (``merge.schedule.computed``)."""
-        return computed(step, self.warmup, self.skip, self.skip_growth, self.mask)
-
-    def schedule(self, steps: int) -> list[bool]:
-        """Whether each of ``steps`` steps is computed (``True``) or cached."""
-        return [self.computed(k) for k in range(steps)]
 
 
 @dataclasses.dataclass(slots=True)
@@ -318,7 +306,8 @@ class UNetCache(Technique):
         kept = clock.kept.get(state.slot)
         if kept is None:
             kept = clock.kept[state.slot] = Kept()
-        caching = self.unusable is None and kept.feature is not None and not cfg.computed(clock.step)
+        caching = (self.unusable is None and kept.feature is not None and not cfg.too_short(clock.steps)  # (few
+                   and not cfg.computed(clock.step))  # steps, a distilled model's: min_steps)
         work = state.work = Pass(kept, caching, progress)
         if not caching:
             return
@@ -398,7 +387,8 @@ class UNetCache(Technique):
     def summary(self) -> str:
         c = self.config
         return (f"tokenmerge UNet cache: depth={c.depth} layers={c.layers} warmup={c.warmup} skip={c.skip} "
-                f"skip_growth={c.skip_growth} extrapolate={c.extrapolate:g} (steps computed of 20: "
+                f"skip_growth={c.skip_growth} extrapolate={c.extrapolate:g}"
+                + (f" min_steps={c.min_steps}" if c.min_steps else "") + " (steps computed of 20: "
                 f"{sum(c.schedule(20))}, of 50: {sum(c.schedule(50))}); a cached step runs only the path shallower "
                 f"than {self.paths[-1]}, whose output it takes from the last computed step")
 
