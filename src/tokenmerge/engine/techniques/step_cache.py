@@ -26,8 +26,6 @@ warning), never a wrong skip.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import warnings
 
 import torch
 
@@ -35,7 +33,7 @@ from ...families.predicates import params
 from ...families.spec import Arg
 from ...merge.schedule import Scheduled, check_schedule
 from ..discover import bind
-from ..technique import Technique
+from .bypass import Bypass, Bypassing
 
 __all__ = ["StepCacheConfig", "StepCache", "Kept", "Pass", "Bypass"]
 
@@ -137,38 +135,7 @@ class Layout:
     inputs: tuple  # per output element: the BoundArg of its input or None
 
 
-class Bypass:
-    """A block's ``forward`` while the step cache is installed (an instance attribute, as diffusers' hook registry
-    sets one): the step cache's ``forward`` with the block's own (``previous``: the forward it replaced, ``None``
-    for the class's); ``detach()`` makes it the block's own forward."""
-
-    __slots__ = ("cache", "index", "block", "previous", "own")
-
-    def __init__(self, cache, index: int, block, previous):
-        self.cache, self.index, self.block, self.previous = cache, index, block, previous
-        self.own = type(block).forward  # the class's forward, a plain function (what torch.compile traces)
-
-    def inner(self, *args, **kwargs):
-        if self.previous is not None:
-            return self.previous(*args, **kwargs)
-        return self.own(self.block, *args, **kwargs)
-
-    def __call__(self, *args, **kwargs):
-        if self.cache is None:
-            return self.inner(*args, **kwargs)
-        return self.cache.forward(self, args, kwargs)
-
-    def detach(self) -> None:
-        self.cache = None
-
-    @property
-    def __signature__(self):
-        """The wrapped forward's signature (what binding an argument of the block by name reads)."""
-        inner = self.previous if self.previous is not None else self.own.__get__(self.block)
-        return inspect.signature(inner)
-
-
-class StepCache(Technique):
+class StepCache(Bypassing):
     """The step cache on a denoiser's stack of blocks.
 
     Args:
@@ -176,15 +143,13 @@ class StepCache(Technique):
     """
 
     name = "step cache"
-    clocked = timed = host = True  # computed or skipped: decided on the host at each call
 
     def __init__(self, patch):
         super().__init__(patch)
+        self.bypassed = [site.module for site in self.blocks]
         self.hidden = [bind(_HIDDEN, site.module) for site in self.blocks]
         self.layouts: dict[int, Layout] = {}  # block -> its output's layout, learned at its first computed call
-        self.bypasses: list[Bypass] = []
         self.unskippable: str | None = None  # why no step can be skipped (a layout that cannot be told)
-        self.warned = False
 
     # ---- the protocol's static parts ------------------------------------------------------------------------
     @classmethod
@@ -192,8 +157,8 @@ class StepCache(Technique):
         name = f"{site.path or type(site.module).__name__} ({site.family.name})"
         if site.family.kind == "unet":
             raise ValueError(f"tokenmerge: the step cache skips a transformer's stack of blocks, and {name} is a "
-                             "UNet, whose attention blocks sit between its resolution levels' convolutions: use ToMe "
-                             "(apply_patch) or tokenmerge.accelerate on it")
+                             "UNet, whose attention blocks sit between its resolution levels' convolutions: use "
+                             "tokenmerge.apply_unet_cache (its deep path cached) or tokenmerge.accelerate on it")
         if site.timestep is None:
             raise TypeError(f"tokenmerge: {name} takes no timestep argument, which the step cache needs to tell the "
                             "denoising steps apart")
@@ -214,42 +179,13 @@ class StepCache(Technique):
         return (f"tokenmerge: {what} {when} on {path}, a block the step cache skips ({why}): two caches across steps "
                 "on one stack would each skip on the other's stale outputs; use one of them")
 
-    # ---- installation -----------------------------------------------------------------------------------------
-    def install(self) -> list:
-        for index, site in enumerate(self.blocks):
-            block = site.module
-            bypass = Bypass(self, index, block, block.__dict__.get("forward"))
-            block.forward = bypass
-            self.bypasses.append(bypass)
-        return []
-
-    def release(self) -> None:
-        for bypass in self.bypasses:
-            block = bypass.block
-            if block.__dict__.get("forward") is bypass:
-                if bypass.previous is None:
-                    del block.__dict__["forward"]
-                else:
-                    block.forward = bypass.previous
-            else:  # wrapped since by another hook (diffusers' registry): passes through from now on
-                bypass.detach()
-        self.bypasses.clear()
-
-    def hook_codes(self) -> list:
-        return [StepCache.forward.__code__, Bypass.__call__.__code__, Bypass.inner.__code__]
-
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
     def begin(self, state, info) -> None:
         """Set up the call: computed or skipped; a skipped call gets what each stream's last block adds."""
-        progress = info.progress
-        if progress is None:
-            self._warn_once("a call got no timestep, which the step cache needs to tell the steps apart; such calls "
-                            "compute every block")
-            return
-        cfg, clock = self.config, state.clock
-        kept = clock.kept.get(state.slot)
+        kept = self.kept(state, info, Kept)
         if kept is None:
-            kept = clock.kept[state.slot] = Kept()
+            return
+        cfg, clock, progress = self.config, state.clock, info.progress
         skipping = (self.unskippable is None and bool(kept.runs) and not cfg.too_short(clock.steps)  # (distilled
                     and not cfg.computed(clock.step))  # models' few steps: min_steps)
         work = state.work = Pass(kept, skipping, progress)
@@ -261,13 +197,6 @@ class StepCache(Technique):
         for run in kept.runs:
             position = self.layouts[run.end].streams.index(run.stream)
             work.adds.setdefault(run.end, []).append((position, run.residual, run.slope if cfg.extrapolate else None))
-
-    def _warn_once(self, reason: str) -> None:
-        if self.warned:
-            return
-        self.warned = True
-        name = self.patch.site.path or type(self.patch.site.module).__name__
-        warnings.warn(f"tokenmerge: {name}: {reason}. The generation goes on", RuntimeWarning, stacklevel=5)
 
     # ---- a block ------------------------------------------------------------------------------------------------
     def forward(self, bypass: Bypass, args: tuple, kwargs: dict):

@@ -38,15 +38,13 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import warnings
 
 import torch
 
 from ...families.spec import Arg
 from ...merge.schedule import Scheduled, check_schedule
 from ..discover import bind
-from ..technique import Technique
-from .step_cache import Bypass, StepCache
+from .bypass import Bypass, Bypassing
 
 __all__ = ["UNetCacheConfig", "UNetCache", "Kept"]
 
@@ -174,7 +172,7 @@ def _skips(block) -> int:
     return len(block.resnets) + (getattr(block, "downsamplers", None) is not None)
 
 
-class UNetCache(Technique):
+class UNetCache(Bypassing):
     """The UNet cache on a diffusers UNet's deep path.
 
     Args:
@@ -182,20 +180,18 @@ class UNetCache(Technique):
     """
 
     name = "UNet cache"
-    clocked = timed = host = True  # computed or cached: decided on the host at each call
 
     def __init__(self, patch):
         super().__init__(patch)
         self.deep, self.paths = self.deep_path(patch.site.module, patch.config.depth, patch.config.layers)
+        self.bypassed = self.deep
         unet = patch.site.module
         cut = unet.down_blocks[patch.config.depth - 1]
         partial = _layers(cut, patch.config.layers) < len(cut.resnets)  # the cut inside blocks: FreeU's in-place
         self.mirror = unet.up_blocks[len(unet.down_blocks) - patch.config.depth] if partial else None  # scaling of
         # the cached layers' inputs there needs writable placeholders
         self.in_place = [b for b in (bind(a, unet) for a in _IN_PLACE) if b is not None]
-        self.bypasses: list[Bypass] = []
         self.unusable: str | None = None  # why no step can be cached (a deep output that cannot be told)
-        self.warned = False
 
     @staticmethod
     def deep_path(unet, depth: int, layers: int | None) -> tuple[list, list[str]]:
@@ -281,31 +277,13 @@ class UNetCache(Technique):
         return (f"tokenmerge: {what} {when} on {path}, under the UNet cache ({why}): two caches across steps on one "
                 "UNet would each reuse the other's stale outputs; use one of them")
 
-    # ---- installation -----------------------------------------------------------------------------------------
-    def install(self) -> list:
-        for index, module in enumerate(self.deep):
-            bypass = Bypass(self, index, module, module.__dict__.get("forward"))
-            module.forward = bypass
-            self.bypasses.append(bypass)
-        return []
-
-    release = StepCache.release  # the forwards given back (or passing through, where wrapped since)
-
-    def hook_codes(self) -> list:
-        return [UNetCache.forward.__code__, Bypass.__call__.__code__, Bypass.inner.__code__]
-
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
     def begin(self, state, info) -> None:
         """Set up the call: computed or cached; a cached call gets each deep module's output."""
-        progress = info.progress
-        if progress is None:
-            self._warn_once("a call got no timestep, which the UNet cache needs to tell the steps apart; such calls "
-                            "compute every block")
-            return
-        cfg, clock = self.config, state.clock
-        kept = clock.kept.get(state.slot)
+        kept = self.kept(state, info, Kept)
         if kept is None:
-            kept = clock.kept[state.slot] = Kept()
+            return
+        cfg, clock, progress = self.config, state.clock, info.progress
         caching = (self.unusable is None and kept.feature is not None and not cfg.too_short(clock.steps)  # (few
                    and not cfg.computed(clock.step))  # steps, a distilled model's: min_steps)
         work = state.work = Pass(kept, caching, progress)
@@ -327,13 +305,6 @@ class UNetCache(Technique):
             if blank is None:  # made once per slot: views of one zero
                 blank = kept.blanks[index] = _blank(kept.outlines[index], False)
             work.outs[index] = blank
-
-    def _warn_once(self, reason: str) -> None:
-        if self.warned:
-            return
-        self.warned = True
-        name = self.patch.site.path or type(self.patch.site.module).__name__
-        warnings.warn(f"tokenmerge: {name}: {reason}. The generation goes on", RuntimeWarning, stacklevel=5)
 
     # ---- a deep module ------------------------------------------------------------------------------------------
     def forward(self, bypass: Bypass, args: tuple, kwargs: dict):
