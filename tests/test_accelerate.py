@@ -15,7 +15,8 @@ import warnings
 
 import pytest
 import torch
-from tiny_denoisers import CATALOGUE, all_tensors, available
+from tiny_denoisers import CATALOGUE, available
+from tiny_denoisers import outputs_of as _run
 from tiny_models import counting_forwards, later_step, runs_per_call
 
 import tokenmerge
@@ -34,11 +35,6 @@ WHOLE_BLOCKS = {"unet-3d", "unet-motion", "i2vgen-xl"}
 TOME = {"controlnet", "controlnet-union", "sparsectrl", "controlnet-xs"}  # UNet ControlNets (left or refused)
 LEFT = ("flux-controlnet", "flux-controlnet-union", "hunyuan-dit-controlnet", "qwen-image-controlnet",
         "sana-controlnet", "sd3-controlnet")  # bare ControlNets: their outputs are read after every block
-
-
-def _run(model, calls):
-    with torch.no_grad():
-        return [torch.cat([t.flatten().float() for t in all_tensors(model(**c))]) for c in calls]
 
 
 @pytest.mark.parametrize("name", ENTRIES)

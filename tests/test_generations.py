@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_denoisers import CATALOGUE, all_tensors, available
+from tiny_denoisers import CATALOGUE, all_tensors
+from tiny_denoisers import skip_unavailable as _skip
 
 import tokenmerge
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
-
-
-def _skip(name):
-    reason = available(name)
-    if reason is not None:
-        pytest.skip(reason)
 
 
 def _call(model, inputs, t: float):

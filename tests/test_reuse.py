@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_denoisers import CATALOGUE, all_tensors, available
+from tiny_denoisers import CATALOGUE, compiled_twice
+from tiny_denoisers import outputs_of as _run
+from tiny_denoisers import skip_unavailable as _skip
 from tiny_models import later_step
 
 import tokenmerge
@@ -40,18 +42,6 @@ REFUSED = {name: LAYOUT for name in (
 # reason), keys="kept" (the whole block on the recomputed tokens) runs
 FRESH_REFUSED = {"flux2": "fused", "flux2-klein": "fused", "flux2-klein-ref": "fused", "mochi": "splits",
                  "omnigen": "reshapes", "sd3": "splits", "sd3.5": "splits", "sd3-controlnet": "splits"}
-
-
-def _skip(name):
-    reason = available(name)
-    if reason is not None:
-        pytest.skip(reason)
-
-
-def _run(model, calls):
-    """Each call's outputs, every tensor of them flattened into one."""
-    with torch.no_grad():
-        return [torch.cat([t.flatten().float() for t in all_tensors(model(**c))]) for c in calls]
 
 
 def _kept(patch):
@@ -312,8 +302,6 @@ def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kw
     """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: a graph break at
     each end of the call, and no other), the blocks' full and partial calls compile once, and a second generation
     compiles nothing more."""
-    from torch._dynamo.utils import counters
-
     _skip(name)
     entry = CATALOGUE[name]
     model = entry.build()
@@ -321,15 +309,8 @@ def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kw
     vanilla = _run(model, calls)
     tokenmerge.apply_reuse(model, 0.5, warmup=2, **kwargs)
     eager = _run(model, calls)
-    torch.compiler.reset()
-    counters.clear()
-    compiled = torch.compile(model, backend="eager")
     try:
-        got = _run(compiled, calls)
-        frames, breaks = counters["frames"]["total"], dict(counters["graph_break"])
-        again = _run(compiled, calls)
-        assert counters["frames"]["total"] == frames, "a second generation compiled again"
-        assert dict(counters["graph_break"]) == breaks, "a second generation broke the graph again"
+        got, again, breaks = compiled_twice(model, calls)
     finally:
         tokenmerge.remove_patch(model)
         torch.compiler.reset()

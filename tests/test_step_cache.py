@@ -15,7 +15,10 @@ import warnings
 
 import pytest
 import torch
-from tiny_denoisers import CATALOGUE, all_tensors, available
+from tiny_denoisers import CATALOGUE
+from tiny_denoisers import outputs_of as _run
+from tiny_denoisers import progress_of as _progress
+from tiny_denoisers import skip_unavailable as _skip
 from tiny_models import counting_forwards, runs_per_call, steps_of
 
 import tokenmerge
@@ -30,25 +33,6 @@ REFUSED = {**{n: "UNet" for n in ("controlnet", "controlnet-union", "controlnet-
                                   "sparsectrl", "unet-3d", "unet-motion", "unet-sd", "unet-sdxl", "unet-svd")},
            **{n: "ControlNet" for n in ("flux-controlnet", "flux-controlnet-union", "hunyuan-dit-controlnet",
                                         "qwen-image-controlnet", "sana-controlnet", "sd3-controlnet")}}
-
-
-def _skip(name):
-    reason = available(name)
-    if reason is not None:
-        pytest.skip(reason)
-
-
-def _run(model, calls):
-    with torch.no_grad():
-        return [torch.cat([t.flatten().float() for t in all_tensors(model(**c))]) for c in calls]
-
-
-
-
-
-def _progress(model, call) -> float:
-    bound = tokenmerge.engine.find_denoisers(model)[0].timestep
-    return bound.progress(bound.read((), call), 1000)
 
 
 # ---- the schedule and the settings ---------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ import warnings
 
 import pytest
 import torch
-from tiny_denoisers import CATALOGUE, all_tensors, available
+from tiny_denoisers import CATALOGUE, all_tensors, available, compiled_twice
+from tiny_denoisers import outputs_of as _run
+from tiny_denoisers import progress_of as _progress
 from tiny_models import ldm_unet, make_controlnet, make_unet, steps_of, unet_inputs
 
 import tokenmerge
@@ -29,16 +31,6 @@ ENTRIES = sorted({e for f in BUILTIN if f.kind == "unet" for e in f.examples} & 
 # ControlNet-XS (a control UNet beside the base one)
 REFUSED = {"controlnet": "ControlNet", "controlnet-union": "ControlNet", "sparsectrl": "ControlNet",
            "controlnet-xs": "ControlNet-XS"}
-
-
-def _run(model, calls):
-    with torch.no_grad():
-        return [torch.cat([t.flatten().float() for t in all_tensors(model(**c))]) for c in calls]
-
-
-def _progress(model, call) -> float:
-    bound = tokenmerge.engine.find_denoisers(model)[0].timestep
-    return bound.progress(bound.read((), call), 1000)
 
 
 def _model(name):
@@ -421,21 +413,12 @@ def test_the_method_spec():
 def test_compiled_gives_the_eager_outputs_and_a_second_generation_compiles_nothing(layers):
     """Compiled without fullgraph: the decision runs on the host (a graph break at each end of the call), the computed
     and cached calls compile once, a second generation compiles nothing more, and the outputs are the eager ones."""
-    from torch._dynamo.utils import counters
-
     model, inputs = _model("sd")
     calls = steps_of(model, inputs, 7)
     tokenmerge.apply_unet_cache(model, skip=2, warmup=2, extrapolate=1.0, layers=layers)
     eager = _run(model, calls)
-    torch.compiler.reset()
-    counters.clear()
-    compiled = torch.compile(model, backend="eager")
     try:
-        got = _run(compiled, calls)
-        frames, breaks = counters["frames"]["total"], dict(counters["graph_break"])
-        again = _run(compiled, calls)
-        assert counters["frames"]["total"] == frames, "a second generation compiled again"
-        assert dict(counters["graph_break"]) == breaks, "a second generation broke the graph again"
+        got, again, breaks = compiled_twice(model, calls)
         with pytest.raises(torch._dynamo.exc.Unsupported, match="without fullgraph=True"):
             torch.compiler.reset()
             _run(torch.compile(model, fullgraph=True, backend="eager"), calls[:1])

@@ -137,6 +137,45 @@ def all_tensors(out) -> list:
     return [t for o in out for t in all_tensors(o)] if isinstance(out, (list, tuple)) else []
 
 
+def skip_unavailable(name: str) -> None:
+    """Skip the test where the entry ``name`` cannot be built on this diffusers (``available``'s reason)."""
+    import pytest
+
+    reason = available(name)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def outputs_of(model, calls) -> list:
+    """Each call's outputs, every tensor of them flattened into one (float), without gradients."""
+    with torch.no_grad():
+        return [torch.cat([t.flatten().float() for t in all_tensors(model(**c))]) for c in calls]
+
+
+def progress_of(model, call) -> float:
+    """The denoising progress the patch reads from ``call``'s timestep (in [0, 1], 1000 training timesteps)."""
+    import tokenmerge
+
+    bound = tokenmerge.engine.find_denoisers(model)[0].timestep
+    return bound.progress(bound.read((), call), 1000)
+
+
+def compiled_twice(model, calls) -> tuple:
+    """``model`` compiled (``backend="eager"``) run over ``calls`` twice: ``(first outputs, second outputs, graph
+    breaks)``; asserts that the second generation compiled nothing and broke no graph again."""
+    from torch._dynamo.utils import counters
+
+    torch.compiler.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager")
+    got = outputs_of(compiled, calls)
+    frames, breaks = counters["frames"]["total"], dict(counters["graph_break"])
+    again = outputs_of(compiled, calls)
+    assert counters["frames"]["total"] == frames, "a second generation compiled again"
+    assert dict(counters["graph_break"]) == breaks, "a second generation broke the graph again"
+    return got, again, breaks
+
+
 def output_tensor(out, entry: TinyDenoiser | str | None = None) -> torch.Tensor:
     """The main output of a forward call.
 
