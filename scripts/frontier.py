@@ -115,8 +115,9 @@ def _reuse_table(bench: list[dict]) -> dict:
     return table
 
 
-def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
-    """(points, notes): one point per quality method with a speed; notes name the methods left out and why."""
+def points(bench: list[dict], quality: dict, omit: dict | None = None) -> tuple[list[dict], list[str]]:
+    """(points, notes): one point per quality method with a speed; notes name the methods left out and why (``omit``:
+    {label: why} left out on purpose)."""
     speed = {r["spec"]: r["speedup"] for r in bench if r.get("status") == "ok" and r.get("speedup")}
     reuse = _reuse_table(bench)
     work = {m["spec"]: m.get("linear_work") for m in quality["methods"]}
@@ -131,6 +132,9 @@ def points(bench: list[dict], quality: dict) -> tuple[list[dict], list[str]]:
 
     for m in quality["methods"]:
         if m["spec"] == "vanilla":
+            continue
+        if m["label"] in (omit or {}):
+            notes.append(f"{m['label']}: {omit[m['label']]}")
             continue
         spec = parse_spec(m["spec"])
         kind = _kind(spec)
@@ -229,11 +233,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--stem", required=True, help="file name stem: STEM.md, STEM.png")
     p.add_argument("--title", required=True)
+    p.add_argument("--omit", nargs=2, action="append", default=[], metavar=("LABEL", "WHY"),
+                   help="leave the quality method LABEL out of the join, with the reason WHY (said in the table)")
     a = p.parse_args(argv)
     files = [[json.loads(line) for line in path.read_text().splitlines() if line.strip()] for path in a.bench]
     bench = [r for records in files for r in records]  # later files' records override earlier ones (points)
     quality = json.loads(a.quality.read_text())
-    pts, notes = points(bench, quality)
+    pts, notes = points(bench, quality, dict(a.omit))
     if not pts:
         p.error("no quality method has a speed: run the bench with the same specs")
     a.out.mkdir(parents=True, exist_ok=True)
