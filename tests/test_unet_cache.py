@@ -252,7 +252,8 @@ def test_a_cached_step_runs_no_deep_block(monkeypatch, layers):
 @pytest.mark.parametrize("layers", [None, 0])
 def test_a_lora_loaded_after_the_patch_acts_at_every_step(layers):
     """A LoRA on the attention projections, loaded after the patch: the computed steps are the unpatched model's with
-    the LoRA; a cached step carries it in the feature (deep path) and runs it where the shallow path's attention does."""
+    the LoRA; a cached step carries it in the feature (deep path) and runs it where the shallow path's attention
+    does."""
     pytest.importorskip("peft")
     from peft import LoraConfig
 
