@@ -165,3 +165,21 @@ def test_accelerates_steady_calls_run_through_few_files_functions_and_calls(spee
     files = {f for f, _, _ in seen}
     assert ("engine/techniques/step_cache.py" in files) and len(files) <= MAX_FILES, _listing(seen)
     assert len(seen) <= MAX_FUNCTIONS and sum(seen.values()) <= MAX_REUSE_CALLS, _listing(seen)
+
+
+@pytest.mark.parametrize("which", ["computed", "cached"])
+def test_accelerates_steady_unet_calls_run_through_few_files_functions_and_calls(which):
+    """``tokenmerge.accelerate`` on the tiny SD UNet (the UNet cache at the balanced point): a computed step after the
+    warm-up and a cached step, each after steps of both kinds."""
+    entry, model = _model("unet-sd")
+    calls = [entry.inputs(batch=2)]
+    for _ in range(11):
+        calls.append(later_step(model, calls[-1], 0.95))
+    tokenmerge.accelerate(model, speed="balanced")
+    schedule = tokenmerge.describe_patch(model).config.schedule(len(calls))
+    last = max(k for k, computed in enumerate(schedule) if computed == (which == "computed"))
+    assert last > schedule.index(False), schedule
+    seen = _profiled(model, calls[: last + 1])
+    files = {f for f, _, _ in seen}
+    assert ("engine/techniques/unet_cache.py" in files) and len(files) <= MAX_FILES, _listing(seen)
+    assert len(seen) <= MAX_FUNCTIONS and sum(seen.values()) <= MAX_REUSE_CALLS, _listing(seen)
