@@ -200,6 +200,8 @@ REUSE_WAN="reuse:0.3,keys=kept,extrapolate=1 reuse:0.25,keys=kept,extrapolate=1 
 # whole generations of tokenmerge.accelerate's speeds (#56: the step cache on transformers), beside the step
 # cache's computed and skipped steps; GEN_STEPS denoiser steps (20 by default)
 GEN_METHODS="auto,speed=faithful auto,speed=balanced auto,speed=fast stepcache:1"
+# on UNets (sd15, sdxl rows): accelerate is the UNet cache; beside it its cached step and ToMe (#58)
+GEN_UNET_METHODS="auto,speed=faithful auto,speed=balanced auto,speed=fast unetcache:2,depth=1,layers=0 tome:0.5"
 save() {  # leave what was measured so far in $RESULTS_COPY (quick15, next15)
   [ -n "${RESULTS_COPY:-}" ] || return 0
   tar czf "$RESULTS_COPY/gpu-results.tgz" "$OUT" 2>/dev/null
@@ -240,6 +242,8 @@ quick15() {  # quick15 [PART:SECONDS...]: the parts of one lease (default QUICK1
         in_time "$left" bench_row "${name#compiled-ro-}" compiled reduce-overhead ;;
       compiled-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-} default" \
         in_time "$left" bench_row "${name#compiled-}" compiled default ;;
+      gen-sd*) GPU_METHODS="${GEN_UNET_METHODS}" TAG=gen BENCH_ARGS="${BENCH_ARGS} --steps ${GEN_STEPS:-20}" \
+        timed "generations ${name#gen-} (accelerate)" in_time "$left" bench_row "${name#gen-}" eager ;;
       gen-*) GPU_METHODS="${GEN_METHODS}" TAG=gen BENCH_ARGS="${BENCH_ARGS} --steps ${GEN_STEPS:-20}" \
         timed "generations ${name#gen-} (accelerate)" in_time "$left" bench_row "${name#gen-}" eager ;;
       reuse-flux*) GPU_METHODS="${REUSE_METHODS:-$REUSE_FLUX}" TAG=reuse \
