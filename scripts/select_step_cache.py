@@ -22,6 +22,28 @@ CLASSES = [["a sneaker", "a bag"], ["a dress", "a shirt"], ["an ankle boot", "a 
            ["a trouser", "a bag"], ["a sneaker", "a coat"]]
 
 
+def sweep(pipe, denoiser, config_class, prompts, steps: int, seeds: list[int], settings: list[dict], extra=None):
+    """Each setting's PSNR to the unpatched ``denoiser`` of ``pipe`` (the same noise; ``prompts(seed)``: a seed's
+    prompts), one JSON line each on stdout with its computed steps and ``extra(config, computed)``'s fields."""
+    def generate(seed):
+        with torch.no_grad():
+            return pipe(prompts(seed), num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
+                        output_type="pt").images
+
+    refs = {s: generate(s) for s in seeds}
+    for kw in settings:
+        cfg = config_class(**{k: (v if k == "mask" else float(v) if "." in v else int(v)) for k, v in kw.items()})
+        tokenmerge.apply_config(denoiser, cfg)
+        try:
+            values = torch.cat([psnr(generate(s), refs[s]) for s in seeds])
+        finally:
+            tokenmerge.remove_patch(denoiser)
+        computed = sum(cfg.schedule(steps))
+        row = {"setting": kw, "steps": steps, "seeds": seeds, "computed": computed,
+               **(extra(cfg, computed) if extra else {}), "psnr": round(values.mean().item(), 2)}
+        print(json.dumps(row), flush=True)
+
+
 def main(argv) -> int:
     which, steps, seeds = argv[0], int(argv[1]), [int(x) for x in argv[2].split(",")]
     settings = [dict(kv.split("=", 1) for kv in s.split(",")) for s in argv[3:]]
@@ -30,24 +52,8 @@ def main(argv) -> int:
     def prompts(seed):
         return pipe.prompts(2, seed=seed) if which == "mosaic" else CLASSES[seed]
 
-    def generate(seed):
-        with torch.no_grad():
-            return pipe(prompts(seed), num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
-                        output_type="pt").images
-
-    refs = {s: generate(s) for s in seeds}
-    for kw in settings:
-        cfg = tokenmerge.StepCacheConfig(**{k: (v if k == "mask" else float(v) if "." in v else int(v))
-                                            for k, v in kw.items()})
-        tokenmerge.apply_config(pipe.transformer, cfg)
-        try:
-            values = torch.cat([psnr(generate(s), refs[s]) for s in seeds])
-        finally:
-            tokenmerge.remove_patch(pipe.transformer)
-        computed = sum(cfg.schedule(steps))
-        print(json.dumps({"setting": kw, "steps": steps, "seeds": seeds, "computed": computed,
-                          "counted_speedup": round(steps / computed, 3), "psnr": round(values.mean().item(), 2)}),
-              flush=True)
+    sweep(pipe, pipe.transformer, tokenmerge.StepCacheConfig, prompts, steps, seeds, settings,
+          lambda cfg, computed: {"counted_speedup": round(steps / computed, 3)})
     return 0
 
 

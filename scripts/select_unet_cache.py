@@ -10,15 +10,13 @@ The ten class names are the prompts of each seed (one batch, guidance as one bat
 it). Each setting is ``UNetCacheConfig``'s keyword arguments.
 """
 
-import json
 import sys
 
-import torch
+from select_step_cache import sweep
 
 import tokenmerge
 from tokenmerge.fashion.model import CLASS_NAMES
 from tokenmerge.fashion.pipeline import load_fashion_pipeline
-from tokenmerge.quality.metrics import psnr
 
 
 def main(argv) -> int:
@@ -33,26 +31,12 @@ def main(argv) -> int:
     pipe.set_progress_bar_config(disable=True)
     prompts = [f"a {name.lower()}" for name in CLASS_NAMES]
 
-    def generate(seed):
-        with torch.no_grad():
-            return pipe(prompts, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
-                        output_type="pt").images
+    def speed(cfg, computed):
+        if cfg.depth not in cost:
+            return {}
+        return {"speedup": round(steps / (computed + (steps - computed) * cost[cfg.depth]), 3)}
 
-    refs = {s: generate(s) for s in seeds}
-    for kw in settings:
-        cfg = tokenmerge.UNetCacheConfig(**{k: (v if k == "mask" else float(v) if "." in v else int(v))
-                                            for k, v in kw.items()})
-        tokenmerge.apply_config(pipe.unet, cfg)
-        try:
-            values = torch.cat([psnr(generate(s), refs[s]) for s in seeds])
-        finally:
-            tokenmerge.remove_patch(pipe.unet)
-        computed = sum(cfg.schedule(steps))
-        row = {"setting": kw, "steps": steps, "seeds": seeds, "computed": computed,
-               "psnr": round(values.mean().item(), 2)}
-        if cfg.depth in cost:
-            row["speedup"] = round(steps / (computed + (steps - computed) * cost[cfg.depth]), 3)
-        print(json.dumps(row), flush=True)
+    sweep(pipe, pipe.unet, tokenmerge.UNetCacheConfig, lambda seed: prompts, steps, seeds, settings, speed)
     return 0
 
 
