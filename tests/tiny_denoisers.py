@@ -160,6 +160,15 @@ def progress_of(model, call) -> float:
     return bound.progress(bound.read((), call), 1000)
 
 
+def stopped_and_restarted(model, calls) -> bool:
+    """Whether a generation over ``calls``, then one stopped after its first two calls, then the whole one again give
+    the first generation's outputs (a patch's state starts over at each generation)."""
+    first = outputs_of(model, calls)
+    outputs_of(model, calls[:2])  # stopped after its second step
+    again = outputs_of(model, calls)
+    return all(torch.equal(a, b) for a, b in zip(first, again))
+
+
 def compiled_twice(model, calls) -> tuple:
     """``model`` compiled (``backend="eager"``) run over ``calls`` twice: ``(first outputs, second outputs, graph
     breaks)``; asserts that the second generation compiled nothing and broke no graph again."""
