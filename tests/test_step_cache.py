@@ -314,6 +314,25 @@ def test_a_new_generation_and_a_stopped_one_start_over():
     tokenmerge.remove_patch(model)
 
 
+def test_an_img2img_generation_starting_midway_is_a_new_generation():
+    """A generation that starts midway (img2img's strength: fewer steps from a later timestep) after a whole one: its
+    first steps are the warm-up's computed ones, as under a fresh patch."""
+    _skip("flux")
+    entry = CATALOGUE["flux"]
+    model = entry.build()
+    calls = steps_of(model, entry.inputs(batch=2), 8)
+    tokenmerge.apply_step_cache(model, skip=1, warmup=1)
+    _run(model, calls)
+    midway = _run(model, calls[3:])
+    tokenmerge.remove_patch(model)
+    vanilla = _run(model, calls[3:])
+    tokenmerge.apply_step_cache(model, skip=1, warmup=1)
+    fresh = _run(model, calls[3:])
+    tokenmerge.remove_patch(model)
+    assert torch.equal(midway[0], vanilla[0])  # computed: the warm-up again
+    assert all(torch.equal(a, b) for a, b in zip(midway, fresh))
+
+
 def test_patched_context_manager_and_the_method_spec():
     from tokenmerge.tools.methods import parse_spec
 

@@ -414,6 +414,22 @@ def test_a_new_generation_and_a_stopped_one_start_over():
     tokenmerge.remove_patch(model)
 
 
+def test_an_img2img_generation_starting_midway_is_a_new_generation():
+    """img2img's shorter generation from a later timestep, after a whole one: computed from its first step, as under
+    a fresh patch."""
+    model, inputs = _model("sd")
+    calls = steps_of(model, inputs, 8)
+    tokenmerge.apply_unet_cache(model, skip=2, warmup=1, extrapolate=1.0)
+    _run(model, calls)
+    midway = _run(model, calls[3:])
+    tokenmerge.remove_patch(model)
+    tokenmerge.apply_unet_cache(model, skip=2, warmup=1, extrapolate=1.0)
+    fresh = _run(model, calls[3:])
+    tokenmerge.remove_patch(model)
+    assert torch.equal(midway[0], _run(model, calls[3:4])[0])
+    assert all(torch.equal(a, b) for a, b in zip(midway, fresh))
+
+
 def test_the_method_spec():
     from tokenmerge.tools.methods import parse_spec
 
