@@ -50,12 +50,12 @@ class _Calls:
                 return func(*args, **(kwargs or {}))
 
         self.mode = Count()
-        blocks = [b.module for site in tokenmerge.engine.find_denoisers(model) for b in site.blocks]
+        blocks = _deep(model)
         # (registered before the patch's own denoiser hooks run: prepended, so its ops are counted too)
         self.handles = [model.register_forward_pre_hook(lambda m, a: calls.append([0, False, True]), prepend=True),
                         model.register_forward_hook(lambda m, a, o: calls[-1].__setitem__(2, False))]
         self.handles += [sub.register_forward_pre_hook(lambda m, a: calls[-1].__setitem__(1, True))
-                         for b in blocks for sub in b.children()]
+                         for b in blocks for sub in (b.children() if not hasattr(b, "conv1") else [b])]
 
     def __enter__(self):
         self.mode.__enter__()
@@ -65,6 +65,18 @@ class _Calls:
         self.mode.__exit__(*exc)
         for h in self.handles:
             h.remove()
+
+
+def _deep(model) -> list:
+    """What tells a call whose blocks ran from a skipped or cached one: a transformer's blocks (their children); a
+    UNet's mid block's first resnet (the UNet cache's cached calls run only the shallow path)."""
+    out = []
+    for site in tokenmerge.engine.find_denoisers(model):
+        if site.family.kind == "unet":
+            out.append(site.module.mid_block.resnets[0])  # (its own hooks fire even when its forward is bypassed)
+        else:
+            out += [b.module for b in site.blocks]
+    return out
 
 
 def _outside(model, inputs) -> int:
@@ -82,6 +94,7 @@ def _outside(model, inputs) -> int:
                 count[0] += 1
             return func(*args, **(kwargs or {}))
 
+    # (a UNet: its attentions)
     blocks = [b.module for site in tokenmerge.engine.find_denoisers(model) for b in site.blocks]
     handles = [h for b in blocks for h in (b.register_forward_pre_hook(lambda m, a: depth.__setitem__(0, depth[0] + 1)),
                                            b.register_forward_hook(lambda m, a, o: depth.__setitem__(0, depth[0] - 1)))]
