@@ -154,8 +154,8 @@ def points(bench: list[dict], quality: dict, omit: dict | None = None) -> tuple[
         if psnr == float("inf"):
             notes.append(f"{m['label']}: identical to vanilla on this model (it skipped or merged nothing)")
             continue
-        out.append(dict(label=m["label"], spec=m["spec"], kind=kind, speedup=x, how=how, psnr=psnr,
-                        psnr_ci=m.get("psnr_ci95"), ssim=m["ssim_mean"], work=m.get("linear_work")))
+        out.append(dict(label=m["label"], spec=m["spec"], kind=kind, step=spec.is_step_cache, speedup=x, how=how,
+                        psnr=psnr, psnr_ci=m.get("psnr_ci95"), ssim=m["ssim_mean"], work=m.get("linear_work")))
     for p in out:  # on the frontier: no other point is at least as fast and as faithful, and better in one
         p["frontier"] = not any(q is not p and q["speedup"] >= p["speedup"] and q["psnr"] >= p["psnr"]
                                 and (q["speedup"] > p["speedup"] or q["psnr"] > p["psnr"]) for q in out)
@@ -203,15 +203,14 @@ def plot(pts, path: Path, title: str) -> None:
              "step": ("D", "tab:red", "step / UNet cache (measured steps)"),
              "cache": ("s", "tab:orange", "diffusers cache (counted)"), "combined": ("^", "tab:green", "both")}
     for kind, (marker, color, label) in style.items():
-        sel = [p for p in pts if (p["kind"] if not p["spec"].startswith(("stepcache", "unetcache")) else "step")
-               == kind]
+        sel = [p for p in pts if ("step" if p["step"] else p["kind"]) == kind]
         if sel:
             ax.scatter([p["speedup"] for p in sel], [p["psnr"] for p in sel], marker=marker, color=color,
                        label=label, zorder=3)
     front = sorted((p for p in pts if p["frontier"]), key=lambda p: p["speedup"])
     ax.plot([p["speedup"] for p in front], [p["psnr"] for p in front], "k--", lw=1, label="frontier", zorder=2)
     for p in pts:  # the frontier's points and the other methods' named; the many reuse and step cache settings off
-        if p["frontier"] or not p["label"].startswith(("reuse", "stepcache", "unetcache")):  # it are not
+        if p["frontier"] or not (p["step"] or p["label"].startswith("reuse")):  # it are not
             ax.annotate(p["label"], (p["speedup"], p["psnr"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("speed-up over vanilla")
     ax.set_ylabel("PSNR to vanilla (dB), trained model")

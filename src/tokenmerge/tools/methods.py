@@ -41,7 +41,9 @@ METHODS = {
             "transformer); no VALUE; option speed=faithful|balanced|fast (default balanced)",
 }
 # methods whose state carries across steps: the bench times their steady partial (or skipped) step after a full one
-STATEFUL = ("reuse", "stepcache", "unetcache", "auto")
+# this library's caches across steps (the step cache, the UNet cache): VALUE is the steps skipped in a round
+STEP_CACHES = ("stepcache", "unetcache")
+STATEFUL = ("reuse", *STEP_CACHES, "auto")
 # options that do not change a partial or skipped step's work (the schedule, which tokens): the bench's record omits
 # them
 SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end", "skip_growth", "mask")
@@ -150,12 +152,10 @@ class MethodSpec:
     def config(self):
         """The ``StepCacheConfig`` (``UNetCacheConfig``) of a step (UNet) cache spec (its schedule: which steps are
         computed)."""
-        from .. import StepCacheConfig, UNetCacheConfig
-
         kwargs = self.kwargs()
         if isinstance(kwargs.get("mask"), int) and not isinstance(kwargs["mask"], bool):  # read as a number
             kwargs["mask"] = str(kwargs["mask"])
-        return (UNetCacheConfig if self.name == "unetcache" else StepCacheConfig)(skip=int(self.value), **kwargs)
+        return _cache_config(self.name)(skip=int(self.value), **kwargs)
 
     @property
     def is_cache(self) -> bool:
@@ -165,7 +165,7 @@ class MethodSpec:
     @property
     def is_step_cache(self) -> bool:
         """Whether it is one of this library's caches across steps (the step cache, the UNet cache)."""
-        return self.name in ("stepcache", "unetcache")
+        return self.name in STEP_CACHES
 
     @property
     def is_factor(self) -> bool:
@@ -323,6 +323,13 @@ class Combined:
                 part.remove(model)
 
 
+def _cache_config(name: str):
+    """The config class of one of this library's caches across steps (``STEP_CACHES``)."""
+    from .. import StepCacheConfig, UNetCacheConfig
+
+    return UNetCacheConfig if name == "unetcache" else StepCacheConfig
+
+
 def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
     """``"tome:0.5,stop=0.5"`` -> ``MethodSpec("tome", 0.5, (("stop", 0.5),))``, checked.
 
@@ -360,8 +367,8 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
         return MethodSpec("vanilla")
     if name == "auto" and value:
         raise ValueError(f"method spec {quote(text)}: auto takes no value (its option speed= is the knob)")
-    number = _value(value) if value else DEFAULTS.get(name, 2 if name in _FACTOR_METHODS else
-                                                      1 if name == "stepcache" else 2 if name == "unetcache" else 0.5)
+    number = _value(value) if value else _cache_config(name)().skip if name in STEP_CACHES else \
+        DEFAULTS.get(name, 2 if name in _FACTOR_METHODS else 0.5)
     per_axis = isinstance(number, tuple) and name in _FACTOR_METHODS
     if name != "auto" and not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
         hint = " (ToDo: or a factor per axis such as 1x2x2)" if name in _FACTOR_METHODS else ""
@@ -387,7 +394,7 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
                 raise ValueError(f"{name}'s value must be a positive integer, got {value}")
             number = int(number)
         spec = MethodSpec(name, None if name == "auto" else number if name in _FACTOR_METHODS or name in CACHES
-                          else int(number) if name in ("stepcache", "unetcache") and number == int(number)
+                          else int(number) if name in STEP_CACHES and number == int(number)
                           else float(number),
                           tuple(options))
         spec.check()
