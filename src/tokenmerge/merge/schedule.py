@@ -43,6 +43,15 @@ class Scheduled:
         """Whether each of ``steps`` steps is computed (``True``) or not."""
         return [self.computed(k) for k in range(steps)]
 
+    def words(self) -> str:
+        """The settings as ``describe_patch`` gives them: ``warmup=3 skip=1 skip_growth=1 extrapolate=0.7 (steps
+        computed of 20: 7, of 50: 11)``, with ``mask=`` and ``min_steps=`` where set."""
+        words = f"warmup={self.warmup} skip={self.skip} skip_growth={self.skip_growth}"
+        words += f" extrapolate={self.extrapolate:g}"
+        words += f" mask={self.mask}" if self.mask else ""
+        words += f" min_steps={self.min_steps}" if self.min_steps else ""
+        return words + f" (steps computed of 20: {sum(self.schedule(20))}, of 50: {sum(self.schedule(50))})"
+
     def too_short(self, steps: int | None) -> bool:
         """Whether a generation of ``steps`` steps (``None``: not told) is below ``min_steps``: it caches none."""
         return bool(self.min_steps) and steps is not None and steps < self.min_steps

@@ -334,11 +334,7 @@ class StepCache(Bypassing):
 
     # ---- describe_patch -------------------------------------------------------------------------------------------
     def summary(self) -> str:
-        c = self.config
-        return (f"tokenmerge step cache: warmup={c.warmup} skip={c.skip} skip_growth={c.skip_growth} "
-                f"extrapolate={c.extrapolate:g}" + (f" mask={c.mask}" if c.mask else "")
-                + (f" min_steps={c.min_steps}" if c.min_steps else "")
-                + f" (steps computed of 20: {sum(c.schedule(20))}, of 50: {sum(c.schedule(50))})")
+        return f"tokenmerge step cache: {self.config.words()}"
 
     def notes(self) -> list[str]:
         return [NOTE_MEMORY + (NOTE_SLOPE if self.config.extrapolate else "")]

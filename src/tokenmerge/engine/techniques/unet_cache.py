@@ -357,11 +357,8 @@ class UNetCache(Bypassing):
     # ---- describe_patch -------------------------------------------------------------------------------------------
     def summary(self) -> str:
         c = self.config
-        return (f"tokenmerge UNet cache: depth={c.depth} layers={c.layers} warmup={c.warmup} skip={c.skip} "
-                f"skip_growth={c.skip_growth} extrapolate={c.extrapolate:g}"
-                + (f" min_steps={c.min_steps}" if c.min_steps else "") + " (steps computed of 20: "
-                f"{sum(c.schedule(20))}, of 50: {sum(c.schedule(50))}); a cached step runs only the path shallower "
-                f"than {self.paths[-1]}, whose output it takes from the last computed step")
+        return (f"tokenmerge UNet cache: depth={c.depth} layers={c.layers} {c.words()}; a cached step runs only the "
+                f"path shallower than {self.paths[-1]}, whose output it takes from the last computed step")
 
     def notes(self) -> list[str]:
         note = (f"the UNet cache keeps, per call of a step (guidance run as two calls keeps two), the output of "
