@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 import torch
-from tiny_denoisers import CATALOGUE, stopped_and_restarted
+from tiny_denoisers import CATALOGUE, lora_after_the_patch, stopped_and_restarted
 from tiny_denoisers import outputs_of as _run
 from tiny_denoisers import progress_of as _progress
 from tiny_denoisers import skip_unavailable as _skip
@@ -486,20 +486,12 @@ def test_wan_2_2s_two_transformers_each_keep_their_own_state():
 
 
 def test_a_lora_loaded_after_the_patch_acts_at_the_computed_steps():
-    pytest.importorskip("peft")
-    from peft import LoraConfig
-
     _skip("flux")
     entry = CATALOGUE["flux"]
     model = entry.build()
     calls = steps_of(model, entry.inputs(batch=2), 4)
     tokenmerge.apply_step_cache(model, skip=1, warmup=1)  # computed, skipped, computed, skipped
-    plain = _run(model, calls)
-    model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
-                                 init_lora_weights=False))
-    with_lora = _run(model, calls)
-    tokenmerge.remove_patch(model)
-    vanilla_lora = _run(model, calls)
+    plain, with_lora, vanilla_lora = lora_after_the_patch(model, calls)
     assert torch.equal(with_lora[0], vanilla_lora[0]) and torch.allclose(with_lora[2], vanilla_lora[2], atol=1e-5)
     assert not torch.allclose(with_lora[1], plain[1], atol=1e-4)  # the skipped step carries the LoRA's residual
 

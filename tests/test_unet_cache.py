@@ -15,7 +15,14 @@ import warnings
 
 import pytest
 import torch
-from tiny_denoisers import CATALOGUE, all_tensors, available, compiled_twice, stopped_and_restarted
+from tiny_denoisers import (
+    CATALOGUE,
+    all_tensors,
+    available,
+    compiled_twice,
+    lora_after_the_patch,
+    stopped_and_restarted,
+)
 from tiny_denoisers import outputs_of as _run
 from tiny_denoisers import progress_of as _progress
 from tiny_models import ldm_unet, make_controlnet, make_unet, steps_of, unet_inputs
@@ -254,18 +261,10 @@ def test_a_lora_loaded_after_the_patch_acts_at_every_step(layers):
     """A LoRA on the attention projections, loaded after the patch: the computed steps are the unpatched model's with
     the LoRA; a cached step carries it in the feature (deep path) and runs it where the shallow path's attention
     does."""
-    pytest.importorskip("peft")
-    from peft import LoraConfig
-
     model, inputs = _model("sd")
     calls = steps_of(model, inputs, 4)
     tokenmerge.apply_unet_cache(model, skip=1, warmup=1, layers=layers)  # computed, cached, computed, cached
-    plain = _run(model, calls)
-    model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
-                                 init_lora_weights=False))
-    with_lora = _run(model, calls)
-    tokenmerge.remove_patch(model)
-    vanilla_lora = _run(model, calls)
+    plain, with_lora, vanilla_lora = lora_after_the_patch(model, calls)
     for k in (0, 2):
         torch.testing.assert_close(with_lora[k], vanilla_lora[k], rtol=1e-5, atol=1e-5, msg=f"computed step {k}")
     assert not torch.allclose(with_lora[1], plain[1], atol=1e-4)  # the cached step sees the LoRA

@@ -169,6 +169,24 @@ def stopped_and_restarted(model, calls) -> bool:
     return all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+def lora_after_the_patch(model, calls) -> tuple:
+    """A patched ``model`` over ``calls``, then with a LoRA loaded after the patch (on the attention projections),
+    then unpatched with the LoRA: ``(patched, patched with the LoRA, unpatched with the LoRA)`` outputs."""
+    import pytest
+
+    pytest.importorskip("peft")
+    from peft import LoraConfig
+
+    import tokenmerge
+
+    plain = outputs_of(model, calls)
+    model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                                 init_lora_weights=False))
+    with_lora = outputs_of(model, calls)
+    tokenmerge.remove_patch(model)
+    return plain, with_lora, outputs_of(model, calls)
+
+
 def compiled_twice(model, calls) -> tuple:
     """``model`` compiled (``backend="eager"``) run over ``calls`` twice: ``(first outputs, second outputs, graph
     breaks)``; asserts that the second generation compiled nothing and broke no graph again."""
