@@ -346,6 +346,7 @@ def test_patched_context_manager_and_the_method_spec():
             pass
     spec = parse_spec("stepcache:2,warmup=3,skip_growth=1")
     assert spec.config() == StepCacheConfig(warmup=3, skip=2, skip_growth=1) and spec.is_step_cache
+    assert parse_spec("stepcache").config() == StepCacheConfig()  # the spec's default value is the config's skip
     with pytest.raises(ValueError, match="stepcache"):
         parse_spec("stepcache:2,fraction=0.5")
 

@@ -41,8 +41,7 @@ METHODS = {
             "transformer); no VALUE; option speed=faithful|balanced|fast (default balanced)",
 }
 # methods whose state carries across steps: the bench times their steady partial (or skipped) step after a full one
-# this library's caches across steps (the step cache, the UNet cache): VALUE is the steps skipped in a round
-STEP_CACHES = ("stepcache", "unetcache")
+STEP_CACHES = {"stepcache": 1, "unetcache": 2}  # this library's caches across steps: VALUE's default (their configs')
 STATEFUL = ("reuse", *STEP_CACHES, "auto")
 # options that do not change a partial or skipped step's work (the schedule, which tokens): the bench's record omits
 # them
@@ -155,7 +154,9 @@ class MethodSpec:
         kwargs = self.kwargs()
         if isinstance(kwargs.get("mask"), int) and not isinstance(kwargs["mask"], bool):  # read as a number
             kwargs["mask"] = str(kwargs["mask"])
-        return _cache_config(self.name)(skip=int(self.value), **kwargs)
+        from .. import StepCacheConfig, UNetCacheConfig
+
+        return (UNetCacheConfig if self.name == "unetcache" else StepCacheConfig)(skip=int(self.value), **kwargs)
 
     @property
     def is_cache(self) -> bool:
@@ -323,13 +324,6 @@ class Combined:
                 part.remove(model)
 
 
-def _cache_config(name: str):
-    """The config class of one of this library's caches across steps (``STEP_CACHES``)."""
-    from .. import StepCacheConfig, UNetCacheConfig
-
-    return UNetCacheConfig if name == "unetcache" else StepCacheConfig
-
-
 def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
     """``"tome:0.5,stop=0.5"`` -> ``MethodSpec("tome", 0.5, (("stop", 0.5),))``, checked.
 
@@ -367,8 +361,8 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
         return MethodSpec("vanilla")
     if name == "auto" and value:
         raise ValueError(f"method spec {quote(text)}: auto takes no value (its option speed= is the knob)")
-    number = _value(value) if value else _cache_config(name)().skip if name in STEP_CACHES else \
-        DEFAULTS.get(name, 2 if name in _FACTOR_METHODS else 0.5)
+    number = _value(value) if value else STEP_CACHES.get(name) or DEFAULTS.get(name, 2 if name in _FACTOR_METHODS
+                                                                                else 0.5)
     per_axis = isinstance(number, tuple) and name in _FACTOR_METHODS
     if name != "auto" and not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
         hint = " (ToDo: or a factor per axis such as 1x2x2)" if name in _FACTOR_METHODS else ""
