@@ -17,6 +17,11 @@ transformer models do. VALUE is the setting a user turns first; other fields of 
   The ratios are the model's: without ``mag_ratios``, ``tokenmerge quality`` calibrates them first (diffusers'
   calibration mode, one generation of the run's first prompt and seed that skips nothing; ``calibrate``).
 
+- ``cachedit[:threshold]``: cache-dit's DBCache, the cache-dit package itself (``tools/cachedit.py``; default
+  threshold 0.08, its default): past warmup steps, a block list's blocks after its first ``Fn`` are skipped (their
+  residual reused) while the first ``Fn``'s residual changes less than the threshold; options ``Fn=``, ``Bn=``,
+  ``warmup=``, ``cached=``, ``continuous=``, ``mask=``, ``policy=``, ``taylorseer=true`` with ``order=``, ``fused=``.
+
 FasterCache needs callbacks into the pipeline's guidance; it is not offered here.
 """
 
@@ -28,15 +33,21 @@ import io
 import logging
 import weakref
 
-__all__ = ["CACHES", "cache_config", "enable", "disable", "calibrate", "needs_calibration"]
+from . import cachedit
+
+__all__ = ["CACHES", "cache_config", "enable", "disable", "calibrate", "needs_calibration", "counted_steps"]
 
 CACHES = {
     "fbc": "diffusers' First Block Cache; VALUE = threshold (default 0.05)",
     "taylorseer": "diffusers' TaylorSeer cache; VALUE = cache_interval (default 5)",
     "pab": "diffusers' Pyramid Attention Broadcast; VALUE = spatial_attention_block_skip_range (default 2)",
     "magcache": "diffusers' MagCache; VALUE = threshold (default 0.06), its ratios calibrated on the model first",
+    "cachedit": "cache-dit's DBCache (the cache-dit package); VALUE = residual_diff_threshold (default 0.08); options "
+                "Fn= (default 1), Bn= (0), warmup= (8), cached=, continuous= (max cached / consecutive cached steps, "
+                "-1: no limit), mask= (1 and 0 per step) with policy=dynamic|static, taylorseer=true with order= (1), "
+                "fused=true (Flux's two block lists as one), separate_cfg=",
 }
-DEFAULTS = {"fbc": 0.05, "taylorseer": 5, "pab": 2, "magcache": 0.06}
+DEFAULTS = {"fbc": 0.05, "taylorseer": 5, "pab": 2, "magcache": 0.06, "cachedit": cachedit.DEFAULT_THRESHOLD}
 _VALUE_FIELD = {"fbc": "threshold", "taylorseer": "cache_interval", "pab": "spatial_attention_block_skip_range",
                 "magcache": "threshold"}
 _RATIOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # transformer -> its calibrated ratios
@@ -52,6 +63,8 @@ def _hooks():
 
 def cache_config(name: str, value, options: dict, pipe=None):
     """The diffusers config of cache ``name`` (a ``TypeError`` naming an unknown option)."""
+    if name == "cachedit":
+        return cachedit.configs(value, options)
     hooks = _hooks()
     kwargs = {_VALUE_FIELD[name]: value, **options}
     if name == "fbc":
@@ -95,11 +108,21 @@ def _denoiser(pipe):
 
 
 def enable(pipe, name: str, value, options: dict) -> None:
+    if name == "cachedit":
+        return cachedit.enable(pipe, value, options)
     _denoiser(pipe).enable_cache(cache_config(name, value, options, pipe))
 
 
-def disable(pipe) -> None:
+def disable(pipe, name: str | None = None) -> None:
+    if name == "cachedit":
+        return cachedit.disable(pipe)
     _denoiser(pipe).disable_cache()
+
+
+def counted_steps(pipe) -> dict | None:
+    """What the cache on ``pipe`` counted of its last generation (cache-dit's: ``tools/cachedit.counted``), or None
+    (diffusers' caches keep no such count)."""
+    return cachedit.counted(pipe)
 
 
 def needs_calibration(spec) -> bool:

@@ -3,10 +3,10 @@
 Grammar: ``NAME[:VALUE][,KEY=VALUE...]``. NAME is one of ``METHODS``; VALUE is ToMe's ratio or ToDo's factor;
 KEY=VALUE pairs are keyword arguments of ``apply_patch`` / ``apply_todo`` / ``tomesd.apply_patch``
 (``stop=0.5``, ``plan_steps=2``, ``mode=avg``...). For ``tokenmerge quality`` only, diffusers' caches are methods
-too (``fbc:0.05``, ``taylorseer:5``, ``pab:2``: ``tools/caches.py``), and ``A+B`` runs two methods together
-(``tome:0.5+fbc:0.05``: a token reduction and a cache). ToDo's factor may be one per grid axis: ``todo:1x2x2`` (each
-video frame pooled 2x2), ``todo:2x2x2`` (frames too), also written ``todo,downsample=(2,2,2)``. A spec is checked
-when parsed: a bad name or option raises ``ValueError`` naming it.
+too (``fbc:0.05``, ``taylorseer:5``, ``pab:2``, cache-dit's ``cachedit:0.1``: ``tools/caches.py``), and ``A+B`` runs
+two methods together (``tome:0.5+fbc:0.05``: a token reduction and a cache). ToDo's factor may be one per grid axis:
+``todo:1x2x2`` (each video frame pooled 2x2), ``todo:2x2x2`` (frames too), also written ``todo,downsample=(2,2,2)``.
+A spec is checked when parsed: a bad name or option raises ``ValueError`` naming it.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class MethodSpec:
 
     @property
     def is_cache(self) -> bool:
-        """Whether it is one of diffusers' caches (``tools/caches.py``)."""
+        """Whether it is one of the caches of ``tools/caches.py`` (diffusers', cache-dit's)."""
         return self.name in CACHES
 
     @property
@@ -262,7 +262,7 @@ class MethodSpec:
         if self.is_cache:
             from .caches import disable
 
-            disable(model)
+            disable(model, self.name)
         elif self.name == "tomesd":
             import tomesd
 

@@ -1,0 +1,197 @@
+"""cache-dit's DBCache (the ``cache-dit`` package, PyPI ``cache-dit==1.5.3``) as a method of ``tokenmerge quality``.
+
+What runs is the package's own code: ``cache_dit.enable_cache(BlockAdapter(...), cache_config=DBCacheConfig(...),
+calibrator_config=TaylorSeerCalibratorConfig(...))``, undone by ``cache_dit.disable_cache``. cache-dit does not know
+the testbeds' pipeline classes, so the adapter is built here as its own Flux and Wan adapters build theirs: a
+``FluxTransformer2DModel``'s ``transformer_blocks`` and ``single_transformer_blocks``, two lists of
+``ForwardPattern.Pattern_1`` that each decide their own steps (``fused=true``: one list of both, as cache-dit's
+default Flux adapter runs them); a ``WanTransformer3DModel``'s ``blocks`` (``Pattern_2``). cache-dit wraps the
+pipeline class's ``__call__``, so each generation starts from fresh contexts; a step is one transformer call (the
+testbeds batch guidance). ``counted(pipe)``: the last generation's cached steps, from cache-dit's statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+
+__all__ = ["DEFAULT_THRESHOLD", "OPTIONS", "configs", "enable", "disable", "active", "counted"]
+
+DEFAULT_THRESHOLD = 0.08  # DBCacheConfig's residual_diff_threshold
+# KEY=VALUE options -> the DBCacheConfig field each sets (the others: the calibrator and the adapter)
+OPTIONS = {"Fn": "Fn_compute_blocks", "Bn": "Bn_compute_blocks", "warmup": "max_warmup_steps",
+           "cached": "max_cached_steps", "continuous": "max_continuous_cached_steps",
+           "mask": "steps_computation_mask", "policy": "steps_computation_policy",
+           "separate_cfg": "enable_separate_cfg", "taylorseer": None, "order": None, "fused": None}
+_FN = 1  # cache-dit's default Fn_compute_blocks is 8: more blocks than a testbed's list has
+_STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # pipeline -> what enable() did to it
+
+
+def _integer(key: str, value, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"cachedit's {key} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _mask(value) -> list[int]:
+    """``mask=1110101`` (read as a number: a mask starts with a computed step) or ``mask=(1,1,1,0,1)``."""
+    digits = [int(d) for d in str(value)] if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(digits, (tuple, list)) or not digits or any(d not in (0, 1) for d in digits) or digits[0] != 1:
+        raise ValueError(f"cachedit's mask must be a string of 1 (computed) and 0 (cached if the threshold allows; "
+                         f"always with policy=static) per step, starting with 1, got {value!r}")
+    return list(digits)
+
+
+def configs(value, options: dict):
+    """``(DBCacheConfig, TaylorSeerCalibratorConfig or None, fused)`` for ``cachedit:VALUE,KEY=VALUE...``; a
+    ``ValueError`` names an unknown or bad option (an ``ImportError`` without cache-dit)."""
+    unknown = [k for k in options if k not in OPTIONS]
+    if unknown:
+        raise ValueError(f"cachedit takes no option {', '.join(unknown)} (options: {', '.join(OPTIONS)})")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+        raise ValueError(f"cachedit's threshold (residual_diff_threshold) must be a number >= 0, got {value!r}")
+    try:
+        import cache_dit
+    except ImportError as err:
+        raise ImportError(f"cachedit needs the cache-dit package (pip install cache-dit==1.5.3): {err}") from None
+    fields = {"residual_diff_threshold": float(value), "Fn_compute_blocks": _FN, "Bn_compute_blocks": 0}
+    for key, low in (("Fn", 1), ("Bn", 0), ("warmup", 0), ("cached", -1), ("continuous", -1)):
+        if key in options:
+            fields[OPTIONS[key]] = _integer(key, options[key], low)
+    if "mask" in options:
+        fields["steps_computation_mask"] = _mask(options["mask"])
+    if options.get("policy", "dynamic") not in ("dynamic", "static"):
+        raise ValueError(f"cachedit's policy (of the mask's 0 steps) is dynamic or static, got {options['policy']!r}")
+    if "policy" in options:
+        if "mask" not in options:
+            raise ValueError("cachedit's policy= is the mask's: give mask= too")
+        fields["steps_computation_policy"] = options["policy"]
+    for key in ("separate_cfg", "taylorseer", "fused"):
+        if key in options and not isinstance(options[key], bool):
+            raise ValueError(f"cachedit's {key} is true or false, got {options[key]!r}")
+    if "separate_cfg" in options:
+        fields["enable_separate_cfg"] = options["separate_cfg"]
+    if "order" in options and not options.get("taylorseer"):
+        raise ValueError("cachedit's order= is TaylorSeer's: give taylorseer=true too")
+    calibrator = None
+    if options.get("taylorseer"):  # its calibrator forecasts the cached steps' residuals (and the text stream's)
+        order = _integer("order", options.get("order", 1), 1)
+        calibrator = cache_dit.TaylorSeerCalibratorConfig(taylorseer_order=order)
+    return cache_dit.DBCacheConfig(**fields), calibrator, bool(options.get("fused", False))
+
+
+@contextlib.contextmanager
+def _quiet():
+    """cache-dit's loggers (each its own handler, INFO by default) at ERROR inside the block."""
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.split(".")[0] == "cache_dit"]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _lists(pipe, fused: bool):
+    """``(transformer, [(name, blocks, pattern)], dummy names)``: the block lists cache-dit caches."""
+    from cache_dit import ForwardPattern
+    from torch import nn
+
+    model = getattr(pipe, "transformer", None)
+    kind = type(model).__name__
+    if kind == "FluxTransformer2DModel":
+        double, single = model.transformer_blocks, model.single_transformer_blocks
+        if fused:
+            return model, [("transformer_blocks", nn.ModuleList([*double, *single]), ForwardPattern.Pattern_1)], \
+                ["single_transformer_blocks"]
+        return model, [("transformer_blocks", double, ForwardPattern.Pattern_1),
+                       ("single_transformer_blocks", single, ForwardPattern.Pattern_1)], []
+    if fused:
+        raise ValueError(f"tokenmerge: cachedit's fused=true is for Flux's two block lists; this is a {kind}")
+    if kind == "WanTransformer3DModel":
+        return model, [("blocks", model.blocks, ForwardPattern.Pattern_2)], []
+    found = kind if model is not None else type(getattr(pipe, "unet", pipe)).__name__
+    raise ValueError(f"tokenmerge: cachedit adapts a FluxTransformer2DModel or a WanTransformer3DModel (their "
+                     f"block lists and forward patterns, as cache-dit's own adapters); this pipeline's denoiser is a "
+                     f"{found}")
+
+
+def enable(pipe, value, options: dict) -> None:
+    """Switch cache-dit's DBCache on for ``pipe`` (a ``ValueError`` starting with 'tokenmerge' if it cannot be)."""
+    import cache_dit
+    from cache_dit.caching.block_adapters import BlockAdapterRegister
+
+    if pipe in _STATE:
+        raise ValueError("tokenmerge: cache-dit is already on for this pipeline (remove it first)")
+    config, calibrator, fused = configs(value, options)
+    model, lists, dummies = _lists(pipe, fused)
+    for name, blocks, _ in lists:
+        if config.Fn_compute_blocks + config.Bn_compute_blocks > len(blocks):
+            raise ValueError(f"tokenmerge: cachedit's Fn={config.Fn_compute_blocks} + Bn={config.Bn_compute_blocks} "
+                             f"exceed the {len(blocks)} blocks of {name}")
+    if config.enable_separate_cfg is None:  # what cache-dit's registry says of the pipeline (False: one call a step)
+        config.enable_separate_cfg = bool(BlockAdapterRegister.has_separate_cfg(pipe))
+    names, blocks, patterns = (list(x) for x in zip(*lists))
+    state = {"had_forward": "forward" in vars(model), "had_call": "__call__" in vars(type(pipe)),
+             "lists": [(n, len(b)) for n, b in zip(names, blocks)], "fn_bn": config.Fn_compute_blocks +
+             config.Bn_compute_blocks}
+    with _quiet():
+        adapter = cache_dit.BlockAdapter(pipe=pipe, transformer=model, blocks=blocks if len(blocks) > 1 else blocks[0],
+                                         blocks_name=names if len(names) > 1 else names[0],
+                                         dummy_blocks_names=dummies,
+                                         forward_pattern=patterns if len(patterns) > 1 else patterns[0])
+        adapter.check_forward_pattern = True  # cache-dit skips its check where a diffusers hook registry is on
+        state["adapter"] = adapter
+        _STATE[pipe] = state
+        try:
+            cache_dit.enable_cache(adapter, cache_config=config, calibrator_config=calibrator)
+        except BaseException as err:
+            with contextlib.suppress(Exception):  # what it did before it failed, undone as far as it goes
+                disable(pipe)
+            _STATE.pop(pipe, None)
+            if isinstance(err, AssertionError):  # cache-dit's own checks (a block's forward of another pattern)
+                raise ValueError(f"tokenmerge: cache-dit refused the adapter: {err}") from None
+            raise
+
+
+def active(pipe) -> bool:
+    return pipe in _STATE
+
+
+def disable(pipe) -> None:
+    """Switch it off: cache-dit's ``disable_cache``, then what it leaves behind (the transformer's ``forward``
+    instance attribute, a subclass's ``__call__`` put back into its own class) removed."""
+    state = _STATE.pop(pipe, None)
+    if state is None:
+        return
+    import cache_dit
+
+    with _quiet():
+        cache_dit.disable_cache(state["adapter"])
+    model = pipe.transformer
+    if not state["had_forward"]:
+        vars(model).pop("forward", None)
+    if not state["had_call"] and "__call__" in vars(type(pipe)):
+        delattr(type(pipe), "__call__")
+
+
+def counted(pipe) -> dict | None:
+    """The last generation's steps under cache-dit (None when it is not on ``pipe``, or before one): ``steps``,
+    per block list the ``cached`` step indices cache-dit recorded, and ``computed`` (the share of the skippable
+    blocks' steps that ran: per list, weighted by the blocks each can skip; one list: computed steps / steps)."""
+    state = _STATE.get(pipe)
+    if state is None:
+        return None
+    adapter, lists, fn_bn = state["adapter"], state["lists"], state["fn_bn"]
+    blocks = [b for per_model in adapter.blocks for b in per_model]  # normalized: a list per transformer
+    if not all(hasattr(b, "_cached_steps") for b in blocks):
+        return None
+    steps = blocks[0]._accumulated_executed_steps
+    cached = {name: list(b._cached_steps) for (name, _), b in zip(lists, blocks)}
+    weights = [max(size - fn_bn, 0) for _, size in lists]
+    ran = sum(w * (steps - len(cached[name])) for w, (name, _) in zip(weights, lists))
+    total = sum(weights) * steps
+    return {"steps": steps, "cached": cached, "computed": ran / total if total else 1.0}
