@@ -36,6 +36,9 @@ def markdown(report: dict, command: str | None = None) -> str:
         lines[-2:] = [head[0] + " FD | adherence | s / " + head[1], rule + "---|---|"]
     if work:  # "linear work": the share of vanilla's nn.Linear multiply-adds each method ran
         lines[-2:] = [lines[-2] + " linear work |", lines[-1] + "---|"]
+    counted = any(m.get("steps_computed") is not None for m in report["methods"])
+    if counted:  # a cache's own count of the steps it computed (cache-dit's)
+        lines[-2:] = [lines[-2] + " steps computed |", lines[-1] + "---|"]
     for m in report["methods"]:
         ci = lambda v, f: "" if not isinstance(v, float) else f" ± {v:{f}}"  # noqa: E731
         cells = [f"{_num(m['psnr_mean'], '.2f')}{ci(m['psnr_ci95'], '.2f')}"]
@@ -47,7 +50,9 @@ def markdown(report: dict, command: str | None = None) -> str:
         if dist:
             cells += [_num(m["fd"], ".3f"), f"{_num(m['adherence'], '.1%')}{ci(m['adherence_ci95'], '.1%')}"]
         lines.append(f"| {m['label']} | " + " | ".join(cells) + f" | {m['seconds_median']:.3f} | {m['speedup']:.2f}x |"
-                     + (f" {m['linear_work']:.0%} |" if work else ""))
+                     + (f" {m['linear_work']:.0%} |" if work else "")
+                     + ((f" {m['steps_computed']:.0%} |" if m.get("steps_computed") is not None else " |")
+                        if counted else ""))
     if dist:
         info = report.get("distribution") if isinstance(report.get("distribution"), dict) else {}
         crop = {"frames": "frame", "mosaic": "32 px cell of a mosaic"}.get(info.get("crops"), "image")
@@ -63,6 +68,10 @@ def markdown(report: dict, command: str | None = None) -> str:
                   "as a share of vanilla's, counted during the generation: what a cache skips and merged tokens "
                   "shrink (attention's own products are not counted). 1 / share is a cache's speed-up at zero "
                   "overhead."]
+    if counted:
+        lines += ["", "Steps computed: the share of the steps on which the cache ran the blocks it can skip, by its "
+                  "own count (cache-dit's statistics; with several block lists, each list's share weighted by the "
+                  "blocks it can skip), mean over images."]
     for name, value in (report.get("extra") or {}).items():
         lines += ["", f"- {name}: {value}"]
     return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..tools.caches import calibrate, needs_calibration
+from ..tools.caches import calibrate, counted_steps, needs_calibration
 from ..tools.methods import MethodSpec
 from ..tools.timing import timed
 from .cache import ImageCache
@@ -96,11 +96,12 @@ def _generate(pipe, job: QualityJob, spec: MethodSpec, prompt: str, seed: int, d
     try:
         with spec.applied(pipe), linear_work(pipe) as work:
             out, seconds = timed(device, lambda: pipe(prompt, **_call_kwargs(job, prompt, seed, device, steps)))
+            counted = counted_steps(pipe)  # the cache's own count of the steps it computed (cache-dit's), or None
     except (TypeError, ValueError, RuntimeError) as err:
         if not str(err).startswith("tokenmerge"):  # not one of this library's refusals: a bug, with its traceback
             raise
         raise MethodRefused(spec, err) from err
-    return out.images[0], seconds, work[0]
+    return out.images[0], seconds, work[0], counted
 
 
 def generate_items(pipe, job: QualityJob, items: list[tuple[str, int]], device, progress=None, rank: int = 0) -> int:
@@ -115,10 +116,11 @@ def generate_items(pipe, job: QualityJob, items: list[tuple[str, int]], device, 
         for spec in {t[2] for t in todo}:
             _generate(pipe, job, spec, todo[0][0], todo[0][1], device, min(job.steps, 2))
     for prompt, seed, spec in todo:
-        image, seconds, work = _generate(pipe, job, spec, prompt, seed, device, job.steps)
+        image, seconds, work, counted = _generate(pipe, job, spec, prompt, seed, device, job.steps)
         cache.store(job.key(spec, prompt, seed), image,
                     {"prompt": prompt, "seed": seed, "label": spec.label, "seconds": seconds, "steps": job.steps,
-                     "linear_macs": work, "device": str(device), "process": rank})
+                     "linear_macs": work, "device": str(device), "process": rank,
+                     **({"cache_steps": counted} if counted is not None else {})})
         if progress is not None:
             progress.update(1)
     return len(todo)
@@ -144,7 +146,7 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None, s
 
     video = ("frame_psnr", "ssim", "temporal_psnr") if job.frames else ()
     rows, per_spec = [], {s.label: {"psnr": [], "ssim": [], "seconds": [], "frame_psnr": [], "temporal_psnr": [],
-                                    "work": []} for s in job.all_specs}
+                                    "work": [], "computed": []} for s in job.all_specs}
     images: dict[str, list] = {s.label: [] for s in job.all_specs}
     for prompt, seed in items:
         _, ref, ref_meta = entry(VANILLA, prompt, seed)
@@ -164,6 +166,8 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None, s
             stats["seconds"].append(meta["seconds"])
             if meta.get("linear_macs") and ref_meta.get("linear_macs"):  # entries cached before it was counted: none
                 stats["work"].append(meta["linear_macs"] / ref_meta["linear_macs"])
+            if meta.get("cache_steps"):  # the share of steps the cache computed, by its own count
+                stats["computed"].append(meta["cache_steps"]["computed"])
             rows.append({"prompt": prompt, "seed": seed, "label": spec.label,
                          **{k: _finite(v) for k, v in scores.items()}, "seconds": meta["seconds"],
                          "process": meta.get("process", 0), "image": str(cache.image_path(key))})
@@ -178,7 +182,8 @@ def collect(job: QualityJob, items: list[tuple[str, int]], extra_metrics=None, s
                         "psnr_ci95": _finite(pci), "ssim_mean": sm, "ssim_ci95": _finite(sci),
                         "seconds_median": sec, "speedup": base / sec,
                         "linear_work": statistics.mean(stats["work"]) if len(stats["work"]) == len(stats["psnr"])
-                        else None})
+                        else None, "steps_computed": statistics.mean(stats["computed"])
+                        if len(stats["computed"]) == len(stats["psnr"]) else None})
         for name in video[::2]:  # frame_psnr, temporal_psnr
             mean, half = mean_ci(stats[name])
             summary[-1].update({f"{name}_mean": _finite(mean), f"{name}_ci95": _finite(half)})
