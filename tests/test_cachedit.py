@@ -185,7 +185,7 @@ def test_the_quality_report_carries_the_steps_it_computed(mosaic, tmp_path):
     from tokenmerge.quality.report import markdown
     from tokenmerge.quality.run import QualityJob, run_job
 
-    job = QualityJob("embedded mosaic", [MOSAIC_PROMPT], [0], [parse_spec("cachedit:0.3,warmup=2")], 6,
+    job = QualityJob("embedded mosaic", [MOSAIC_PROMPT], [0], [parse_spec("cachedit:0.3,warmup=2")], 10,
                      cache=tmp_path / "cache")
     report = run_job(mosaic, job, torch.device("cpu"), progress=False, scorer=None)
     vanilla, cached = report["methods"]
