@@ -48,6 +48,15 @@ def add_common(p, default_methods: list[str], default_steps: int) -> None:
     p.add_argument("--steps", type=positive_int, default=default_steps,
                    help=f"denoising steps (default {default_steps})")
     p.add_argument("--guidance", type=finite_float, default=None, help="guidance scale (default: the pipeline's)")
+    p.add_argument("--scheduler", default=None, metavar="NAME",
+                   help="the embedded models' scheduler: euler or unipc on the flow testbeds, ddim, dpm++2m, euler or "
+                        "pndm on fashion-unet (default: the pipeline each stands for: fashion-mosaic Flux.1-dev's "
+                        "flow-matching Euler, fashion-dit SD3's, the video testbeds Wan 2.1's UniPC; fashion-unet "
+                        "DDIM)")
+    p.add_argument("--shift", type=finite_float, default=None, metavar="S",
+                   help="the flow testbeds' time shift, sigma' = S sigma / (1 + (S - 1) sigma) (default: the pipeline "
+                        "each stands for: fashion-mosaic e^1.15 ~ 3.16 as Flux.1-dev at 1024 px, the others 3; 1: "
+                        "the linear grid they sampled on before)")
     p.add_argument("--size", type=positive_int, default=None, metavar="PX",
                    help="image height and width for --model pipelines (default: the pipeline's)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto (default)")
@@ -127,9 +136,20 @@ def load(args, parser):
             parser.error(f"--model {args.model or 'fashion-unet'}: {err}")
         if args.size is not None:
             parser.error("--size applies to --model pipelines; the embedded models make images of their own size")
+        from ..fashion.schedulers import describe, swap
+
+        if args.scheduler is not None or args.shift is not None:
+            try:
+                swap(pipe, args.scheduler, args.shift)
+            except ValueError as err:
+                parser.error(f"--scheduler/--shift: {err}")
+        key = f"{key}, {describe(pipe.scheduler)}"  # images of other time grids are other images
     else:
         from ..tools.pipelines import PipelineLoadError, load_pipeline
 
+        if args.scheduler is not None or args.shift is not None:
+            parser.error("--scheduler and --shift apply to the embedded models; a --model pipeline samples with its "
+                         "own scheduler")
         try:
             pipe, key = load_pipeline(args.model, dtype), args.model
         except (FileNotFoundError, PipelineLoadError) as err:

@@ -4,7 +4,8 @@ A diffusers ``FluxTransformer2DModel`` (2 double-stream and 4 single-stream bloc
 rotary positions, joint text + image attention) in pixel space: a 32 x 32 image is packed into 16 x 16 tokens of
 2 x 2 pixels (256 image tokens), the "text" is a learned table of 4 tokens (and a pooled vector) per class, as the
 UNet model's is. Trained with rectified flow (``x_t = (1 - t) x_0 + t noise``, the model predicts
-``noise - x_0``) by ``scripts/train_fashion_dit.py``; sampled with Euler steps from t = 1 to 0 and classifier-free
+``noise - x_0``) by ``scripts/train_fashion_dit.py``; sampled from t = 1 to 0 with its scheduler
+(``schedulers.py``: by default SD3's flow-matching Euler, shift 3) and classifier-free
 guidance. Timesteps go to the model on Flux's 0..1 scale. Weights: ``weights/fashion_dit.safetensors`` (fp16).
 """
 
@@ -17,7 +18,7 @@ from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from .flow import TimestepMixin, check_call, euler, load_parts, transformer_class
+from .flow import TimestepMixin, check_call, load_parts, sample, transformer_class
 from .model import CLASS_NAMES, NULL_CLASS, class_ids
 
 __all__ = ["DIT_CONFIG", "DIT_WEIGHTS", "SIZE", "build_dit", "ClassText", "FashionDiT", "load_fashion_dit",
@@ -78,9 +79,14 @@ class FashionDiT(TimestepMixin, DiffusionPipeline):
     class_names = CLASS_NAMES
     size = SIZE  # pixels a side
 
-    def __init__(self, transformer, text: ClassText):
+    grid = ("euler", 3.0)  # SD3's flow-matching Euler, shift 3 (schedulers.py)
+
+    def __init__(self, transformer, text: ClassText, scheduler=None):
+        from .schedulers import flow_scheduler
+
         super().__init__()
-        self.register_modules(transformer=transformer, text=text)
+        self.register_modules(transformer=transformer, text=text,
+                              scheduler=scheduler if scheduler is not None else flow_scheduler(*self.grid))
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, tokens: torch.Tensor, pooled: torch.Tensor):
         ids = image_ids(self.size, x.device)
@@ -112,7 +118,8 @@ class FashionDiT(TimestepMixin, DiffusionPipeline):
         shape = (len(prompts), 1, self.size, self.size)
         x = latents.to(device, dtype) if latents is not None else \
             torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
-        x = euler(lambda inp, t: self.velocity(inp, t, tokens, pooled), x, num_inference_steps, guidance_scale, self)
+        x = sample(lambda inp, t: self.velocity(inp, t, tokens, pooled), x, num_inference_steps, guidance_scale,
+                   self)
         return as_output((x.float().clamp(-1, 1) + 1) / 2, output_type)
 
 

@@ -1,5 +1,5 @@
-"""What the embedded transformers (``dit.py``, ``video.py``) share: their diffusers class, the rectified-flow
-Euler sampler with classifier-free guidance, and loading their shipped weights."""
+"""What the embedded transformers (``dit.py``, ``video.py``) share: their diffusers class, sampling with their
+pipeline's scheduler (``schedulers.py``) and classifier-free guidance, and loading their shipped weights."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["transformer_class", "check_call", "euler", "load_parts", "TimestepMixin"]
+__all__ = ["transformer_class", "check_call", "sample", "load_parts", "TimestepMixin"]
 
 
 class TimestepMixin:
@@ -39,33 +39,37 @@ def check_call(num_inference_steps, output_type: str) -> None:
         raise ValueError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}")
 
 
-def euler(velocity: Callable, x: torch.Tensor, steps: int, guidance_scale: float, pipe=None) -> torch.Tensor:
-    """Euler steps of the flow from t = 1 (noise) to 0; ``velocity(x, t)`` takes the batch doubled (unconditional
-    first) when ``guidance_scale != 1``.
+def sample(velocity: Callable, x: torch.Tensor, steps: int, guidance_scale: float, pipe) -> torch.Tensor:
+    """Sample from noise ``x`` with ``pipe.scheduler`` (``schedulers.py``) in ``steps`` steps; ``velocity(x, t)``
+    (``t`` the flow time in [0, 1], 1 = noise) takes the batch doubled (unconditional first) when
+    ``guidance_scale != 1``.
 
-    ``pipe``: the pipeline, run as diffusers' own pipelines run their transformer, so that diffusers' cache hooks
-    (``transformer.enable_cache(...)``) work on it: each call inside ``transformer.cache_context("predict")``,
-    ``pipe.current_timestep`` on the 0..1000 scale during the step (Pyramid Attention Broadcast reads it), and the
-    cache's state reset before and after the generation."""
+    The transformer runs as diffusers' own pipelines run it, so that diffusers' cache hooks
+    (``transformer.enable_cache(...)``) and this library's caches see what they see there: the scheduler's
+    ``set_timesteps`` (flow-matching Euler on Flux's grid: sigmas ``linspace(1, 1/N, N)``, shifted by the scheduler),
+    each call inside ``transformer.cache_context("predict")``, ``pipe.current_timestep`` the step's timestep (0..1000)
+    during the step, the cache's state reset before and after the generation."""
     guided = guidance_scale != 1.0
-    times = torch.linspace(1.0, 0.0, steps + 1)
+    scheduler = pipe.scheduler
+    if type(scheduler).__name__ == "FlowMatchEulerDiscreteScheduler":  # Flux's grid (SD3's differs at its end)
+        scheduler.set_timesteps(sigmas=[1.0 - k / steps for k in range(steps)], device=x.device)
+    else:
+        scheduler.set_timesteps(steps, device=x.device)
     model = getattr(pipe, "transformer", None)
     context = getattr(model, "cache_context", None)  # diffusers >= 0.33 (CacheMixin)
     _reset_cache(model)
     try:
-        for t, t_next in zip(times[:-1], times[1:]):
+        for t in scheduler.timesteps:
             inp = torch.cat([x, x]) if guided else x
-            if pipe is not None:
-                pipe._current_timestep = float(t) * 1000
+            pipe._current_timestep = t
             with context("predict") if context is not None else contextlib.nullcontext():
-                v = velocity(inp, torch.full((inp.shape[0],), float(t), device=x.device, dtype=x.dtype))
+                v = velocity(inp, (t / 1000).expand(inp.shape[0]).to(x.dtype))
             if guided:
                 v_u, v_c = v.chunk(2)
                 v = v_u + guidance_scale * (v_c - v_u)
-            x = x + (float(t_next) - float(t)) * v
+            x = scheduler.step(v, t, x, return_dict=False)[0]
     finally:
-        if pipe is not None:
-            pipe._current_timestep = None
+        pipe._current_timestep = None
         _reset_cache(model)
     return x
 

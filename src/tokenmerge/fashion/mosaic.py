@@ -7,7 +7,8 @@ tokens** per call. The prompt is a sentence saying which item is in which cell (
 at the bottom right"; empty cells are not said, see ``data.py``), turned into **32 text tokens** (and a pooled
 vector) by a small text encoder trained with the model: a word-level vocabulary, an embedding with learned
 positions and two transformer layers. Trained with rectified flow by ``scripts/train_fashion_mosaic.py`` (the loop
-of ``scripts/flow_training.py``); sampled with Euler steps and classifier-free guidance (the unconditional prompt:
+of ``scripts/flow_training.py``); sampled as Flux.1-dev at 1024 px samples (flow-matching Euler, shift e^1.15 ~
+3.16: ``schedulers.py``) with classifier-free guidance (the unconditional prompt:
 all padding). Weights: ``weights/fashion_mosaic.safetensors`` (fp16).
 """
 
@@ -24,6 +25,7 @@ from torch import nn
 from . import dit
 from .data import MOSAIC_WORDS, mosaic_prompts
 from .flow import load_parts, transformer_class
+from .schedulers import FLUX_SHIFT
 
 __all__ = ["MOSAIC_CONFIG", "MOSAIC_WEIGHTS", "SIZE", "PATCH", "TEXT_TOKENS", "VOCAB", "build_mosaic",
            "SentenceEncoder", "FashionMosaic", "load_fashion_mosaic", "tokenize", "pack", "unpack", "image_ids"]
@@ -108,6 +110,7 @@ class FashionMosaic(dit.FashionDiT):
     """
 
     size = SIZE
+    grid = ("euler", FLUX_SHIFT)  # Flux.1-dev at 1024 px: flow-matching Euler, shift e^1.15 (schedulers.py)
     layout = "mosaic"  # what ``tokenmerge quality`` reads to score each 32 px cell against the sentence
 
     @staticmethod

@@ -33,10 +33,12 @@ def load_fashion_pipeline(weights: str | Path | None = None):
         weights: a file written by ``scripts/train_fashion.py``; default the one inside the package.
 
     The scheduler is DDIM with sample clipping: in pixel space DPM-Solver++ without clipping saturated the
-    images (seen in trials), DDIM gives clean ones in 20 steps.
+    images (seen in trials), DDIM gives clean ones in 20 steps; ``schedulers.swap`` gives it another
+    (``schedulers.UNET``).
     """
-    from diffusers import DDIMScheduler
     from safetensors.torch import load_file
+
+    from .schedulers import unet_scheduler
 
     path = Path(weights) if weights is not None else WEIGHTS
     if not path.is_file():
@@ -48,8 +50,7 @@ def load_fashion_pipeline(weights: str | Path | None = None):
     unet, encoder = build_unet(), ClassEncoder()
     unet.load_state_dict({k[5:]: v.float() for k, v in state.items() if k.startswith("unet.")})
     encoder.load_state_dict({k[8:]: v.float() for k, v in state.items() if k.startswith("encoder.")})
-    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", clip_sample=True)
-    return FashionPipeline(unet=unet.eval(), encoder=encoder.eval(), scheduler=sched)
+    return FashionPipeline(unet=unet.eval(), encoder=encoder.eval(), scheduler=unet_scheduler("ddim"))
 
 
 class FashionPipeline(DiffusionPipeline):

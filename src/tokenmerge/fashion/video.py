@@ -17,7 +17,7 @@ from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from .flow import TimestepMixin, check_call, euler, load_parts, transformer_class
+from .flow import TimestepMixin, check_call, load_parts, sample, transformer_class
 from .model import CLASS_NAMES, NULL_CLASS, class_ids
 
 __all__ = ["VIDEO_CONFIG", "VIDEO_WEIGHTS", "FRAMES", "SIZE", "build_video", "ClassTokens", "FashionVideo",
@@ -63,9 +63,14 @@ class FashionVideo(TimestepMixin, DiffusionPipeline):
     class_names = CLASS_NAMES
     frames = FRAMES  # what ``tokenmerge quality`` reads to score clips per frame
 
-    def __init__(self, transformer, text: ClassTokens):
+    grid = ("unipc", 3.0)  # Wan 2.1 480p's UniPC on flow sigmas, shift 3 (schedulers.py)
+
+    def __init__(self, transformer, text: ClassTokens, scheduler=None):
+        from .schedulers import flow_scheduler
+
         super().__init__()
-        self.register_modules(transformer=transformer, text=text)
+        self.register_modules(transformer=transformer, text=text,
+                              scheduler=scheduler if scheduler is not None else flow_scheduler(*self.grid))
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``x`` (B, 1, F, H, W), ``t`` (B,) in 0..1 (1 = noise)."""
@@ -90,7 +95,7 @@ class FashionVideo(TimestepMixin, DiffusionPipeline):
         shape = (len(prompts), 1, self.frames, SIZE, SIZE)
         x = latents.to(device, dtype) if latents is not None else \
             torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
-        x = euler(lambda inp, t: self.velocity(inp, t, tokens), x, num_inference_steps, guidance_scale, self)
+        x = sample(lambda inp, t: self.velocity(inp, t, tokens), x, num_inference_steps, guidance_scale, self)
         frames = ((x.float().clamp(-1, 1) + 1) / 2).permute(0, 2, 1, 3, 4)  # (B, F, 1, H, W)
         out = as_output(strip(frames), output_type)
         out.frames = frames
