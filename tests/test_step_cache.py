@@ -37,8 +37,8 @@ REFUSED = {**{n: "UNet" for n in ("controlnet", "controlnet-union", "controlnet-
 
 # ---- the schedule and the settings ---------------------------------------------------------------------------------
 def test_the_schedule():
-    def mask(cfg, n):
-        return "".join("1" if c else "0" for c in cfg.schedule(n))
+    def mask(cfg, n, shift=1.0):
+        return "".join("1" if c else "0" for c in cfg.schedule(n, shift))
 
     assert mask(StepCacheConfig(warmup=2, skip=2), 9) == "110010010"
     assert mask(StepCacheConfig(warmup=3, skip=1, skip_growth=1), 20) == "11101001000100001000"
@@ -46,10 +46,17 @@ def test_the_schedule():
     assert mask(StepCacheConfig(warmup=1, skip=1, skip_growth=2), 10) == "1010001000"
     assert mask(StepCacheConfig(mask="1101"), 6) == "110111"  # steps past a mask's end are computed
     assert sum(StepCacheConfig(warmup=4, skip=1, skip_growth=1).schedule(50)) == 12
+    # gap: computed once the progress since the last computed step passes gap + gap_growth x its progress
+    gap = StepCacheConfig(warmup=3, gap=0.035, gap_growth=0.3)
+    assert mask(gap, 20) == "11101010010001000010"  # linear: at progress .2 (.1 past .1 > .035 + .03), .3, .45, .7
+    assert mask(gap, 28, 3.0) == "1110010001000100010001000100"  # shifted by 3: the late steps are long ones
+    assert gap.kind == "gap" and StepCacheConfig(skip=1).kind == "rounds" and StepCacheConfig(mask="1").kind == "mask"
 
 
 @pytest.mark.parametrize("kwargs,words", [
-    (dict(warmup=0), "warmup must be an integer >= 1"), (dict(skip=0), "skip must be an integer >= 1"),
+    (dict(warmup=0), "warmup must be an integer >= 1"), (dict(skip=0), "skip must be None or an integer >= 1"),
+    (dict(gap=1.5), "gap must be a number in"), (dict(gap_growth=-0.1), "gap_growth must be"),
+    (dict(skip=1, gap=0.05), "give one schedule"), (dict(mask="101", gap_growth=0.2), "give one schedule"),
     (dict(skip_growth=-1), "skip_growth must be"), (dict(skip=1.5), "skip must be"), (dict(warmup=True), "warmup"),
     (dict(extrapolate=1.5), "extrapolate must be a number in"), (dict(min_steps=-1), "min_steps must be"),
     (dict(mask="0111"), "starting with 1"), (dict(mask="11x"), "mask must be"), (dict(mask=""), "mask must be")])
@@ -288,8 +295,9 @@ def test_describe_patch_and_the_memory_it_keeps():
     calls = steps_of(model, entry.inputs(batch=2), 2)
     tokenmerge.apply_step_cache(model, skip=1, warmup=4, skip_growth=1)
     info = tokenmerge.describe_patch(model)
-    assert str(info).startswith("tokenmerge step cache: warmup=4 skip=1 skip_growth=1 extrapolate=1")
-    assert "computed of 20: 8, of 50: 12" in str(info) and "its slope beside it" in str(info)
+    assert str(info).startswith("tokenmerge step cache: warmup=4 skip=1 skip_growth=1 extrapolate=0.7 min_steps=9")
+    assert "computed of 28 on a linear time grid: 9, shifted by 3: 9; of 50 shifted by 3: 12" in str(info)
+    assert "its slope beside it" in str(info)
     _run(model, calls)
     patch = model._tokenmerge_patch
     (kept,) = patch.calls.state.clock.kept.values()
@@ -432,7 +440,7 @@ def test_pipelines_skip_steps_and_a_second_run_is_the_first(name):
     pipe, kw = case.build()
     kw = {**kw, "num_inference_steps": 5}
     vanilla = case.generate(pipe, kw)
-    tokenmerge.apply_step_cache(pipe, skip=1, warmup=1)
+    tokenmerge.apply_step_cache(pipe, skip=1, warmup=1, min_steps=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # every block's layout told: no "cannot skip"
         first = case.generate(pipe, kw)

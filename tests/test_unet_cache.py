@@ -28,7 +28,7 @@ from tiny_denoisers import progress_of as _progress
 from tiny_models import ldm_unet, make_controlnet, make_unet, steps_of, unet_inputs
 
 import tokenmerge
-from tokenmerge import UNetCacheConfig
+from tokenmerge import StepCacheConfig, UNetCacheConfig
 from tokenmerge.families import BUILTIN
 
 pytestmark = pytest.mark.usefixtures("fast_cpu")
@@ -95,7 +95,7 @@ def _reference(model, calls, cfg, branch=None):
     vanilla = _run(model, calls)
     out, last, before = [], None, None
     for k, call in enumerate(calls):
-        if cfg.computed(k):
+        if cfg.computes(k, progress[k], None if last is None else progress[last]):
             before, last = last, k
             out.append(vanilla[k])
             continue
@@ -122,12 +122,15 @@ def test_the_schedule():
     assert mask(UNetCacheConfig(warmup=3, skip=2), 12) == "111001001001"
     assert mask(UNetCacheConfig(warmup=2, skip=1, skip_growth=1), 12) == "110100100010"
     assert mask(UNetCacheConfig(mask="1101"), 6) == "110111"  # steps past a mask's end are computed
-    assert sum(UNetCacheConfig().schedule(20)) == 8 and sum(UNetCacheConfig().schedule(50)) == 18
+    # the default schedule is the step cache's (computed by the progress since the last computed step)
+    assert UNetCacheConfig().schedule(28, 3.0) == StepCacheConfig().schedule(28, 3.0)
+    assert UNetCacheConfig(skip=2).kind == "rounds" and UNetCacheConfig().kind == "gap"
 
 
 @pytest.mark.parametrize("kwargs,words", [
-    (dict(warmup=0), "warmup must be an integer >= 1"), (dict(skip=0), "skip must be an integer >= 1"),
+    (dict(warmup=0), "warmup must be an integer >= 1"), (dict(skip=0), "skip must be None or an integer >= 1"),
     (dict(skip_growth=-1), "skip_growth must be"), (dict(extrapolate=-0.1), "extrapolate must be a number in"),
+    (dict(skip=2, gap=0.1), "give one schedule"),
     (dict(depth=0), "depth must be an integer >= 1"), (dict(depth=1.5), "depth must be"),
     (dict(depth=True), "depth must be"), (dict(mask="0111"), "starting with 1"), (dict(layers=-1), "layers must be"),
     (dict(layers=0.5), "layers must be")])

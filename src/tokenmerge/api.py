@@ -9,7 +9,7 @@ import weakref
 from .config import ReuseConfig, ToDoConfig, ToMeConfig
 from .describe import DenoiserInfo, PatchInfo, describe_patch
 from .engine import Patch, find_denoisers
-from .engine.discover import nothing_matched, select_blocks
+from .engine.discover import nothing_matched
 from .engine.install import patches_of
 from .engine.planner import BlockPlan
 from .engine.refusals import check_apply
@@ -271,8 +271,8 @@ def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matche
     """
     kind = technique_for(config)
     sites = find_denoisers(model)
-    levels = getattr(config, "max_downsample", None)  # (a technique whose config has no level or block choice
-    selected = [(site, select_blocks(site, levels, getattr(config, "blocks", None))) for site in sites]  # takes all)
+    levels = kind.levels(config)
+    selected = [(site, kind.select(site, config)) for site in sites]
     if not any(blocks for _, blocks in selected):
         raise ValueError(nothing_matched(sites, levels))
     left = {id(site): kind.leave(site, config) for site, blocks in selected if blocks}

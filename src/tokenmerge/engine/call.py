@@ -3,8 +3,9 @@
 - ``CallHook``: the denoiser's forward pre-hook and hook: the call's grid (``grids.GridReader``, read only when its
   arguments change), its timestep, the per-call checks, the step clock; the ``CallState`` the blocks read (per
   thread, and one for code torch.compile traces: dynamo follows a plain object, not a ``threading.local``).
-- ``Clock``: which generation, step and place in the step a call is (what state kept across calls is keyed by), and
-  what the technique keeps for the generation (its own state class per slot, ``technique.py``).
+- ``Clock``: which generation, step and place in the step a call is (what state kept across calls is keyed by), told
+  by the pipeline's scheduler where it can (``steps.py``), and what the technique keeps for the generation (its own
+  state class per slot, ``technique.py``).
 - ``CallInfo``: what the hook read of a call, handed to the technique's ``begin``.
 - ``BoundArg``: a ``forward`` argument resolved against a signature (``discover.bind``), read and replaced.
 - Layout: a sequence is ``[before | image | after]``: text declared before the image (``TEXT_BEFORE``), the image's
@@ -25,9 +26,10 @@ from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
 from ..merge.plan import TABLES, Tables, join, sided_rows
 from .caches import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
 from .compiled import on_host, regional_message
+from .steps import host_where
 
 __all__ = ["BoundArg", "CallHook", "CallInfo", "CallState", "Clock", "Watch", "NoGrid", "PARALLEL_ATTR", "sides",
-           "image_part", "join", "take_rotary", "take_mask", "follow", "coarsen"]
+           "image_part", "join", "take_rotary", "take_mask", "coarsen"]
 
 PARALLEL_ATTR = "_parallel_config"  # where a diffusers model keeps its ParallelConfig (enable_parallelism)
 
@@ -151,25 +153,6 @@ def take_mask(spec: Mask, mask: torch.Tensor, image: int, reps: torch.Tensor, tr
     return mask
 
 
-def follow(state, plan, spec, value):
-    """A per-token table ``value`` at the merged tokens of ``plan``: rotary rows (``spec`` a ``Rotary``) or a mask
-    (a ``Mask``), once per call for the blocks that share the plan and table (kept in the call's ``state.work``;
-    compiled: the graph's CSE does it)."""
-    if plan.batch != 1:
-        raise ValueError("tokenmerge: per-token positions or masks need one merge pattern for the batch: the "
-                         "family must set batch_pattern=True")
-    compiling, seen = torch.compiler.is_compiling(), state.work.taken
-    if not compiling:
-        for p, v, s, taken in seen:
-            if p is plan and v is value and s is spec:
-                return taken
-    take = take_rotary if isinstance(spec, Rotary) else take_mask
-    taken = take(spec, value, plan.num_tokens, plan.representatives()[0], state.trailing, plan.tables)
-    if not compiling:
-        seen.append((plan, value, spec, taken))
-    return taken
-
-
 def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
     """The grid ``level`` 2x downsamplings below ``grid`` (its last two axes; ``ceil``, as the UNets pad)."""
     for _ in range(level):
@@ -191,28 +174,42 @@ class Clock:
         self.steps: int | None = None  # the generation's step count, where a patched pipeline's scheduler tells it
         self.generation = 0
         self.step = -1
+        self.index: int | None = None  # the scheduler's step index of the current step, where it tells it
         self.progress: float | None = None
+        self.levels: tuple = (None, None)  # (a scheduler's timesteps tensor, the progress of its steps: steps.py)
+        self.same = 0  # calls in a row at one scheduler step index (STALE_CALLS of them: it is not moving)
+        self.hostless = False  # the scheduler's step index was seen not to move: the timestep is read instead
         self.places: dict = {}  # signature -> calls of the current step made with it so far
         self.kept: dict = {}  # slot -> the technique's state for it
         self.whole = None  # the technique's state for the whole generation (token reuse's round-robin)
 
-    def tick(self, progress: float | None, signature, marks: int, timesteps) -> tuple:
-        """Move to a call at denoising ``progress`` with ``signature``; returns the call's slot."""
+    def tick(self, progress: float | None, signature, marks: int, timesteps, index: int | None = None) -> tuple:
+        """Move to a call at denoising ``progress`` (and the scheduler's step ``index``, where told) with
+        ``signature``; returns the call's slot."""
+        hosted = index is not None and self.index is not None
         if marks != self.mark[0] or timesteps is not self.mark[1] or self.progress is None or (
-                progress is not None and progress < self.progress):
+                index < self.index if hosted else progress is not None and progress < self.progress):
             self.mark = (marks, timesteps)
             self.steps = len(timesteps) if timesteps is not None and hasattr(timesteps, "__len__") else None
             self.generation += 1
             self.step = 0
             self.places.clear()
             self.clear()
-        elif progress is None or progress > self.progress:
+        elif index > self.index if hosted else progress is None or progress > self.progress:
             self.step += 1
             self.places.clear()
+        self.index = index
         self.progress = progress if progress is not None else -1.0
         place = self.places.get(signature, 0)
         self.places[signature] = place + 1
         return signature, place
+
+    def kept_for(self, slot, make):
+        """The technique's state kept for ``slot`` (``make()`` where it has none yet)."""
+        kept = self.kept.get(slot)
+        if kept is None:
+            kept = self.kept[slot] = make()
+        return kept
 
     def clear(self) -> None:
         """Forget what the technique kept (each state's ``reset()`` drops its tensors)."""
@@ -236,6 +233,7 @@ class CallInfo:
     timestep: object
     progress: float | None = None
     compiled: bool = False
+    told: str = "timestep"  # how its step and progress were told: "scheduler" (host state) or "timestep" (read)
 
 
 class CallState:
@@ -360,7 +358,10 @@ class CallHook:
         technique = patch.technique
         state.reset()  # a call cut short by a KeyboardInterrupt skips the always-called hooks
         compiling = torch.compiler.is_compiling()
-        if compiling:
+        x = self.sample.read(args, kwargs) if self.sample is not None else None
+        if not technique.gridded and getattr(module, PARALLEL_ATTR, None) is None:  # no grid to read
+            read = ((), x.device if isinstance(x, torch.Tensor) else None, 0)
+        elif compiling:
             try:
                 read = self.reader.read(args, kwargs)
             except NoGrid as reason:
@@ -393,16 +394,20 @@ class CallHook:
             patch.watch.check()  # caches added around the patch's modules, blocks compiled in place (guards)
         timestep = self.timestep.read(args, kwargs) if self.timestep is not None else None
         call = CallInfo(args, kwargs, device, timestep, compiled=compiled)
-        if technique.timed:  # one host read per denoiser call (not per block): schedules, the clock, kept state
+        pipe = self.pipeline() if self.pipeline is not None else None
+        scheduler = getattr(pipe, "scheduler", None)
+        where = host_where(state.clock, scheduler, timestep) if technique.hosted and scheduler is not None and \
+            self.timestep is not None else None
+        if where is not None:  # the step and its progress from the pipeline's scheduler: no tensor read here
+            call.progress, call.told = where[1], "scheduler"
+        elif technique.timed:  # one host read per denoiser call (not per block): schedules, the clock, kept state
             call.progress = self.timestep.progress(timestep, getattr(patch.config, "num_train_timesteps", 1000)) \
                 if self.timestep is not None else None
         if technique.clocked:
-            x = self.sample.read(args, kwargs) if self.sample is not None else None
-            signature = (state.grid, state.trailing, device) if not isinstance(x, torch.Tensor) else \
-                (state.grid, state.trailing, device, x.shape[0], x.dtype)
-            pipe = self.pipeline() if self.pipeline is not None else None
-            scheduler = getattr(pipe, "scheduler", None)
-            state.slot = state.clock.tick(call.progress, signature, self.marks, getattr(scheduler, "timesteps", None))
+            signature = (state.grid, state.trailing, device) if not isinstance(x, torch.Tensor) else (
+                state.grid, state.trailing, device, x.dtype, *x.shape[:1 if technique.gridded else None])
+            state.slot = state.clock.tick(call.progress, signature, self.marks, getattr(scheduler, "timesteps", None),
+                                          where[0] if where is not None else None)
         technique.begin(state, call)
         if self.host:
             self._traced = state  # the compiled blocks read the state this host-side hook set up

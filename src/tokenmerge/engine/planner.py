@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import min_size_on
-from ..families.spec import CROSS, JOINT, MLP, SELF, Arg, grid_rank
+from ..families.spec import CROSS, JOINT, MLP, SELF, Arg, Rotary, grid_rank
 from ..merge.kernels import missing
 from ..merge.match import _MASK32, block_salts, matching, mix32, step_key, window_hashes
 from ..merge.plan import IdentityPlan, Tables
 from . import notes
-from .call import NoGrid, coarsen, sides
+from .call import NoGrid, coarsen, sides, take_mask, take_rotary
 from .discover import bind, bind_refusals
 from .parallel import check_block_input
 from .technique import Technique
@@ -312,6 +312,25 @@ class Planner:
 
 def _shape(grid) -> str:
     return "x".join(map(str, grid))
+
+
+def follow(state, plan, spec, value):
+    """A per-token table ``value`` at the merged tokens of ``plan``: rotary rows (``spec`` a ``Rotary``) or a mask
+    (a ``Mask``), once per call for the blocks that share the plan and table (kept in the call's ``state.work``;
+    compiled: the graph's CSE does it)."""
+    if plan.batch != 1:
+        raise ValueError("tokenmerge: per-token positions or masks need one merge pattern for the batch: the "
+                         "family must set batch_pattern=True")
+    compiling, seen = torch.compiler.is_compiling(), state.work.taken
+    if not compiling:
+        for p, v, s, taken in seen:
+            if p is plan and v is value and s is spec:
+                return taken
+    take = take_rotary if isinstance(spec, Rotary) else take_mask
+    taken = take(spec, value, plan.num_tokens, plan.representatives()[0], state.trailing, plan.tables)
+    if not compiling:
+        seen.append((plan, value, spec, taken))
+    return taken
 
 
 class Planned(Technique):

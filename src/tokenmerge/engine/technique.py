@@ -3,6 +3,7 @@
 A technique (ToMe around the attention, whole-block ToMe, ToDo, token reuse, the step cache) is one class with these
 parts; the shared engine (``install.Patch``, ``call.CallHook``, the guards) calls them and knows no technique by name:
 
+    select(site, config)          the blocks of a denoiser it patches (``levels(config)``: its UNet levels)
     check(site, blocks, config)   at apply time, before anything is installed: refuse (``ValueError``, ``TypeError``)
                                   what cannot be right on these blocks
     leave(site, config)           why a denoiser of a pipeline is left unpatched while the others are (a ControlNet
@@ -24,6 +25,8 @@ each with ``reset()``; a new generation drops them.
 
 from __future__ import annotations
 
+from .discover import select_blocks
+
 __all__ = ["Technique", "technique_for", "register_technique"]
 
 
@@ -35,6 +38,9 @@ class Technique:
         name: the technique in messages and ``describe_patch`` (``"ToMe"``, ``"step cache"``...).
         clocked: it keeps state across the calls of a generation (the step clock moves at each call).
         timed: it reads each call's timestep on the host (its denoising progress).
+        hosted: under a pipeline it takes the step and its progress from the scheduler's host state instead
+            (``steps.py``: no tensor read per call).
+        gridded: it reads each call's token grid (position ids...); one that does not gets ``()``.
         host: its ``begin`` decides on the host: under ``torch.compile`` the call's set-up is its one graph break.
         pools: a call whose grid fits no merge window still runs it (ToDo pools the keys of any grid).
         inside: what it does inside PyTorch's SDPA call, which ring attention does not make (``None``: nothing).
@@ -43,6 +49,8 @@ class Technique:
     name = ""
     clocked = False
     timed = False
+    hosted = False
+    gridded = True
     host = False
     pools = False
     inside: str | None = None
@@ -52,6 +60,16 @@ class Technique:
         self.patch, self.config, self.blocks = patch, patch.config, patch.blocks
         self.calls = patch.calls
         self.target_handles: dict = {}  # (block, target) -> torch hook handles that caches.route may take over
+
+    @classmethod
+    def levels(cls, config) -> int | None:
+        """The UNet levels the technique patches blocks in (``config.max_downsample``; ``None``: the finest)."""
+        return config.max_downsample
+
+    @classmethod
+    def select(cls, site, config) -> list:
+        """The blocks of ``site`` the technique patches: those of ``levels`` at the config's positions (``blocks``)."""
+        return select_blocks(site, cls.levels(config), config.blocks)
 
     @classmethod
     def check(cls, site, blocks, config) -> None:

@@ -30,22 +30,20 @@ METHODS = {
              "tokens in every block, the others keep their kept block residual; VALUE = that share (default 0.5); "
              "options warmup=, fraction_end=, keys=kept, text=true, extrapolate=, spread=, every=, order=, seed=, "
              "blocks=(i,j,...)",
-    "stepcache": "the step cache (apply_step_cache): after warmup computed steps, rounds of skipped steps (no block "
-                 "runs; the stack's kept residual moved along its slope) each ended by a computed one; VALUE = the "
-                 "first round's skipped steps (default 1); options warmup=, skip_growth=, extrapolate=, mask= (a "
-                 "string of 1 and 0 per step: a static mask)",
-    "unetcache": "the UNet cache (apply_unet_cache, DeepCache's idea): stepcache's schedule, a cached step runs the "
-                 "UNet's first depth down and last depth up blocks only; VALUE = skip (default 2); options warmup=, "
-                 "depth=, layers=, skip_growth=, extrapolate=, mask=",
+    "stepcache": "the step cache (apply_step_cache): a skipped step runs no block (the kept residual moved along its "
+                 "slope); no VALUE: steps computed by the progress since the last one (gap=, gap_growth=), VALUE: "
+                 "rounds of VALUE skipped steps (skip_growth=); warmup=, extrapolate=, min_steps=, mask=1101...",
+    "unetcache": "the UNet cache (apply_unet_cache, DeepCache's idea): stepcache's schedules and options; a cached "
+                 "step runs the UNet's first depth= down and last depth= up blocks only (layers=: of a level)",
     "auto": "tokenmerge.accelerate: the faithful setting for the model (the UNet cache on a UNet, the step cache on a "
             "transformer); no VALUE; option speed=faithful|balanced|fast (default balanced)",
 }
 # methods whose state carries across steps: the bench times their steady partial (or skipped) step after a full one
-STEP_CACHES = {"stepcache": 1, "unetcache": 2}  # this library's caches across steps: VALUE's default (their configs')
+STEP_CACHES = ("stepcache", "unetcache")  # this library's caches across steps (VALUE: skip rounds; none: gap=)
 STATEFUL = ("reuse", *STEP_CACHES, "auto")
-# options that do not change a partial or skipped step's work (the schedule, which tokens): the bench's record omits
-# them
-SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end", "skip_growth", "mask")
+# options that change no partial or skipped step's work (the schedule, which tokens): the bench's record omits them
+SCHEDULE_OPTIONS = ("warmup", "every", "order", "seed", "fraction_end", "skip_growth", "mask", "gap", "gap_growth",
+                    "min_steps")
 # Speed references for the bench only: their outputs are meaningless as images.
 BENCH_METHODS = {
     "limit": "ToMe's zero-overhead limit: attention on the merged token count, merge = a slice, unmerge = a repeat; "
@@ -149,14 +147,15 @@ class MethodSpec:
         return ReuseConfig(fraction=self.value, **self.kwargs())
 
     def config(self):
-        """The ``StepCacheConfig`` (``UNetCacheConfig``) of a step (UNet) cache spec (its schedule: which steps are
-        computed)."""
+        """The ``StepCacheConfig`` (``UNetCacheConfig``) of a step (UNet) cache spec."""
         kwargs = self.kwargs()
         if isinstance(kwargs.get("mask"), int) and not isinstance(kwargs["mask"], bool):  # read as a number
             kwargs["mask"] = str(kwargs["mask"])
         from .. import StepCacheConfig, UNetCacheConfig
 
-        return (UNetCacheConfig if self.name == "unetcache" else StepCacheConfig)(skip=int(self.value), **kwargs)
+        if self.value is not None:
+            kwargs["skip"] = int(self.value)
+        return (UNetCacheConfig if self.name == "unetcache" else StepCacheConfig)(**kwargs)
 
     @property
     def is_cache(self) -> bool:
@@ -191,7 +190,7 @@ class MethodSpec:
         elif self.name == "reuse":
             self.reuse_config()
         elif self.is_step_cache:
-            if self.value != int(self.value):
+            if self.value is not None and self.value != int(self.value):
                 raise ValueError(f"{self.name}'s value (the steps skipped in a round) must be an integer, got "
                                  f"{self.value:g}")
             self.config()
@@ -361,10 +360,10 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
         return MethodSpec("vanilla")
     if name == "auto" and value:
         raise ValueError(f"method spec {quote(text)}: auto takes no value (its option speed= is the knob)")
-    number = _value(value) if value else STEP_CACHES.get(name) or DEFAULTS.get(name, 2 if name in _FACTOR_METHODS
-                                                                                else 0.5)
+    number = _value(value) if value else None if name in STEP_CACHES else DEFAULTS.get(
+        name, 2 if name in _FACTOR_METHODS else 0.5)
     per_axis = isinstance(number, tuple) and name in _FACTOR_METHODS
-    if name != "auto" and not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
+    if number is not None and not per_axis and (not isinstance(number, (int, float)) or isinstance(number, bool)):
         hint = " (ToDo: or a factor per axis such as 1x2x2)" if name in _FACTOR_METHODS else ""
         raise ValueError(f"method spec {quote(text)}: the value after ':' must be a number{hint}, "
                          f"got {quote(value, 40)}")
@@ -387,7 +386,8 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
             if number != int(number) or number < 1:
                 raise ValueError(f"{name}'s value must be a positive integer, got {value}")
             number = int(number)
-        spec = MethodSpec(name, None if name == "auto" else number if name in _FACTOR_METHODS or name in CACHES
+        spec = MethodSpec(name, None if name == "auto" or number is None else number
+                          if name in _FACTOR_METHODS or name in CACHES
                           else int(number) if name in STEP_CACHES and number == int(number)
                           else float(number),
                           tuple(options))

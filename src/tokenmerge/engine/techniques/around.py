@@ -24,9 +24,9 @@ from torch import nn
 
 from ...families.spec import JOINT, SELF, Arg
 from ..caches import ChainHook
-from ..call import follow, sides
+from ..call import sides
 from ..discover import bind
-from ..planner import Planned
+from ..planner import Planned, follow
 
 __all__ = ["ToMeAround", "BoundTarget"]
 

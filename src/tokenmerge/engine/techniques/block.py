@@ -17,9 +17,9 @@ import functools
 
 import torch
 
-from ..call import follow, image_part, sides
+from ..call import image_part, sides
 from ..discover import bind_whole
-from ..planner import Planned
+from ..planner import Planned, follow
 
 __all__ = ["ToMeWholeBlock"]
 

@@ -31,30 +31,33 @@ import torch
 
 from ...families.predicates import params
 from ...families.spec import Arg
-from ...merge.schedule import Scheduled, check_schedule
 from ..discover import bind
-from .bypass import Bypass, Bypassing
+from .cache import Across, Bypass, slope_of
+from .schedule import Scheduled, check_schedule
 
-__all__ = ["StepCacheConfig", "StepCache", "Kept", "Pass", "Bypass"]
+__all__ = ["StepCacheConfig", "StepCache", "Kept", "Pass"]
 
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepCacheConfig(Scheduled):
-    """Settings of ``apply_step_cache`` (validated when made; see its docstring).
+    """Settings of ``apply_step_cache`` (validated when made; see its docstring): the schedule (``gap`` by default,
+    ``skip`` rounds or a ``mask``: ``schedule.py``), the slope's factor, the shortest generation that skips.
 
     Example:
         >>> "".join("1" if c else "0" for c in StepCacheConfig(warmup=3, skip=1, skip_growth=1).schedule(20))
         '11101001000100001000'
     """
 
-    warmup: int = 4
-    skip: int = 1
+    warmup: int = 3
+    gap: float | None = None
+    gap_growth: float | None = None
+    skip: int | None = None
     skip_growth: int = 0
-    extrapolate: float = 1.0
     mask: str | None = None
-    min_steps: int = 0
+    extrapolate: float = 0.7
+    min_steps: int = 9
 
     def __post_init__(self):
         check_schedule(self, "residual")
@@ -74,14 +77,15 @@ class Run:
 @dataclasses.dataclass(slots=True)
 class Kept:
     """One slot's kept state: the runs' residuals (one per stream, more where a stream changes shape between
-    blocks) and the progress of the last computed step."""
+    blocks), the progress of the last computed step, the slope's weight (a 0-d tensor, filled at a skipped step)."""
 
     runs: list = dataclasses.field(default_factory=list)
     at: float | None = None
+    weight: torch.Tensor | None = None
 
     def reset(self) -> None:
         self.runs.clear()
-        self.at = None
+        self.at = self.weight = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -90,10 +94,10 @@ class Pass:
     runs of blocks measured so far: each stream's current run's first input and latest output, the runs closed)."""
 
     kept: Kept
-    skipping: bool
+    cached: bool
     progress: float
     adds: dict = dataclasses.field(default_factory=dict)  # skipped: block -> ((position, residual, slope), ...)
-    weight: object = None  # skipped: the slope's (a number eagerly, a CPU tensor compiled), None: no slope
+    weight: torch.Tensor | None = None  # skipped: the slope's weight (the kept 0-d tensor), None: no slope
     first: dict = dataclasses.field(default_factory=dict)  # computed: stream -> input of its current run of blocks
     last: dict = dataclasses.field(default_factory=dict)  # computed: stream -> (block, its latest output)
     closed: list = dataclasses.field(default_factory=list)  # computed: the runs closed so far (Run, no slope)
@@ -135,7 +139,7 @@ class Layout:
     inputs: tuple  # per output element: the BoundArg of its input or None
 
 
-class StepCache(Bypassing):
+class StepCache(Across):
     """The step cache on a denoiser's stack of blocks.
 
     Args:
@@ -143,13 +147,14 @@ class StepCache(Bypassing):
     """
 
     name = "step cache"
+    Kept = Kept
+    verb, cached = "skip", "skipped"
 
     def __init__(self, patch):
         super().__init__(patch)
         self.bypassed = [site.module for site in self.blocks]
         self.hidden = [bind(_HIDDEN, site.module) for site in self.blocks]
         self.layouts: dict[int, Layout] = {}  # block -> its output's layout, learned at its first computed call
-        self.unskippable: str | None = None  # why no step can be skipped (a layout that cannot be told)
 
     # ---- the protocol's static parts ------------------------------------------------------------------------
     @classmethod
@@ -180,23 +185,19 @@ class StepCache(Bypassing):
                 "on one stack would each skip on the other's stale outputs; use one of them")
 
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
-    def begin(self, state, info) -> None:
-        """Set up the call: computed or skipped; a skipped call gets what each stream's last block adds."""
-        kept = self.kept(state, info, Kept)
-        if kept is None:
-            return
-        cfg, clock, progress = self.config, state.clock, info.progress
-        skipping = (self.unskippable is None and bool(kept.runs) and not cfg.too_short(clock.steps)  # (distilled
-                    and not cfg.computed(clock.step))  # models' few steps: min_steps)
-        work = state.work = Pass(kept, skipping, progress)
-        if not skipping:
-            return
-        if cfg.extrapolate:  # compiled: a tensor (a number would be specialized on: a graph per step)
-            weight = cfg.extrapolate * (progress - kept.at)
-            work.weight = torch.tensor(weight) if info.compiled else weight
+    def call(self, kept: Kept, computed: bool, info) -> Pass:
+        """The call's state: computed, or skipped with what each stream's last block adds."""
+        work = Pass(kept, not computed, info.progress)
+        if computed:
+            return work
+        if kept.weight is None and kept.runs:
+            kept.weight = kept.runs[0].residual.new_zeros(())
+        work.weight = self.weight(kept, info.progress)
         for run in kept.runs:
             position = self.layouts[run.end].streams.index(run.stream)
-            work.adds.setdefault(run.end, []).append((position, run.residual, run.slope if cfg.extrapolate else None))
+            slope = run.slope if work.weight is not None else None
+            work.adds.setdefault(run.end, []).append((position, run.residual, slope))
+        return work
 
     # ---- a block ------------------------------------------------------------------------------------------------
     def forward(self, bypass: Bypass, args: tuple, kwargs: dict):
@@ -205,17 +206,14 @@ class StepCache(Bypassing):
         index = bypass.index
         if work is None:
             return bypass.inner(*args, **kwargs)
-        if work.skipping:
+        if work.cached:
             layout = self.layouts[index]
             outs = [None if b is None else b.read(args, kwargs) for b in layout.inputs]
             if index == 0:
                 outs = self._split(bypass, layout, outs)
             for position, residual, slope in work.adds.get(index, ()):  # x + R (+ w S)
                 x = outs[position] + residual
-                if slope is not None:
-                    x = x.add_(slope * work.weight) if isinstance(work.weight, torch.Tensor) else \
-                        x.add_(slope, alpha=work.weight)
-                outs[position] = x
+                outs[position] = x if slope is None else x.addcmul_(slope, work.weight)
             return outs[0] if layout.tensor else layout.kind(outs)
         out = bypass.inner(*args, **kwargs)
         layout = self.layouts.get(index)
@@ -296,9 +294,7 @@ class StepCache(Bypassing):
         else:
             why = f"{site.path} returns a {type(out).__name__}, not tensors the step cache can pass through"
         if why is not None:
-            if not torch.compiler.is_compiling():
-                self.unskippable = why
-                self._warn_once(f"the step cache cannot skip steps: {why}; every step is computed")
+            self.refuse(why)
             return None
         self.layouts[index] = layout
         return layout
@@ -314,22 +310,19 @@ class StepCache(Bypassing):
         """A computed call that ran every block: its runs' residuals kept, their slopes measured against the runs
         kept at the last computed step."""
         work = state.work
-        if work.skipping or work.ran != len(self.blocks) or not work.last:
+        if work.cached or work.ran != len(self.blocks) or not work.last:
             return
         for stream in list(work.last):
             work.shut(stream)
         kept, progress = work.kept, work.progress
         if work.odd is not None:
-            self.unskippable = work.odd
-            self._warn_once(f"the step cache cannot skip steps: {work.odd}; every step is computed")
-            return
+            return self.refuse(work.odd)
         gap = None if kept.at is None else progress - kept.at
         before = {(r.stream, r.end): r for r in kept.runs}
-        cfg = self.config
         for run in work.closed:
             old = before.get((run.stream, run.end))
-            if cfg.extrapolate and old is not None and old.residual.shape == run.residual.shape and gap and gap > 0:
-                run.slope = (run.residual - old.residual).div_(gap)
+            if self.config.extrapolate and old is not None:
+                run.slope = slope_of(run.residual, old.residual, gap)
         kept.runs, kept.at = list(work.closed), progress
 
     # ---- describe_patch -------------------------------------------------------------------------------------------
@@ -337,7 +330,7 @@ class StepCache(Bypassing):
         return f"tokenmerge step cache: {self.config.words()}"
 
     def notes(self) -> list[str]:
-        return [NOTE_MEMORY + (NOTE_SLOPE if self.config.extrapolate else "")]
+        return [NOTE_MEMORY + (NOTE_SLOPE if self.config.extrapolate else ""), self.report()]
 
 
 NOTE_MEMORY = ("the step cache keeps, per call of a step (guidance run as two calls keeps two), the stack's residual "

@@ -42,9 +42,9 @@ import numbers
 import torch
 
 from ...families.spec import Arg
-from ...merge.schedule import Scheduled, check_schedule
 from ..discover import bind
-from .bypass import Bypass, Bypassing
+from .cache import Across, Bypass, slope_of
+from .schedule import Scheduled, check_schedule
 
 __all__ = ["UNetCacheConfig", "UNetCache", "Kept"]
 
@@ -62,16 +62,15 @@ class UNetCacheConfig(Scheduled):
     """
 
     warmup: int = 3
-    skip: int = 2
+    gap: float | None = None
+    gap_growth: float | None = None
+    skip: int | None = None
     skip_growth: int = 0
-    extrapolate: float = 0.0
     mask: str | None = None
+    extrapolate: float = 0.7
+    min_steps: int = 9
     depth: int = 1
     layers: int | None = None
-    min_steps: int = 0
-
-    max_downsample = 1 << 30  # what the block selection reads: every transformer block of the UNet (all run
-    blocks = None  # under the patch, the deep ones only at computed steps)
 
     def __post_init__(self):
         check_schedule(self, "feature")
@@ -90,16 +89,18 @@ class UNetCacheConfig(Scheduled):
 @dataclasses.dataclass(slots=True)
 class Kept:
     """One slot's kept state: the feature F (the deepest cached module's output) and its slope S at the last
-    computed step (at progress ``at``), the deep modules' output outlines, their placeholders once made."""
+    computed step (at progress ``at``), the slope's weight (a 0-d tensor), the deep modules' output outlines, their
+    placeholders once made."""
 
     feature: torch.Tensor | None = None
     slope: torch.Tensor | None = None
     at: float | None = None
+    weight: torch.Tensor | None = None
     outlines: dict = dataclasses.field(default_factory=dict)
     blanks: dict = dataclasses.field(default_factory=dict)
 
     def reset(self) -> None:
-        self.feature = self.slope = self.at = None
+        self.feature = self.slope = self.at = self.weight = None
         self.outlines.clear()
         self.blanks.clear()
 
@@ -110,7 +111,7 @@ class Pass:
     output, the feature's copy at the last index)."""
 
     kept: Kept
-    caching: bool
+    cached: bool
     progress: float
     outs: dict = dataclasses.field(default_factory=dict)
     seen: dict = dataclasses.field(default_factory=dict)
@@ -172,7 +173,7 @@ def _skips(block) -> int:
     return len(block.resnets) + (getattr(block, "downsamplers", None) is not None)
 
 
-class UNetCache(Bypassing):
+class UNetCache(Across):
     """The UNet cache on a diffusers UNet's deep path.
 
     Args:
@@ -180,6 +181,7 @@ class UNetCache(Bypassing):
     """
 
     name = "UNet cache"
+    Kept = Kept
 
     def __init__(self, patch):
         super().__init__(patch)
@@ -191,7 +193,6 @@ class UNetCache(Bypassing):
         self.mirror = unet.up_blocks[len(unet.down_blocks) - patch.config.depth] if partial else None  # scaling of
         # the cached layers' inputs there needs writable placeholders
         self.in_place = [b for b in (bind(a, unet) for a in _IN_PLACE) if b is not None]
-        self.unusable: str | None = None  # why no step can be cached (a deep output that cannot be told)
 
     @staticmethod
     def deep_path(unet, depth: int, layers: int | None) -> tuple[list, list[str]]:
@@ -278,24 +279,19 @@ class UNetCache(Bypassing):
                 "UNet would each reuse the other's stale outputs; use one of them")
 
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
-    def begin(self, state, info) -> None:
-        """Set up the call: computed or cached; a cached call gets each deep module's output."""
-        kept = self.kept(state, info, Kept)
-        if kept is None:
-            return
-        cfg, clock, progress = self.config, state.clock, info.progress
-        caching = (self.unusable is None and kept.feature is not None and not cfg.too_short(clock.steps)  # (few
-                   and not cfg.computed(clock.step))  # steps, a distilled model's: min_steps)
-        work = state.work = Pass(kept, caching, progress)
-        if not caching:
-            return
+    def call(self, kept: Kept, computed: bool, info) -> Pass:
+        """The call's state: computed, or cached with each deep module's output."""
+        work = Pass(kept, not computed, info.progress)
+        if computed:
+            return work
         last = len(self.deep) - 1
         writable = any(b.read(info.args, info.kwargs) is not None for b in self.in_place) or (
             self.mirror is not None and all(getattr(self.mirror, k, None) for k in ("s1", "s2", "b1", "b2")))
-        if kept.slope is not None and cfg.extrapolate:  # a new tensor: a later block may scale its input in place
-            feature = kept.feature.add(kept.slope, alpha=cfg.extrapolate * (progress - kept.at))
-        else:
-            feature = kept.feature.clone()
+        if kept.weight is None:
+            kept.weight = kept.feature.new_zeros(())
+        weight = self.weight(kept, info.progress) if kept.slope is not None else None
+        # a new tensor either way: a later block may scale its input in place
+        feature = kept.feature.clone() if weight is None else torch.addcmul(kept.feature, kept.slope, weight)
         work.outs[last] = _holding(kept.outlines[last], feature, writable)
         for index in range(last):
             if writable:  # added to in place (T2I-Adapter, FreeU inside a block cut): fresh zeros
@@ -305,6 +301,7 @@ class UNetCache(Bypassing):
             if blank is None:  # made once per slot: views of one zero
                 blank = kept.blanks[index] = _blank(kept.outlines[index], False)
             work.outs[index] = blank
+        return work
 
     # ---- a deep module ------------------------------------------------------------------------------------------
     def forward(self, bypass: Bypass, args: tuple, kwargs: dict):
@@ -312,7 +309,7 @@ class UNetCache(Bypassing):
         work = self.calls.state.work
         if work is None:
             return bypass.inner(*args, **kwargs)
-        if work.caching:
+        if work.cached:
             return work.outs[bypass.index]
         out = bypass.inner(*args, **kwargs)
         index = bypass.index
@@ -328,31 +325,23 @@ class UNetCache(Bypassing):
         """A computed call that ran every deep module once: its feature kept, its slope measured against the feature
         kept at the last computed step, the deep outputs' outlines kept for the placeholders."""
         work = state.work
-        if work.caching:
+        if work.cached:
             return
         seen, last = work.seen, len(self.deep) - 1
         if len(seen) != len(self.deep):
             missing = [self.paths[i] for i in range(len(self.deep)) if i not in seen]
-            return self._refuse(f"{', '.join(missing)} did not run in a call of the UNet")
+            return self.refuse(f"{', '.join(missing)} did not run in a call of the UNet")
         outlines = {i: _outline(seen[i]) for i in range(len(self.deep))}
         odd = [self.paths[i] for i, o in outlines.items() if o is False]
         if odd or work.feature is None:
-            return self._refuse(f"{(odd or [self.paths[last]])[0]} returns what the UNet cache cannot stand in for "
+            return self.refuse(f"{(odd or [self.paths[last]])[0]} returns what the UNet cache cannot stand in for "
                                 "(tensors, or tuples of them, expected)")
         kept, feature, progress = work.kept, work.feature, work.progress
         gap = None if kept.at is None else progress - kept.at
-        old = kept.feature
-        slope = None
-        if self.config.extrapolate and old is not None and old.shape == feature.shape and gap and gap > 0:
-            slope = (feature - old).div_(gap)
+        slope = slope_of(feature, kept.feature, gap) if self.config.extrapolate else None
         if kept.outlines != outlines:
             kept.blanks.clear()
         kept.feature, kept.slope, kept.at, kept.outlines = feature, slope, progress, outlines
-
-    def _refuse(self, why: str) -> None:
-        if not torch.compiler.is_compiling():
-            self.unusable = why
-            self._warn_once(f"the UNet cache cannot cache steps: {why}; every step is computed")
 
     # ---- describe_patch -------------------------------------------------------------------------------------------
     def summary(self) -> str:
@@ -363,4 +352,5 @@ class UNetCache(Bypassing):
     def notes(self) -> list[str]:
         note = (f"the UNet cache keeps, per call of a step (guidance run as two calls keeps two), the output of "
                 f"{self.paths[-1]} (batch x channels x height x width at its level)")
-        return [note + (", and its slope beside it: two such tensors" if self.config.extrapolate else "")]
+        return [note + (", and its slope beside it: two such tensors" if self.config.extrapolate else ""),
+                self.report()]

@@ -67,6 +67,10 @@ class TokenReuse(Technique):
     clocked = timed = host = True  # full or partial, and which tokens: decided on the host at each call
     inside = "token reuse works"
 
+    @classmethod
+    def levels(cls, config) -> None:
+        return None  # a transformer's blocks (one level)
+
     def __init__(self, patch):
         super().__init__(patch)
         cfg = self.config

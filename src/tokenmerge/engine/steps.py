@@ -1,0 +1,77 @@
+"""Where a denoiser call stands in its generation, told on the host from the pipeline's scheduler: no tensor value
+of the call is read (``call.Clock.where``; the call's timestep is read where the scheduler tells nothing).
+
+A diffusers pipeline sets its scheduler's ``timesteps`` once per generation (``set_timesteps``: a new tensor) and
+moves a step counter of the scheduler's at each step: ``step_index`` (the k-diffusion-style and flow schedulers: Euler,
+flow-matching Euler, DPM-Solver, UniPC, LCM..., ``None`` until the first step, which starts at ``begin_index``),
+PNDM's ``counter``; DDIM keeps none, but Stable Diffusion's pipelines pass it ``t`` itself, an element of its
+``timesteps`` (a view: where it lies in their storage is the step). The step's timestep on the scheduler's 0..1000
+scale comes from a host copy of ``timesteps`` read once per generation (one ``tolist()`` at its first call; its
+progress ``1 - t / num_train_timesteps`` is what the families' timestep arguments give too). A scheduler whose
+timesteps do not fall from ``num_train_timesteps`` to 0 (EDM's, Mochi's inverted ones), or a call outside a
+pipeline, tells nothing here: the engine reads the call's timestep instead (``describe_patch`` says which).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["host_where", "host_step", "host_progress", "STALE_CALLS"]
+
+STALE_CALLS = 16  # calls at one host step beyond which the scheduler's counter is taken as not moving
+
+
+def host_step(scheduler, timestep) -> int | None:
+    """The index in ``scheduler.timesteps`` of the step a call with ``timestep`` belongs to, from the scheduler's
+    host state, or ``None`` where it keeps none."""
+    timesteps = getattr(scheduler, "timesteps", None)
+    if not isinstance(timesteps, torch.Tensor) or timesteps.dim() != 1:
+        return None
+    state = getattr(scheduler, "__dict__", {})
+    if "_step_index" in state:
+        index = state["_step_index"]
+        if index is None:  # before the generation's first step: its first (img2img: its begin index)
+            begin = state.get("_begin_index")
+            return begin if isinstance(begin, int) else 0
+        return index if isinstance(index, int) else None
+    if type(scheduler).__name__ == "PNDMScheduler" and isinstance(state.get("counter"), int):
+        return state["counter"]
+    if isinstance(timestep, torch.Tensor) and timestep.dim() == 0 and timestep.device == timesteps.device and \
+            timesteps.numel() and timestep.untyped_storage().data_ptr() == timesteps.untyped_storage().data_ptr():
+        index, rest = divmod(timestep.storage_offset() - timesteps.storage_offset(), timesteps.stride(0) or 1)
+        return index if not rest and 0 <= index < len(timesteps) else None
+    return None
+
+
+def host_progress(scheduler) -> tuple | None:
+    """The denoising progress of each step of ``scheduler``'s generation (0 at pure noise), read from its
+    ``timesteps`` once (call it once per generation), or ``None`` where they are not on the 0..N scale, falling."""
+    timesteps = getattr(scheduler, "timesteps", None)
+    config = getattr(scheduler, "config", None)
+    n = getattr(config, "num_train_timesteps", None) if config is not None else None
+    if not isinstance(timesteps, torch.Tensor) or timesteps.dim() != 1 or not timesteps.numel() or \
+            not isinstance(n, (int, float)) or n <= 0:
+        return None
+    values = timesteps.tolist()  # the one host read of the generation
+    if values[0] > n * 1.001 or values[-1] < 0 or any(b > a for a, b in zip(values, values[1:])):
+        return None
+    return tuple(1.0 - t / n for t in values)
+
+
+def host_where(clock, scheduler, timestep) -> tuple | None:
+    """``(step index, progress)`` of a call from ``scheduler``'s host state (``steps.py``: its progress list read
+    once per generation), or ``None`` where it tells none (the call's timestep is read instead)."""
+    index = None if clock.hostless or scheduler is None else host_step(scheduler, timestep)
+    if index is None:
+        return None
+    timesteps = getattr(scheduler, "timesteps", None)
+    if timesteps is not clock.levels[0]:
+        clock.levels = (timesteps, host_progress(scheduler))
+    levels = clock.levels[1]
+    if levels is None or not 0 <= index < len(levels):
+        return None
+    clock.same = clock.same + 1 if index == clock.index else 0
+    if clock.same >= STALE_CALLS:  # e.g. a loop of the user's that never calls scheduler.step
+        clock.hostless = True
+        return None
+    return index, levels[index]
