@@ -81,11 +81,13 @@ def _reuse_speed(steps_by_fraction: dict, spec: MethodSpec, steps: int):
     return 1 / (sum(times) / steps), f"measured steps: {n_full} full + {steps - n_full} partial{at} of {steps}"
 
 
-def _cache_speed(measured: dict, spec: MethodSpec, steps: int):
+def _cache_speed(measured: dict, spec: MethodSpec, steps: int, share: float | None = None):
     """(speed-up, how) of the step cache over a generation of ``steps`` steps: its computed steps at the bench's
     measured computed step, its skipped steps at the bench's measured skipped step (each over vanilla's). A skipped
     step's work does not depend on the schedule nor on the slope's factor (one multiply-add whatever it is): any
-    measured record of the same ``order`` serves."""
+    measured record of the same ``order`` serves. ``share``: the share of the steps the generations computed, as
+    the cache counted them (a schedule that follows the time grid: ``steps_computed`` of the quality report); else
+    the config's schedule on the linear grid."""
     def key(options):
         return tuple((k, v) for k, v in options if k != "extrapolate")
 
@@ -94,10 +96,10 @@ def _cache_speed(measured: dict, spec: MethodSpec, steps: int):
     if not found:
         return None, ""
     full, skipped = next(iter(found[0].values()))
-    schedule = spec.config().schedule(steps)
-    computed = sum(schedule)
+    computed = share * steps if share is not None else sum(spec.config().schedule(steps))
     return steps / (computed * full + (steps - computed) * skipped), (
-        f"measured steps: {computed} computed + {steps - computed} skipped of {steps}")
+        f"measured steps: {computed:.3g} computed + {steps - computed:.3g} skipped of {steps}"
+        + (" (counted in the generations)" if share is not None else ""))
 
 
 def _reuse_table(bench: list[dict]) -> dict:
@@ -123,9 +125,9 @@ def points(bench: list[dict], quality: dict, omit: dict | None = None) -> tuple[
     work = {m["spec"]: m.get("linear_work") for m in quality["methods"]}
     out, notes = [], []
 
-    def token_speed(spec):
+    def token_speed(spec, share=None):
         if spec.is_step_cache:
-            return _cache_speed(reuse, spec, quality.get("steps", 20))
+            return _cache_speed(reuse, spec, quality.get("steps", 20), share)
         if spec.stateful:
             return _reuse_speed(reuse, spec, quality.get("steps", 20))
         return _step_speed(speed, spec)
@@ -139,7 +141,7 @@ def points(bench: list[dict], quality: dict, omit: dict | None = None) -> tuple[
         spec = parse_spec(m["spec"])
         kind = _kind(spec)
         if kind == "tokens" or spec.is_step_cache:
-            x, how = token_speed(spec)
+            x, how = token_speed(spec, m.get("steps_computed"))
         elif kind == "cache":
             x, how = (1 / m["linear_work"] if m.get("linear_work") else None), "counted"
         else:

@@ -521,3 +521,56 @@ def test_copies_are_independent_patched_models(how):
     tokenmerge.remove_patch(other)
     assert all(torch.equal(a, b) for a, b in zip(_run(model, calls), want))  # the original keeps its patch
     assert not torch.equal(_run(other, calls)[1], want[1])
+
+
+# ---- the time grid: the pipeline's scheduler tells the steps ----------------------------------------------------
+@pytest.mark.parametrize("name", ["wan-t2v", "flux-kontext"])
+@pytest.mark.parametrize("cfg", [StepCacheConfig(warmup=2, gap=0.05, gap_growth=0.2, min_steps=0),
+                                 StepCacheConfig(warmup=2, skip=1, skip_growth=1, min_steps=0)])
+def test_the_scheduler_tells_the_steps_as_the_timestep_does(name, cfg):
+    """Patched through its pipeline (steps and progress from the scheduler's host state: no tensor read per call)
+    or on its bare transformer (the timestep read at each call): the same steps skipped, the same outputs; the
+    report says how the steps were told."""
+    from tiny_pipelines import CASES
+
+    case = CASES[name]
+    if case.available() is not None:
+        pytest.skip(case.available())
+    pipe, kw = case.build()
+    kw = {**kw, "num_inference_steps": 10}
+    got = {}
+    for target in ("pipe", "transformer"):
+        tokenmerge.apply_config(pipe if target == "pipe" else pipe.transformer, cfg)
+        got[target] = case.generate(pipe, kw)
+        patch = pipe.transformer._tokenmerge_patch
+        ran = patch.technique.ran
+        got[target + " ran"] = (dict(ran.computed), dict(ran.cached))
+        assert set(ran.told) == {"scheduler" if target == "pipe" else "timestep"}, ran
+        tokenmerge.remove_patch(pipe)
+    assert got["pipe ran"] == got["transformer ran"] and sum(got["pipe ran"][1].values()) > 0, got["pipe ran"]
+    torch.testing.assert_close(got["pipe"], got["transformer"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_generation_reports_what_it_computed():
+    """After a generation, describe_patch says how many steps each call computed and skipped, and what steps were
+    told by; a generation shorter than min_steps reports its fallback."""
+    from tiny_pipelines import CASES
+
+    case = CASES["flux-kontext"]
+    if case.available() is not None:
+        pytest.skip(case.available())
+    pipe, kw = case.build()
+    tokenmerge.apply_step_cache(pipe, warmup=2, skip=1)
+    assert "no generation has run yet" in str(tokenmerge.describe_patch(pipe))
+    case.generate(pipe, {**kw, "num_inference_steps": 10})
+    words = str(tokenmerge.describe_patch(pipe))
+    assert "last generation (10 steps): 6 of 10 computed, 4 skipped" in words, words
+    assert "steps told by the pipeline's scheduler" in words, words
+    from tokenmerge.tools.caches import counted_steps
+
+    assert counted_steps(pipe) == {"steps": 10, "computed": 0.6}
+    case.generate(pipe, {**kw, "num_inference_steps": 5})
+    words = str(tokenmerge.describe_patch(pipe))
+    assert "last generation (5 steps): 5 of 5 computed, 0 skipped" in words, words
+    assert "5 calls computed because the generation has fewer than min_steps=9 steps" in words, words
+    tokenmerge.remove_patch(pipe)

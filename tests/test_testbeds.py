@@ -294,3 +294,40 @@ def test_collect_puts_the_scores_in_the_report(tmp_path):
     assert skipped["distribution"].startswith("skipped:") and "adherence" not in skipped["methods"][0]
     assert "FD and prompt adherence: skipped" in markdown(skipped)
     assert "distribution" not in collect(job, items)
+
+
+@_needs("FluxTransformer2DModel", "WanTransformer3DModel")
+def test_the_testbeds_sample_on_their_pipelines_time_grids():
+    """Each flow testbed's transformer is called at the time grid of the pipeline it stands for, computed here from
+    the shift's formula (sigma' = s sigma / (1 + (s - 1) sigma)) independently of diffusers: the mosaic at Flux.1-dev
+    1024's (Flux's grid, shift e^1.15), the DiT at SD3's (shift 3), the video testbeds at Wan 2.1 480p's (UniPC on
+    flow sigmas, shift 3); a shift given by ``schedulers.swap`` reaches the calls; shift 1 is the linear grid."""
+    import math
+
+    from tokenmerge.fashion import schedulers
+    from tokenmerge.fashion.dit import ClassText, FashionDiT, build_dit
+    from tokenmerge.fashion.video import ClassTokens, FashionVideo, build_video
+
+    def flux_grid(steps, shift):  # Flux's sigmas linspace(1, 1/N, N), shifted
+        return [shift * s / (1 + (shift - 1) * s) for s in (1 - k / steps for k in range(steps))]
+
+    def called(pipe, steps, scale, prompt="a bag"):
+        calls = _inputs_of(pipe.transformer, lambda: pipe([prompt], num_inference_steps=steps, output_type="pt"))
+        return [float(c["timestep"][0]) / scale for c in calls]
+
+    torch.manual_seed(0)
+    mosaic, dit = _random_mosaic(), FashionDiT(build_dit().eval(), ClassText().eval())
+    video = FashionVideo(build_video().eval(), ClassTokens().eval())
+    assert called(mosaic, 7, 1.0, "a bag at the top left") == pytest.approx(flux_grid(7, math.exp(1.15)), abs=1e-6)
+    assert called(dit, 7, 1.0) == pytest.approx(flux_grid(7, 3.0), abs=1e-6)
+    wan = [3.0 * s / (1 + 2.0 * s) for s in (1 - k / 7 * (1 - 1 / 1000) for k in range(7))]  # Wan's UniPC grid
+    assert called(video, 7, 1000.0) == pytest.approx(wan, abs=1.5e-3)  # (its timesteps are integers)
+    schedulers.swap(mosaic, shift=1.0)
+    assert called(mosaic, 7, 1.0, "a bag at the top left") == pytest.approx(flux_grid(7, 1.0), abs=1e-6)
+    schedulers.swap(mosaic, "unipc", 5.0)
+    assert type(mosaic.scheduler).__name__ == "UniPCMultistepScheduler" and schedulers.describe(mosaic.scheduler) \
+        == "unipc shift 5"
+    with pytest.raises(ValueError, match="shift must be a finite number > 0"):
+        schedulers.swap(mosaic, shift=0.0)
+    with pytest.raises(ValueError, match="scheduler must be one of euler, unipc"):
+        schedulers.swap(mosaic, "ddim")

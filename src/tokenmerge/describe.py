@@ -17,6 +17,7 @@ class DenoiserInfo:
     class_name: str
     blocks: tuple[tuple[str, int], ...]  # (block path, downsample) of each patched block
     total_blocks: int
+    scope: str = ""  # what the technique does to this denoiser's blocks, in words (Technique.scope)
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,7 @@ class PatchInfo:
     def __str__(self) -> str:
         lines = [self.summary or f"tokenmerge: {self.config}"]
         for d in self.denoisers:
-            by_level: dict[int, int] = {}
-            for _, ds in d.blocks:
-                by_level[ds] = by_level.get(ds, 0) + 1
-            levels = ", ".join(f"{n} at downsample {ds}" for ds, n in sorted(by_level.items()))
-            lines.append(f"  {d.path or '<model>'} ({d.class_name}, {d.family}): "
-                         f"{len(d.blocks)}/{d.total_blocks} transformer blocks patched ({levels})")
+            lines.append(f"  {d.path or '<model>'} ({d.class_name}, {d.family}): {d.scope}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -53,7 +49,7 @@ def describe_patch(model) -> PatchInfo | None:
         return None
     denoisers = tuple(
         DenoiserInfo(p.site.path, p.site.family.name, type(p.site.module).__name__,
-                     tuple((b.path, b.downsample) for b in p.blocks), len(p.site.blocks))
+                     tuple((b.path, b.downsample) for b in p.blocks), len(p.site.blocks), p.technique.scope())
         for p in patches
     )
     return PatchInfo(patches[0].config, denoisers, _notes(patches), patches[0].technique.summary())

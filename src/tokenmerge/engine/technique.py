@@ -16,7 +16,7 @@ parts; the shared engine (``install.Patch``, ``call.CallHook``, the guards) call
     release()                     at removal: its tables and kept tensors
     region()                      the modules that see changed tokens (what the guards watch)
     routed()                      ``{id(module): (block, target)}``: which of its hooks run below a diffusers cache's
-    summary() / notes()           what ``describe_patch`` says of it
+    scope() / summary() / notes() what ``describe_patch`` says of it
 
 What a technique keeps across the calls of a generation lives in the thread's step clock (``call.Clock``): one object
 of the technique's own state class per slot (``Clock.kept``), and one for the whole generation (``Clock.whole``),
@@ -130,6 +130,15 @@ class Technique:
         names = ("block_pre", "block_post", "target_pre", "target_post", "forward")
         return [getattr(type(self), n).__code__ for n in names if hasattr(type(self), n)]
 
+    def scope(self) -> str:
+        """What it does to the denoiser's blocks, in ``describe_patch``'s words: ``12/28 transformer blocks patched
+        (12 at downsample 1)``."""
+        by_level: dict[int, int] = {}
+        for site in self.blocks:
+            by_level[site.downsample] = by_level.get(site.downsample, 0) + 1
+        levels = ", ".join(f"{n} at downsample {ds}" for ds, n in sorted(by_level.items()))
+        return f"{len(self.blocks)}/{len(self.patch.site.blocks)} transformer blocks patched ({levels})"
+
     def summary(self) -> str:
         """``describe_patch``'s first line: the technique and its settings."""
         return f"tokenmerge {self.name}: {self.config}"
@@ -137,6 +146,11 @@ class Technique:
     def notes(self) -> list[str]:
         """``describe_patch``'s notes on what the settings cost or are known not to pay."""
         return []
+
+    def counted(self) -> dict | None:
+        """What the latest generation computed, ``{"steps": N, "computed": share of the calls}`` (a cache across
+        steps), or ``None`` (a technique that computes every step)."""
+        return None
 
 
 _TECHNIQUES: dict = {}  # config class -> (config -> technique class)

@@ -120,9 +120,16 @@ def disable(pipe, name: str | None = None) -> None:
 
 
 def counted_steps(pipe) -> dict | None:
-    """What the cache on ``pipe`` counted of its last generation (cache-dit's: ``tools/cachedit.counted``), or None
-    (diffusers' caches keep no such count)."""
-    return cachedit.counted(pipe)
+    """What the cache on ``pipe`` counted of its last generation: ``{"steps", "computed"}`` (the share of the calls
+    it computed; cache-dit's: ``tools/cachedit.counted``; this library's caches across steps: their ``counted()``),
+    or None (diffusers' caches keep no such count)."""
+    found = cachedit.counted(pipe)
+    if found is None:
+        from ..engine.install import patches_of
+
+        for patch in patches_of(pipe):
+            found = found or patch.technique.counted()
+    return found
 
 
 def needs_calibration(spec) -> bool:

@@ -199,3 +199,7 @@ class Across(Technique):
     def report(self) -> str:
         """What the latest generation ran (``Ran.words``)."""
         return self.ran.words(self.cached)
+
+    def counted(self) -> dict | None:
+        share = self.ran.share()
+        return None if share is None else {"steps": self.ran.steps, "computed": share}

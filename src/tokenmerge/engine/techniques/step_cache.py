@@ -326,6 +326,9 @@ class StepCache(Across):
         kept.runs, kept.at = list(work.closed), progress
 
     # ---- describe_patch -------------------------------------------------------------------------------------------
+    def scope(self) -> str:
+        return f"a skipped step runs none of its {len(self.blocks)} transformer blocks"
+
     def summary(self) -> str:
         return f"tokenmerge step cache: {self.config.words()}"
 

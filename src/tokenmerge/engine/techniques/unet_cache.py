@@ -344,6 +344,9 @@ class UNetCache(Across):
         kept.feature, kept.slope, kept.at, kept.outlines = feature, slope, progress, outlines
 
     # ---- describe_patch -------------------------------------------------------------------------------------------
+    def scope(self) -> str:
+        return f"a cached step runs none of its {len(self.deep)} deep modules ({self.paths[0]} to {self.paths[-1]})"
+
     def summary(self) -> str:
         c = self.config
         return (f"tokenmerge UNet cache: depth={c.depth} layers={c.layers} {c.words()}; a cached step runs only the "
