@@ -19,7 +19,7 @@ from tiny_denoisers import CATALOGUE, lora_after_the_patch, stopped_and_restarte
 from tiny_denoisers import outputs_of as _run
 from tiny_denoisers import progress_of as _progress
 from tiny_denoisers import skip_unavailable as _skip
-from tiny_models import counting_forwards, runs_per_call, steps_of
+from tiny_models import counting_forwards, make_unet, runs_per_call, steps_of
 
 import tokenmerge
 from tokenmerge import StepCacheConfig
@@ -354,9 +354,21 @@ def test_patched_context_manager_and_the_method_spec():
             pass
     spec = parse_spec("stepcache:2,warmup=3,skip_growth=1")
     assert spec.config() == StepCacheConfig(warmup=3, skip=2, skip_growth=1) and spec.is_step_cache
-    assert parse_spec("stepcache").config() == StepCacheConfig()  # the spec's default value is the config's skip
+    assert parse_spec("stepcache").config() == StepCacheConfig()  # no value: the config's schedule (gap)
     with pytest.raises(ValueError, match="stepcache"):
         parse_spec("stepcache:2,fraction=0.5")
+    # patched() with the UNet cache and accelerate: patched inside, as before outside
+    with tokenmerge.patched(model, method="accelerate", speed="fast"):
+        assert isinstance(tokenmerge.describe_patch(model).config, StepCacheConfig)
+        assert "accelerate(speed='fast')" in tokenmerge.describe_patch(model).notes[0]
+    assert tokenmerge.describe_patch(model) is None
+    unet = make_unet("sd")
+    with tokenmerge.patched(unet, method="unet_cache", warmup=2):
+        assert tokenmerge.describe_patch(unet).config == tokenmerge.UNetCacheConfig(warmup=2)
+    assert tokenmerge.describe_patch(unet) is None
+    with pytest.raises(ValueError, match="method='accelerate' takes no ratio"):
+        with tokenmerge.patched(model, 0.5, method="accelerate"):
+            pass
 
 
 # ---- torch.compile ---------------------------------------------------------------------------------------------------

@@ -179,7 +179,8 @@ def test_patched_context_manager_with_todo_and_bad_method():
         assert tokenmerge.describe_patch(unet).config.ratio == 0.0
         assert not torch.equal(run(unet, inp), vanilla)
     assert torch.equal(run(unet, inp), vanilla)
-    with pytest.raises(ValueError, match="method must be .tome., .todo., .reuse. or .step_cache."):
+    with pytest.raises(ValueError, match="method must be one of 'tome', 'todo', 'reuse', 'step_cache', 'unet_cache', "
+                                         "'accelerate'"):
         with tokenmerge.patched(unet, method="fast"):
             pass
     assert tokenmerge.describe_patch(unet) is None

@@ -14,7 +14,6 @@ from .engine.install import patches_of
 from .engine.planner import BlockPlan
 from .engine.refusals import check_apply
 from .engine.technique import technique_for
-from .engine.techniques import StepCacheConfig
 
 __all__ = ["apply_patch", "apply_todo", "apply_reuse", "apply_config", "remove_patch", "patched", "describe_patch",
            "new_generation", "observe", "PatchInfo", "DenoiserInfo", "BlockPlan"]
@@ -368,24 +367,34 @@ def observe(model, observer) -> None:
 def patched(model, ratio: float | None = None, *, method: str = "tome", **kwargs):
     """``with tokenmerge.patched(pipe, ratio=0.5): pipe(...)``: patched inside, as before outside.
 
-    Takes ``apply_patch``'s arguments, or with ``method="todo"`` those of ``apply_todo`` (where ``ratio``
-    is the optional query merging: 0 unless given; for ToMe the default is 0.5), with ``method="reuse"`` those
-    of ``apply_reuse`` (``ratio``: its ``fraction``), with ``method="step_cache"`` those of ``apply_step_cache``
-    (no ``ratio``). A patch that was in place before is restored on exit.
+    ``method``: ``"tome"`` (``apply_patch``'s arguments; ``ratio`` 0.5 unless given), ``"todo"`` (``apply_todo``'s;
+    ``ratio`` its optional query merging, 0 unless given), ``"reuse"`` (``apply_reuse``'s; ``ratio`` its
+    ``fraction``), ``"step_cache"``, ``"unet_cache"`` (``apply_step_cache``'s, ``apply_unet_cache``'s: no ``ratio``)
+    or ``"accelerate"`` (``speed=``). A patch that was in place before is restored on exit.
+
+    Example:
+        >>> with tokenmerge.patched(pipe, method="accelerate", speed="fast"):  # doctest: +SKIP
+        ...     image = pipe("a red cube").images[0]
     """
-    if method not in ("tome", "todo", "reuse", "step_cache"):
-        raise ValueError(f"method must be 'tome', 'todo', 'reuse' or 'step_cache'; got {method!r}")
-    if method == "step_cache" and ratio is not None:
-        raise ValueError("method='step_cache' takes no ratio (it skips whole steps): pass skip=, warmup=, ...")
+    from .api_steps import apply_step_cache, apply_unet_cache
+    from .faithful import accelerate
+
+    calls = {"tome": (apply_patch, 0.5), "todo": (apply_todo, 0.0), "reuse": (apply_reuse, 0.5),
+             "step_cache": (apply_step_cache, None), "unet_cache": (apply_unet_cache, None),
+             "accelerate": (accelerate, None)}
+    if method not in calls:
+        raise ValueError(f"method must be one of {', '.join(map(repr, calls))}; got {method!r}")
+    apply, default = calls[method]
+    if default is None and ratio is not None:
+        raise ValueError(f"method={method!r} takes no ratio (it caches whole steps): pass its own arguments "
+                         f"({'speed=' if method == 'accelerate' else 'warmup=, gap=, ...'})")
     previous = _snapshot(model)
-    if method == "step_cache":  # (apply_step_cache's arguments: StepCacheConfig's)
-        apply_config(model, StepCacheConfig(**kwargs))
-    elif method == "reuse":
-        apply_reuse(model, 0.5 if ratio is None else ratio, **kwargs)
+    if default is None:
+        apply(model, **kwargs)
     elif method == "todo":
-        apply_todo(model, ratio=0.0 if ratio is None else ratio, **kwargs)
+        apply(model, ratio=default if ratio is None else ratio, **kwargs)
     else:
-        apply_patch(model, 0.5 if ratio is None else ratio, **kwargs)
+        apply(model, default if ratio is None else ratio, **kwargs)
     try:
         yield model
     finally:
