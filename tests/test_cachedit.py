@@ -103,6 +103,7 @@ def test_it_skips_steps_at_a_loose_threshold_and_none_at_zero(mosaic, vanilla):
 
 def test_it_counts_each_generation_afresh_and_comes_off_bit_for_bit(mosaic, vanilla):
     transformer, call = mosaic.transformer, type(mosaic).__call__
+    order = list(transformer._modules)
     spec = parse_spec("cachedit:0.3,warmup=2")
     from tokenmerge.tools.caches import counted_steps
 
@@ -119,6 +120,7 @@ def test_it_counts_each_generation_afresh_and_comes_off_bit_for_bit(mosaic, vani
     assert type(mosaic).__call__ is call and "forward" not in vars(transformer)
     assert not any(hasattr(x, "_context_manager") for x in (mosaic, transformer))
     assert not hasattr(type(mosaic), "_is_cached") and not hasattr(type(mosaic), "_original_call")
+    assert list(transformer._modules) == order  # (its block lists set again, then put back where they were)
 
 
 def test_at_28_steps_its_default_warmup_still_leaves_steps_to_cache(mosaic):

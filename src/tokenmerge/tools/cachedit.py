@@ -136,6 +136,7 @@ def enable(pipe, value, options: dict) -> None:
         config.enable_separate_cfg = bool(BlockAdapterRegister.has_separate_cfg(pipe))
     names, blocks, patterns = (list(x) for x in zip(*lists))
     state = {"had_forward": "forward" in vars(model), "had_call": "__call__" in vars(type(pipe)),
+             "order": list(model._modules),
              "lists": [(n, len(b)) for n, b in zip(names, blocks)], "fn_bn": config.Fn_compute_blocks +
              config.Bn_compute_blocks}
     with _quiet():
@@ -163,7 +164,8 @@ def active(pipe) -> bool:
 
 def disable(pipe) -> None:
     """Switch it off: cache-dit's ``disable_cache``, then what it leaves behind (the transformer's ``forward``
-    instance attribute, a subclass's ``__call__`` put back into its own class) removed."""
+    instance attribute, a subclass's ``__call__`` put back into its own class) removed and the order of the
+    transformer's children put back."""
     state = _STATE.pop(pipe, None)
     if state is None:
         return
@@ -176,6 +178,10 @@ def disable(pipe) -> None:
         vars(model).pop("forward", None)
     if not state["had_call"] and "__call__" in vars(type(pipe)):
         delattr(type(pipe), "__call__")
+    # its disable_cache sets the block lists again, which moves them to the end of the transformer's children: the
+    # order a model's blocks are found in (diffusers' First Block Cache takes the first it finds as its leader)
+    order = state["order"] + [k for k in model._modules if k not in state["order"]]
+    model._modules = {k: model._modules[k] for k in order if k in model._modules}
 
 
 def counted(pipe) -> dict | None:
