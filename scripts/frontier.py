@@ -31,7 +31,7 @@ from tokenmerge.tools.methods import Combined, MethodSpec, parse_spec
 def _kind(spec) -> str:
     if isinstance(spec, Combined):
         return "combined"
-    return "cache" if spec.is_cache or spec.is_step_cache else "tokens"
+    return "cache" if spec.is_cache or spec.is_step_cache or spec.name == "auto" else "tokens"
 
 
 def _step_speed(speed: dict, spec: MethodSpec):
@@ -117,15 +117,19 @@ def _reuse_table(bench: list[dict]) -> dict:
     return table
 
 
-def points(bench: list[dict], quality: dict, omit: dict | None = None) -> tuple[list[dict], list[str]]:
+def points(bench: list[dict], quality: dict, omit: dict | None = None,
+           auto: MethodSpec | None = None) -> tuple[list[dict], list[str]]:
     """(points, notes): one point per quality method with a speed; notes name the methods left out and why (``omit``:
-    {label: why} left out on purpose)."""
+    {label: why} left out on purpose; ``auto``: the cache whose bench record times accelerate's computed and cached
+    steps on this model)."""
     speed = {r["spec"]: r["speedup"] for r in bench if r.get("status") == "ok" and r.get("speedup")}
     reuse = _reuse_table(bench)
     work = {m["spec"]: m.get("linear_work") for m in quality["methods"]}
     out, notes = [], []
 
     def token_speed(spec, share=None):
+        if spec.name == "auto" and auto is not None:
+            return _cache_speed(reuse, auto, quality.get("steps", 20), share)
         if spec.is_step_cache:
             return _cache_speed(reuse, spec, quality.get("steps", 20), share)
         if spec.stateful:
@@ -140,7 +144,7 @@ def points(bench: list[dict], quality: dict, omit: dict | None = None) -> tuple[
             continue
         spec = parse_spec(m["spec"])
         kind = _kind(spec)
-        if kind == "tokens" or spec.is_step_cache:
+        if kind == "tokens" or spec.is_step_cache or spec.name == "auto":
             x, how = token_speed(spec, m.get("steps_computed"))
         elif kind == "cache":
             x, how = (1 / m["linear_work"] if m.get("linear_work") else None), "counted"
@@ -156,7 +160,8 @@ def points(bench: list[dict], quality: dict, omit: dict | None = None) -> tuple[
         if psnr == float("inf"):
             notes.append(f"{m['label']}: identical to vanilla on this model (it skipped or merged nothing)")
             continue
-        out.append(dict(label=m["label"], spec=m["spec"], kind=kind, step=spec.is_step_cache, speedup=x, how=how,
+        own = spec.is_step_cache or spec.name == "auto"  # this library's caches across steps
+        out.append(dict(label=m["label"], spec=m["spec"], kind=kind, step=own, speedup=x, how=how,
                         psnr=psnr, psnr_ci=m.get("psnr_ci95"), ssim=m["ssim_mean"], work=m.get("linear_work")))
     for p in out:  # on the frontier: no other point is at least as fast and as faithful, and better in one
         p["frontier"] = not any(q is not p and q["speedup"] >= p["speedup"] and q["psnr"] >= p["psnr"]
@@ -236,11 +241,14 @@ def main(argv=None) -> int:
     p.add_argument("--title", required=True)
     p.add_argument("--omit", nargs=2, action="append", default=[], metavar=("LABEL", "WHY"),
                    help="leave the quality method LABEL out of the join, with the reason WHY (said in the table)")
+    p.add_argument("--auto", type=parse_spec, default=None, metavar="SPEC",
+                   help="the cache whose bench record times accelerate's (auto's) computed and cached steps on this "
+                        "model, e.g. stepcache or unetcache,depth=1,layers=0")
     a = p.parse_args(argv)
     files = [[json.loads(line) for line in path.read_text().splitlines() if line.strip()] for path in a.bench]
     bench = [r for records in files for r in records]  # later files' records override earlier ones (points)
     quality = json.loads(a.quality.read_text())
-    pts, notes = points(bench, quality, dict(a.omit))
+    pts, notes = points(bench, quality, dict(a.omit), a.auto)
     if not pts:
         p.error("no quality method has a speed: run the bench with the same specs")
     a.out.mkdir(parents=True, exist_ok=True)

@@ -160,6 +160,18 @@ def progress_of(model, call) -> float:
     return bound.progress(bound.read((), call), 1000)
 
 
+def schedule_of(config, model, calls) -> list[bool]:
+    """Which of ``calls`` (one generation, a call a step) a cache's ``config`` computes, at the progress each call's
+    timestep gives (its schedule may follow the progress: ``gap``)."""
+    out, last = [], None
+    for k, call in enumerate(calls):
+        progress = progress_of(model, call)
+        computed = config.computes(k, progress, last)
+        out.append(computed)
+        last = progress if computed else last
+    return out
+
+
 def stopped_and_restarted(model, calls) -> bool:
     """Whether a generation over ``calls``, then one stopped after its first two calls, then the whole one again give
     the first generation's outputs (a patch's state starts over at each generation)."""

@@ -4,13 +4,14 @@ Per kind of denoiser it takes the setting the committed frontiers chose (speed m
 trained embedded models: ``docs/guides/step-cache.md``, ``docs/guides/unet-cache.md``, ``benchmarks/results/
 frontier/``): a UNet gets the UNet cache (cached steps run its shallow path only, the deep path's output taken from
 the last computed step, moved along its slope); a UNet the UNet cache cannot cut (an LDM-style ``UNetModel``,
-ControlNet-XS) gets ToMe; a transformer the step cache (computed steps in rounds that skip more steps as the
-denoising settles; a skipped step runs no block, the stack's kept residual moved along its slope). ``speed=
-"faithful"`` is the fastest point at >= 36 dB on the testbeds of the model's kind, ``"balanced"`` at >= 32 dB,
-``"fast"`` at >= 30 dB (on the selection seeds; the held-out seeds' figures are in the guides). A generation of fewer
-than 9 steps (a distilled model's) caches none. Where no technique can patch a model, it is left unpatched with one
-warning saying why (merging every step is not faithful on a transformer). ``describe_patch`` says what was chosen
-and why.
+ControlNet-XS) gets ToMe; a transformer the step cache (a skipped step runs no block, the stack's kept residual moved
+along its slope). Both compute a step once the denoising has moved far enough since the last computed one, so a
+preset holds on the time grids real pipelines run (a flow shift, another scheduler, another step count). ``speed=
+"faithful"`` keeps the most fidelity, ``"fast"`` the most speed, ``"balanced"`` between (the selection seeds' figures
+per testbed and grid: ``benchmarks/results/frontier/select/README.md``; the held-out seeds' in the guides). A
+generation of fewer than 9 steps (a distilled model's) caches none. Where no technique can patch a model, it is left
+unpatched with one warning saying why (merging every step is not faithful on a transformer). ``describe_patch`` says
+what was chosen and why.
 """
 
 from __future__ import annotations
@@ -27,25 +28,23 @@ from .families.spec import grid_rank
 __all__ = ["accelerate", "SPEEDS"]
 
 SPEEDS = ("faithful", "balanced", "fast")
-# the frontiers' points (docs/guides/step-cache.md and unet-cache.md have their speed and PSNR): per kind and speed.
-# The UNet cache: a cached step runs conv_in, the last up block's last layer and conv_out (depth 1, layers 0), the
-# feature moved along its slope at 0.7; chosen on seeds 0-1 of the fashion-unet at 20 and 50 steps (the fastest point
-# at >= 36 / 32 / 30 dB at both step counts: scripts/select_unet_cache.py, docs/guides/unet-cache.md)
-_UNET = {"faithful": dict(warmup=4, skip=2, extrapolate=0.7),
-         "balanced": dict(warmup=3, skip=1, skip_growth=1, extrapolate=0.7),
-         "fast": dict(warmup=2, skip=1, skip_growth=1, extrapolate=0.7)}
-_UNET_CUT = dict(depth=1, layers=0)
+# the presets, per kind of denoiser and speed (docs/guides/step-cache.md and unet-cache.md have each point's speed and
+# PSNR): the gap schedule (schedule.py: a step computed once the denoising progress since the last computed one passes
+# gap + gap_growth x its progress, so the same points hold on a shifted time grid and at any step count), warmup 3,
+# the kept residual or feature moved along its slope at 0.7. Chosen on seeds 0-1 of the trained testbeds on the time
+# grids of the pipelines they stand for (benchmarks/results/frontier/select/README.md): the image transformer on
+# Flux.1-dev's (28 and 50 steps, shift e^1.15) and the linear grid, the video transformer on Wan 2.1's UniPC (50
+# steps, shifts 3, 5, 7), the UNet under DDIM and DPM-Solver++ 2M (25 and 50 steps).
+_UNET = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.04, gap_growth=0.1),
+         "fast": dict(gap=0.04, gap_growth=0.2)}
+_UNET_CUT = dict(depth=1, layers=0)  # a cached step runs conv_in, the last up block's last layer and conv_out
 _TOME = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on a UNet the UNet cache cannot cut
-# the step cache: computed steps in rounds that skip more as the denoising settles, the kept residual moved along
-# its slope at 0.7 (chosen on seeds 0-1 of the testbeds at 20 steps: docs/guides/step-cache.md); a generation of
-# fewer than 9 steps (a distilled model's, as a pipeline's scheduler tells) skips none
-_MIN_STEPS = 9
-_IMAGE = {"faithful": dict(warmup=4, skip=1, skip_growth=1, extrapolate=0.7),
-          "balanced": dict(warmup=3, skip=1, skip_growth=1, extrapolate=0.7),
-          "fast": dict(warmup=3, skip=1, skip_growth=2, extrapolate=0.7)}
-_VIDEO = {"faithful": dict(warmup=3, skip=1, skip_growth=1, extrapolate=0.7),
-          "balanced": dict(warmup=3, skip=1, skip_growth=2, extrapolate=0.7),
-          "fast": dict(warmup=2, skip=1, skip_growth=2, extrapolate=0.7)}
+_IMAGE = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.02, gap_growth=0.2),
+          "fast": dict(gap=0.02, gap_growth=0.4)}
+_VIDEO = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.02, gap_growth=0.3),
+          "fast": dict(gap=0.02, gap_growth=0.5)}
+_COMMON = dict(warmup=3, extrapolate=0.7, min_steps=9)  # a generation of fewer than 9 steps (a distilled model's)
+# caches none
 
 
 def _kind(model) -> str:
@@ -62,11 +61,11 @@ def _attempts(kind: str, speed: str) -> list[tuple]:
     """The settings to try, the first that the model takes wins: ``(config, why)``."""
     if kind == "unet":
         setting, ratio = _UNET[speed], _TOME[speed]
-        return [(UNetCacheConfig(**setting, **_UNET_CUT, min_steps=_MIN_STEPS),
+        return [(UNetCacheConfig(**setting, **_COMMON, **_UNET_CUT),
                  f"a UNet: the UNet cache at the UNet frontier's {speed} point ({_setting(setting)}; a cached step "
                  f"runs the shallow path only: conv_in, the last up block's last layer, conv_out; a generation of "
-                 f"fewer than {_MIN_STEPS} steps caches none)"),
-                (UNetCacheConfig(**setting, depth=1, min_steps=_MIN_STEPS),
+                 f"fewer than {_COMMON['min_steps']} steps caches none)"),
+                (UNetCacheConfig(**setting, **_COMMON, depth=1),
                  f"a UNet whose levels the UNet cache cannot cut inside (a video UNet's temporal layers): the UNet "
                  f"cache at the UNet frontier's {speed} point ({_setting(setting)}) with whole blocks: a cached step "
                  f"runs conv_in, the first down and last up block, conv_out"),
@@ -74,16 +73,18 @@ def _attempts(kind: str, speed: str) -> list[tuple]:
                                           "UNets: they merge at their finest level only; on CUDA, calls too small "
                                           "to pay run unmerged)")]
     setting = (_IMAGE if kind == "image" else _VIDEO)[speed]
-    return [(StepCacheConfig(**setting, min_steps=_MIN_STEPS),
-             f"an {kind} transformer: the step cache at the {kind} frontier's {speed} point ({_setting(setting)}; "
-             f"a generation of fewer than {_MIN_STEPS} steps skips none)")]
+    return [(StepCacheConfig(**setting, **_COMMON),
+             f"{'an' if kind == 'image' else 'a'} {kind} transformer: the step cache at the {kind} frontier's "
+             f"{speed} point ({_setting(setting)}; a generation of fewer than {_COMMON['min_steps']} steps skips "
+             "none)")]
 
 
 def _setting(base: dict) -> str:
-    """A preset's settings in words: ``warmup 4, skipping 1 step a round, 1 more each round``."""
-    words = [f"warmup {base['warmup']}", f"caching {base['skip']} step{'s' * (base['skip'] > 1)} a round"]
-    words += [f"{base.get('skip_growth')} more each round"] * bool(base.get("skip_growth"))
-    return ", ".join(words + [f"the slope at {base['extrapolate']:g}"])
+    """A preset's settings in words: ``a step computed once the progress since the last computed one passes 0.02 +
+    0.2 x its progress, warmup 3, the slope at 0.7``."""
+    return (f"a step computed once the denoising progress since the last computed one passes {base['gap']:g} + "
+            f"{base['gap_growth']:g} x its progress, warmup {_COMMON['warmup']}, the slope at "
+            f"{_COMMON['extrapolate']:g}")
 
 
 def accelerate(model, speed: str = "balanced"):

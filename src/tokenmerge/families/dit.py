@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from .spec import (
                    JOINT,
                    MLP,
@@ -76,7 +78,7 @@ _FLUX_WHOLE = Whole(output=1, rotary=_FLUX_ROTARY, mask=_FLUX_MASK,  # blocks re
 FLUX = Family(
     "diffusers-flux",
     match=has("x_embedder", "single_transformer_blocks", "transformer_blocks") & takes("img_ids")
-    & block_has("single_transformer_blocks", "attn", "proj_mlp"),
+    & block_has("single_transformer_blocks", "attn", "proj_mlp") & ~config_has("time_theta"),
     grid=IdsGrid(Arg("img_ids"), axes=(1, 2)),
     blocks=(
         Blocks("transformer_blocks", (Target("attn", JOINT, rotary=_FLUX_ROTARY, mask=_FLUX_MASK, keys=TEXT_BEFORE),
@@ -91,9 +93,14 @@ FLUX = Family(
     batch_pattern=True,
     description="Flux.1 (dev, schnell, Fill, Kontext: reference tokens pass whole) and kin: Chroma, Bria, Bria-Fibo, "
                 "LongCat-Image, Ovis-Image",
-    examples=("flux", "flux-schnell", "flux-fill", "flux-kontext", "bria", "longcat-image", "ovis-image", "chroma",
-              "bria-fibo",
+    examples=("flux", "flux-schnell", "flux-fill", "flux-kontext", "longcat-image", "ovis-image", "chroma",
               "flux-controlnet", "flux-controlnet-union"),
 )
+# Bria 3.2 and Bria-Fibo: Flux.1's layout, but their pipelines call them with the scheduler's timesteps (0..1000)
+BRIA = dataclasses.replace(
+    FLUX, name="diffusers-bria", match=has("x_embedder", "single_transformer_blocks", "transformer_blocks")
+    & takes("img_ids") & block_has("single_transformer_blocks", "attn", "proj_mlp") & config_has("time_theta"),
+    timestep=Arg("timestep"),
+    description="Bria 3.2, Bria-Fibo: Flux.1's layout, timesteps on 0..1000", examples=("bria", "bria-fibo"))
 
-FAMILIES = (DIT, MMDIT, FLUX,)
+FAMILIES = (DIT, MMDIT, BRIA, FLUX,)
