@@ -70,8 +70,9 @@ def markdown(report: dict, command: str | None = None) -> str:
                   "overhead."]
     if counted:
         lines += ["", "Steps computed: the share of the steps on which the cache ran the blocks it can skip, by its "
-                  "own count (cache-dit's statistics; with several block lists, each list's share weighted by the "
-                  "blocks it can skip), mean over images."]
+                  "own count (this library's caches: the calls they computed, as describe_patch reports them; "
+                  "cache-dit: its statistics, with several block lists each list's share weighted by the blocks it "
+                  "can skip), mean over images."]
     for name, value in (report.get("extra") or {}).items():
         lines += ["", f"- {name}: {value}"]
     return "\n".join(lines) + "\n"
