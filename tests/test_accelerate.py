@@ -29,7 +29,7 @@ ENTRIES = sorted({example for f in BUILTIN for example in f.examples} & set(CATA
 # what accelerate(speed="fast") must pick (the frontiers' points, written out)
 FAST_IMAGE = StepCacheConfig(warmup=3, gap=0.02, gap_growth=0.4, extrapolate=0.7, min_steps=9)
 FAST_VIDEO = StepCacheConfig(warmup=3, gap=0.02, gap_growth=0.5, extrapolate=0.7, min_steps=9)
-FAST_UNET = UNetCacheConfig(warmup=3, gap=0.04, gap_growth=0.2, extrapolate=0.7, depth=1, layers=0, min_steps=9)
+FAST_UNET = UNetCacheConfig(warmup=3, gap=0.04, gap_growth=0.3, extrapolate=0.7, depth=1, layers=0, min_steps=9)
 # UNets the UNet cache takes with whole blocks only (their levels hold temporal layers), and those it cannot cut
 WHOLE_BLOCKS = {"unet-3d", "unet-motion", "i2vgen-xl"}
 TOME = {"controlnet", "controlnet-union", "sparsectrl", "controlnet-xs"}  # UNet ControlNets (left or refused)
@@ -160,7 +160,7 @@ def _cell(config: StepCacheConfig) -> str:
 # the PSNR (dB, to the unpatched model's output) each speed gave on the trained testbeds in a 20-step generation on
 # the time grid of the pipeline each stands for when these settings were chosen (seed 2; the first quality prompt, the
 # mosaic's first two), and the tolerance
-TESTBED_PSNR = {("unet", "faithful"): 35.9, ("unet", "balanced"): 35.7, ("unet", "fast"): 31.3,
+TESTBED_PSNR = {("unet", "faithful"): 35.9, ("unet", "balanced"): 35.7, ("unet", "fast"): 30.0,
                 ("mosaic", "faithful"): 34.6, ("mosaic", "balanced"): 34.6, ("mosaic", "fast"): 30.9,
                 ("video-long", "faithful"): 37.9, ("video-long", "balanced"): 36.0, ("video-long", "fast"): 32.5}
 TOLERANCE_DB = 0.5

@@ -36,7 +36,7 @@ SPEEDS = ("faithful", "balanced", "fast")
 # Flux.1-dev's (28 and 50 steps, shift e^1.15) and the linear grid, the video transformer on Wan 2.1's UniPC (50
 # steps, shifts 3, 5, 7), the UNet under DDIM and DPM-Solver++ 2M (25 and 50 steps).
 _UNET = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.04, gap_growth=0.1),
-         "fast": dict(gap=0.04, gap_growth=0.2)}
+         "fast": dict(gap=0.04, gap_growth=0.3)}
 _UNET_CUT = dict(depth=1, layers=0)  # a cached step runs conv_in, the last up block's last layer and conv_out
 _TOME = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on a UNet the UNet cache cannot cut
 _IMAGE = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.02, gap_growth=0.2),
