@@ -25,7 +25,7 @@ import torch
 from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
 from ..merge.plan import TABLES, Tables, join, sided_rows
 from .caches import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
-from .compiled import on_host, regional_message
+from .compiled import holding, on_host, regional_message
 from .steps import host_where
 
 __all__ = ["BoundArg", "CallHook", "CallInfo", "CallState", "Clock", "Watch", "NoGrid", "PARALLEL_ATTR", "sides",
@@ -181,6 +181,7 @@ class Clock:
         self.hostless = False  # the scheduler's step index was seen not to move: the timestep is read instead
         self.places: dict = {}  # signature -> calls of the current step made with it so far
         self.kept: dict = {}  # slot -> the technique's state for it
+        self.spare: dict = {}  # slot -> its state in the generation before, reset (its tensors reused: clear)
         self.whole = None  # the technique's state for the whole generation (token reuse's round-robin)
 
     def tick(self, progress: float | None, signature, marks: int, timesteps, index: int | None = None) -> tuple:
@@ -208,14 +209,15 @@ class Clock:
         """The technique's state kept for ``slot`` (``make()`` where it has none yet)."""
         kept = self.kept.get(slot)
         if kept is None:
-            kept = self.kept[slot] = make()
+            kept = self.kept[slot] = self.spare.pop(slot, None) or make()
         return kept
 
     def clear(self) -> None:
-        """Forget what the technique kept (each state's ``reset()`` drops its tensors)."""
+        """Forget what the technique kept (each state's ``reset()``), set aside for the slots' next calls (``kept_for``:
+        a cache's keeps its tensors, which compiled code sees unchanged; ``release`` drops them)."""
         for state in self.kept.values():
             state.reset()
-        self.kept.clear()
+        self.spare, self.kept = self.kept, {}
         if self.whole is not None:
             self.whole.reset()
         self.whole = None
@@ -254,12 +256,13 @@ class CallState:
         self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
         self.shard = None  # context parallelism: this rank's slice of the call's grid (parallel.Shard)
         self.slot = None  # the call's place in its step (Clock.tick), where state is kept across calls
+        self.decided = False  # the call was decided before it, on the host (a cache_context: cache.Told)
 
 
 class Watch:
     """What each eager call checks, one dictionary lookup per module: a diffusers cache hook that reached a merged
     module without ``register_hook`` (which the patch watches: ``caches.py``), and a block or a merged module
-    compiled in place since the patch (``compiled.py``).
+    compiled in place since the patch (``compiled.py``): refused, or followed where the technique stands it.
 
     Args:
         technique: the patch's technique (for the messages).
@@ -268,13 +271,17 @@ class Watch:
 
     def __init__(self, technique, blocks, region):
         self.technique, self.region = technique, region
-        self.hooked = [(b.path, b.module) for b in blocks] + region  # what compiled in place breaks
+        self.bypasses = list(technique.bypasses) if getattr(technique, "regional", False) else []  # followed
+        self.hooked = [] if self.bypasses else holding(technique.patch.site.module, blocks) + region  # refused
         self.seen: dict[int, int] = {}  # id of a harmless HookRegistry -> its number of hooks when checked
 
     def check(self) -> None:
         for path, module in self.hooked:
             if module.__dict__.get("_compiled_call_impl") is not None:
-                raise ValueError(regional_message(path, later=True))
+                raise ValueError(regional_message(path, True, self.technique.name))
+        for bypass in self.bypasses:
+            if bypass.block.__dict__.get("_compiled_call_impl") is not bypass.around:
+                self.technique.follow(bypass)
         for path, module in self.region:
             registry = module.__dict__.get(REGISTRY_ATTR)
             if registry is None:
@@ -315,12 +322,10 @@ class CallHook:
     """
 
     def __init__(self, patch, reader, host: bool = False, ends: bool = False, sample=None, pipeline=None):
-        self.patch = patch
-        self.reader = reader
+        self.patch, self.reader = patch, reader
         self._read: tuple = (None, None)  # (key, (grid, device, trailing) or the NoGrid it raised)
         self.timestep = patch.site.timestep
-        self.host, self.ends = host, ends
-        self.sample, self.pipeline = sample, pipeline
+        self.host, self.ends, self.sample, self.pipeline = host, ends, sample, pipeline
         self.marks = 0  # new_generation() calls
         self._on_host()
         self._local, self._traced = threading.local(), CallState()
@@ -352,9 +357,11 @@ class CallHook:
         return state
 
     def pre(self, module, args, kwargs, compiled: bool = False):
-        if self.host_pre is not None and torch.compiler.is_compiling():  # decided on the host
-            return self.host_pre(self, module, args, kwargs, True)
+        if self.host_pre is not None and torch.compiler.is_compiling() and not self._traced.decided:
+            return self.host_pre(self, module, args, kwargs, True)  # decided on the host: a graph break
         patch, state = self.patch, self.state
+        if state.decided:  # decided before the call (cache.Told): eagerly, the guards' checks alone
+            return None if torch.compiler.is_compiling() else patch.watch.check()
         technique = patch.technique
         state.reset()  # a call cut short by a KeyboardInterrupt skips the always-called hooks
         compiling = torch.compiler.is_compiling()
@@ -432,7 +439,7 @@ class CallHook:
                       "unmerged too, without another warning", RuntimeWarning, stacklevel=3)
 
     def post(self, module, args, output):
-        if self.host_post is not None and torch.compiler.is_compiling():
+        if self.host_post is not None and torch.compiler.is_compiling() and not self._traced.decided:
             return self.host_post(self, module, args, output)
         state = self.state
         if output is not None and state.work is not None:  # a call that ran to its end leaves nothing open

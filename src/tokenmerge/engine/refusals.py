@@ -1,14 +1,15 @@
 """Refusals at apply time of combinations that would give wrong results, or silently change nothing, whatever the
 technique: each technique's own ``check`` (``technique.py``: ToDo on an ``attn1`` that attends to the text, token
 reuse on blocks whose layout it cannot follow, ``kernels="triton"`` without triton, the step cache on a UNet...), a
-block (or a sub-module) compiled in place (``compiled.py``), and a diffusers cache hook that cannot see whole tokens on
-a module the patch changes (``caches.py``; the technique says which modules, ``region``, and why, ``refuses_cache``).
+block (or a sub-module) compiled in place (``compiled.py``; the caches across steps stand it: ``regional``), and a
+diffusers cache hook that cannot see whole tokens on a module the patch changes (``caches.py``; the technique says
+which modules, ``region``, and why, ``refuses_cache``).
 """
 
 from __future__ import annotations
 
 from .caches import REGISTRY_ATTR, bad_hook
-from .compiled import compiled_in_place, regional_message
+from .compiled import compiled_in_place, holding, regional_message
 
 __all__ = ["check_apply"]
 
@@ -22,10 +23,10 @@ def check_apply(model, config, selected, kind) -> None:
         if not blocks:
             continue
         kind.check(site, blocks, config)
-        regional = compiled_in_place((f"{b.path}.{n}" if n else b.path, m) for b in blocks
-                                     for n, m in b.module.named_modules())
+        regional = None if getattr(kind, "regional", False) else compiled_in_place(holding(site.module, blocks) + [
+            (f"{b.path}.{n}", m) for b in blocks for n, m in b.module.named_modules() if n])
         if regional is not None:
-            raise ValueError(regional_message(regional, later=False))
+            raise ValueError(regional_message(regional, False, kind.name))
         targets = kind.routed(config, blocks)
         for path, module in kind.region(config, blocks):
             registry = module.__dict__.get(REGISTRY_ATTR)

@@ -3,33 +3,44 @@ not run and what it keeps; this module does the rest once.
 
 - ``Bypass``: the ``forward`` of a module a cached step may not run (an instance attribute, as diffusers' hook
   registry sets one; the model's code is not copied), calling the cache's ``forward(bypass, args, kwargs)``.
+- ``Around``: such a module compiled in place (``Module.compile()``, diffusers' ``compile_repeated_blocks``): its
+  compiled call, wrapped; the cache decides there, eagerly, and runs the compiled code at a computed step only.
+- ``Told``: the denoiser's ``cache_context`` (diffusers' pipelines enter it around each call): the call decided on
+  the host before it, so that a denoiser compiled whole with ``fullgraph=True`` reads only what was decided.
 - ``Across``: the technique's shared part: the blocks it holds, install and release, the decision at each call (on
-  the host: ``schedule.py``), the kept state per slot of the step clock, the slope and its weight, the refusal that
-  turns the cache off with one warning, and ``Ran``: what the latest generation computed, for ``describe_patch``.
+  the host: ``schedule.py``), the kept state per slot of the step clock (``Kept``: tensors updated in place, the
+  slope's weight and gap 0-d tensors filled on the host), the refusal that turns the cache off with one warning,
+  and ``Ran``: what the latest generation computed, for ``describe_patch``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import sys
 import warnings
 
 import torch
 
+from ..call import PARALLEL_ATTR, CallInfo
+from ..steps import host_where
 from ..technique import Technique
 
-__all__ = ["Bypass", "Across", "Ran", "slope_of"]
+__all__ = ["Bypass", "Around", "Told", "Across", "Kept", "Ran", "moved"]
 
 
 class Bypass:
     """A module's ``forward`` while a cache is installed: the cache's ``forward`` with the module's own
-    (``previous``: the forward it replaced, ``None`` for the class's); ``detach()`` makes it the module's own."""
+    (``previous``: the forward it replaced, ``None`` for the class's); ``detach()`` makes it the module's own. Where
+    the module is compiled in place, ``around`` (its ``Around``) decides and this forward passes through."""
 
-    __slots__ = ("cache", "index", "block", "previous", "own")
+    __slots__ = ("cache", "index", "block", "previous", "own", "around")
 
     def __init__(self, cache, index: int, block, previous):
         self.cache, self.index, self.block, self.previous = cache, index, block, previous
         self.own = type(block).forward  # the class's forward, a plain function (what torch.compile traces)
+        self.around = None
 
     def inner(self, *args, **kwargs):
         if self.previous is not None:
@@ -37,7 +48,7 @@ class Bypass:
         return self.own(self.block, *args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        if self.cache is None:
+        if self.cache is None or self.around is not None:  # removed, or run by its compiled code (Around decided)
             return self.inner(*args, **kwargs)
         return self.cache.forward(self, args, kwargs)
 
@@ -49,6 +60,93 @@ class Bypass:
         """The wrapped forward's signature (what binding an argument of the block by name reads)."""
         inner = self.previous if self.previous is not None else self.own.__get__(self.block)
         return inspect.signature(inner)
+
+
+class Around:
+    """A bypassed module compiled in place (regional compilation): its ``_compiled_call_impl`` while the cache is
+    installed. The cache's ``forward`` runs here, eagerly, as for a module not compiled (``inner``: the compiled call,
+    the module's hooks and its forward, which passes through): a computed step runs the compiled code, one variant of
+    it per block class (no state of the cache is read inside it), a cached step none of it."""
+
+    __slots__ = ("bypass", "compiled", "index", "block")
+
+    def __init__(self, bypass: Bypass, compiled):
+        self.bypass, self.compiled, self.index, self.block = bypass, compiled, bypass.index, bypass.block
+
+    def inner(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        cache = self.bypass.cache
+        return self.compiled(*args, **kwargs) if cache is None else cache.forward(self, args, kwargs)
+
+
+class Told:
+    """A denoiser's ``cache_context`` while a cache is installed. diffusers' pipelines enter it around each denoiser
+    call (``with transformer.cache_context("cond"): ...``), on the host: the cache decides the call there (``tell``),
+    so that the call reads only what was decided (compiled whole with ``fullgraph=True``: a computed and a skipped
+    variant, told apart by a bool of the call's state, compiled once each). The model's own ``cache_context``
+    (diffusers' caches) runs around it. A slot's first computed call, which makes what the cache keeps, runs
+    eagerly (``torch.compiler.set_stance``), so that compiled code sees only the kept state of later calls."""
+
+    def __init__(self, cache, module, previous):
+        self.cache, self.module, self.previous = cache, module, previous
+
+    @contextlib.contextmanager
+    def __call__(self, name, **kwargs):
+        own = self.previous or type(self.module).cache_context.__get__(self.module)
+        with own(name, **kwargs):
+            state = self.cache.calls.state
+            state.reset()
+            work = state.work if self.tell(state, name) else None
+            first = work is not None and work.kept.gap is None and self.cache.off is None
+            stance = getattr(torch.compiler, "set_stance", None) if first and "torch._dynamo" in sys.modules else None
+            try:
+                with stance("force_eager") if stance is not None else contextlib.nullcontext():
+                    yield
+            finally:
+                if state.decided:  # decided, and not called
+                    state.reset()
+
+    def tell(self, state, name: str) -> bool:
+        """Decide the coming call on the host where the pipeline's scheduler tells its step (``steps.host_where``:
+        no tensor read); its slot is its place among the step's calls made so (guidance as two calls: two slots,
+        as the calls' shapes give them otherwise). Returns whether it was decided (else the call decides itself)."""
+        calls, module = self.cache.calls, self.module
+        pipe = calls.pipeline() if calls.pipeline is not None else None
+        scheduler = getattr(pipe, "scheduler", None)
+        if scheduler is None or calls.timestep is None or getattr(module, PARALLEL_ATTR, None) is not None:
+            return False
+        where = host_where(state.clock, scheduler, None)
+        if where is None:
+            return False
+        state.slot = state.clock.tick(where[1], ("cache_context",), calls.marks, scheduler.timesteps, where[0])
+        self.cache.begin(state, CallInfo((), {}, None, None, where[1], told="scheduler"))
+        state.decided, calls._traced = True, state  # (the state compiled code reads: CallHook.state)
+        return True
+
+
+@dataclasses.dataclass(slots=True)
+class Kept:
+    """What a cache keeps for one slot, its tensors made at the slot's first computed call and then updated in place
+    (compiled code and CUDA graphs see the same tensors at every step): ``at``, the progress of the last computed
+    call kept (``None`` while nothing of this generation is); ``weight``, the slope's weight at a cached call and
+    ``gap``, the progress between the last two computed calls (0-d tensors, filled on the host: ``Across.begin``);
+    ``sloped``, whether the slope is measured (two computed calls of this generation kept)."""
+
+    at: float | None = None
+    weight: torch.Tensor | None = None
+    gap: torch.Tensor | None = None
+    sloped: bool = False
+
+    def reset(self) -> None:
+        """A new generation: the values forgotten, the tensors kept for its calls (``Clock.restart``)."""
+        self.at, self.sloped = None, False
+
+    def made(self, like: torch.Tensor, progress: float) -> None:
+        """The 0-d tensors made beside the kept ``like`` (a first computed call, or new shapes), at ``progress``."""
+        self.weight, self.gap = like.new_zeros(()), like.new_ones((), dtype=torch.float32)
+        self.at, self.sloped = progress, False
 
 
 @dataclasses.dataclass
@@ -96,21 +194,21 @@ class Ran:
         return "; ".join(lines)
 
 
-def slope_of(new: torch.Tensor, old: torch.Tensor | None, gap: float | None) -> torch.Tensor | None:
-    """``(new - old) / gap``: the kept value's change per unit of progress between two computed steps, or ``None``
-    where it cannot be measured (no value before, another shape, no progress between them)."""
-    if old is None or old.shape != new.shape or old.dtype != new.dtype or not gap or gap <= 0:
-        return None
-    return (new - old).div_(gap)
+def moved(old: torch.Tensor, new: torch.Tensor, slope: torch.Tensor | None, gap: torch.Tensor) -> None:
+    """``old`` made ``new`` in place, ``slope`` (where kept) its change per unit of progress: ``(new - old) / gap``."""
+    if slope is not None:
+        slope.copy_(new - old).div_(gap)
+    old.copy_(new)
 
 
 class Across(Technique):
     """A cache across steps: its modules' forwards are ``Bypass``es (``self.bypassed``, set by the subclass, in the
     order of the ``index`` each passes to the subclass's ``forward``). The subclass gives ``Kept`` (its state per
-    slot: ``at``, the progress of the last computed step, ``None`` while nothing is kept; ``reset()``),
-    ``call(kept, computed, info)`` (the call's state, ``state.work``), ``forward`` and ``end``."""
+    slot, a ``cache.Kept``), ``call(kept, computed, info)`` (the call's state, ``state.work``), ``forward`` and
+    ``end``. Modules compiled in place, before the patch or after it, are followed (``follow``: ``Around``)."""
 
     clocked = timed = host = hosted = True  # computed or not: decided on the host at each call
+    regional = True  # it stands modules compiled in place (refusals.py, call.Watch)
     gridded = False  # (a cached step runs no block of the stack: no token grid needed, but under context parallelism)
     Kept: type = type(None)
     verb, cached = "cache", "cached"  # what it does to a step, in messages and reports
@@ -131,17 +229,39 @@ class Across(Technique):
         self.warned = False
         self.off: str | None = None  # why the cache computes every step (what it cannot stand in for)
         self.ran = Ran()
+        self.told: Told | None = None  # the denoiser's cache_context, where its class has one
 
     def install(self) -> list:
         for index, module in enumerate(self.bypassed):
             bypass = Bypass(self, index, module, module.__dict__.get("forward"))
             module.forward = bypass
             self.bypasses.append(bypass)
+            self.follow(bypass)
+        denoiser = self.patch.site.module
+        if callable(getattr(type(denoiser), "cache_context", None)):
+            self.told = denoiser.cache_context = Told(self, denoiser, denoiser.__dict__.get("cache_context"))
         return []
 
+    def follow(self, bypass: Bypass) -> None:
+        """Follow the module's compilation in place (``Module.compile()``, before the patch or since; ``call.Watch``
+        checks at each call): its compiled call wrapped in an ``Around``, or none where it is not compiled."""
+        compiled = bypass.block.__dict__.get("_compiled_call_impl")
+        if isinstance(compiled, Around) or compiled is None:
+            bypass.around = compiled
+        else:
+            bypass.around = bypass.block._compiled_call_impl = Around(bypass, compiled)
+
     def release(self) -> None:
+        self.calls.state.clock.spare.clear()  # the kept tensors set aside by the clock (Clock.clear)
+        denoiser = self.patch.site.module
+        if self.told is not None and denoiser.__dict__.get("cache_context") is self.told:
+            del denoiser.__dict__["cache_context"]
+            if self.told.previous is not None:
+                denoiser.cache_context = self.told.previous
         for bypass in self.bypasses:
             module = bypass.block
+            if bypass.around is not None and module.__dict__.get("_compiled_call_impl") is bypass.around:
+                module._compiled_call_impl = bypass.around.compiled
             if module.__dict__.get("forward") is bypass:
                 if bypass.previous is None:
                     del module.__dict__["forward"]
@@ -162,7 +282,13 @@ class Across(Technique):
                             "are computed whole", depth=5)
             return
         kept = state.clock.kept_for(state.slot, self.Kept)
-        state.work = self.call(kept, self.decide(state, kept, info), info)
+        computed = self.decide(state, kept, info)
+        if computed and kept.gap is not None:  # kept before: the slope measured at its end over the progress since
+            gap = info.progress - kept.at if kept.at is not None else 0.0  # the last computed call kept
+            kept.sloped = gap > 0
+            kept.gap.fill_(gap if gap > 0 else 1.0)
+            kept.at = info.progress
+        state.work = self.call(kept, computed, info)
 
     def decide(self, state, kept, info) -> bool:
         """Whether the call is computed: its slot's first, every call while the cache is off or of a generation
@@ -176,11 +302,12 @@ class Across(Technique):
         return computed
 
     def weight(self, kept, progress: float):
-        """The slope's weight at a cached step, ``extrapolate x`` the progress since the last computed one: a 0-d
-        tensor of the kept state's, filled (compiled code sees one tensor, not a number per step), or ``None``."""
-        if not self.config.extrapolate or getattr(kept, "weight", None) is None:
+        """The slope's weight at a cached step, ``extrapolate x`` the progress since the last computed one (0 while
+        the slope is not measured): the kept 0-d tensor, filled (compiled code sees one tensor, not a number per
+        step), or ``None``."""
+        if not self.config.extrapolate or kept.weight is None:
             return None
-        return kept.weight.fill_(self.config.extrapolate * (progress - kept.at))
+        return kept.weight.fill_(self.config.extrapolate * (progress - kept.at) if kept.sloped else 0.0)
 
     def refuse(self, why: str) -> None:
         """Turn the cache off (every step computed from now on), with one warning saying why."""

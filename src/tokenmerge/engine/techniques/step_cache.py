@@ -32,7 +32,8 @@ import torch
 from ...families.predicates import params
 from ...families.spec import Arg
 from ..discover import bind
-from .cache import Across, Bypass, slope_of
+from .cache import Across, Bypass, moved
+from .cache import Kept as Held
 from .schedule import Scheduled, check_schedule
 
 __all__ = ["StepCacheConfig", "StepCache", "Kept", "Pass"]
@@ -66,7 +67,7 @@ class StepCacheConfig(Scheduled):
 @dataclasses.dataclass(slots=True)
 class Run:
     """A kept residual: of ``stream``, added at block ``end``'s output at a skipped step (``slope``: its change per
-    unit of progress, ``None`` until two computed steps measured it)."""
+    unit of progress, zeros until two computed steps measured it; ``None`` without ``extrapolate``)."""
 
     stream: str
     end: int
@@ -75,17 +76,11 @@ class Run:
 
 
 @dataclasses.dataclass(slots=True)
-class Kept:
-    """One slot's kept state: the runs' residuals (one per stream, more where a stream changes shape between
-    blocks), the progress of the last computed step, the slope's weight (a 0-d tensor, filled at a skipped step)."""
+class Kept(Held):
+    """One slot's kept state (``cache.Kept``): the runs' residuals and slopes (one per stream, more where a stream
+    changes shape between blocks), updated in place at each computed step."""
 
     runs: list = dataclasses.field(default_factory=list)
-    at: float | None = None
-    weight: torch.Tensor | None = None
-
-    def reset(self) -> None:
-        self.runs.clear()
-        self.at = self.weight = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,7 +95,7 @@ class Pass:
     weight: torch.Tensor | None = None  # skipped: the slope's weight (the kept 0-d tensor), None: no slope
     first: dict = dataclasses.field(default_factory=dict)  # computed: stream -> input of its current run of blocks
     last: dict = dataclasses.field(default_factory=dict)  # computed: stream -> (block, its latest output)
-    closed: list = dataclasses.field(default_factory=list)  # computed: the runs closed so far (Run, no slope)
+    closed: list = dataclasses.field(default_factory=list)  # computed: the runs closed so far: (stream, end, residual)
     ran: int = 0  # computed: blocks that ran
     odd: str | None = None  # computed: a run whose last output is not of its first input's shape
 
@@ -119,13 +114,14 @@ class Pass:
                 f"shape its run of blocks took it ({tuple(first.shape)})"
             return
         residual = y - first
-        for run in reversed(self.closed):
-            if run.stream == stream:
-                if run.residual.shape == residual.shape and run.residual.dtype == residual.dtype:
-                    run.residual, run.end = run.residual + residual, end
+        for k in range(len(self.closed) - 1, -1, -1):
+            if self.closed[k][0] == stream:
+                kept = self.closed[k][2]
+                if kept.shape == residual.shape and kept.dtype == residual.dtype:
+                    self.closed[k] = (stream, end, kept + residual)
                     return
                 break
-        self.closed.append(Run(stream, end, residual))
+        self.closed.append((stream, end, residual))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +186,6 @@ class StepCache(Across):
         work = Pass(kept, not computed, info.progress)
         if computed:
             return work
-        if kept.weight is None and kept.runs:
-            kept.weight = kept.runs[0].residual.new_zeros(())
         work.weight = self.weight(kept, info.progress)
         for run in kept.runs:
             position = self.layouts[run.end].streams.index(run.stream)
@@ -307,23 +301,25 @@ class StepCache(Across):
 
     # ---- after the denoiser's call (on the host) ----------------------------------------------------------------
     def end(self, state) -> None:
-        """A computed call that ran every block: its runs' residuals kept, their slopes measured against the runs
-        kept at the last computed step."""
+        """A computed call that ran every block: its runs' residuals kept, in place (made at the slot's first computed
+        call, or where the runs' shapes changed), their slopes measured against the residuals kept before it over
+        the progress between them (``kept.gap``, filled on the host: ``Across.begin``)."""
         work = state.work
         if work.cached or work.ran != len(self.blocks) or not work.last:
             return
         for stream in list(work.last):
             work.shut(stream)
-        kept, progress = work.kept, work.progress
         if work.odd is not None:
             return self.refuse(work.odd)
-        gap = None if kept.at is None else progress - kept.at
-        before = {(r.stream, r.end): r for r in kept.runs}
-        for run in work.closed:
-            old = before.get((run.stream, run.end))
-            if self.config.extrapolate and old is not None:
-                run.slope = slope_of(run.residual, old.residual, gap)
-        kept.runs, kept.at = list(work.closed), progress
+        kept, closed = work.kept, work.closed
+        if len(kept.runs) != len(closed) or not all(
+                r.stream == s and r.end == e and r.residual.shape == x.shape and r.residual.dtype == x.dtype
+                for r, (s, e, x) in zip(kept.runs, closed)):
+            extrapolate = self.config.extrapolate
+            kept.runs = [Run(s, e, x, torch.zeros_like(x) if extrapolate else None) for s, e, x in closed]
+            return kept.made(closed[0][2], work.progress)
+        for run, (_, _, residual) in zip(kept.runs, closed):
+            moved(run.residual, residual, run.slope, kept.gap)
 
     # ---- describe_patch -------------------------------------------------------------------------------------------
     def scope(self) -> str:

@@ -43,7 +43,8 @@ import torch
 
 from ...families.spec import Arg
 from ..discover import bind
-from .cache import Across, Bypass, slope_of
+from .cache import Across, Bypass, moved
+from .cache import Kept as Held
 from .schedule import Scheduled, check_schedule
 
 __all__ = ["UNetCacheConfig", "UNetCache", "Kept"]
@@ -87,22 +88,14 @@ class UNetCacheConfig(Scheduled):
 
 
 @dataclasses.dataclass(slots=True)
-class Kept:
-    """One slot's kept state: the feature F (the deepest cached module's output) and its slope S at the last
-    computed step (at progress ``at``), the slope's weight (a 0-d tensor), the deep modules' output outlines, their
-    placeholders once made."""
+class Kept(Held):
+    """One slot's kept state (``cache.Kept``): the feature F (the deepest cached module's output) and its slope S,
+    updated in place at each computed step, the deep modules' output outlines, their placeholders once made."""
 
     feature: torch.Tensor | None = None
     slope: torch.Tensor | None = None
-    at: float | None = None
-    weight: torch.Tensor | None = None
     outlines: dict = dataclasses.field(default_factory=dict)
     blanks: dict = dataclasses.field(default_factory=dict)
-
-    def reset(self) -> None:
-        self.feature = self.slope = self.at = self.weight = None
-        self.outlines.clear()
-        self.blanks.clear()
 
 
 @dataclasses.dataclass(slots=True)
@@ -287,8 +280,6 @@ class UNetCache(Across):
         last = len(self.deep) - 1
         writable = any(b.read(info.args, info.kwargs) is not None for b in self.in_place) or (
             self.mirror is not None and all(getattr(self.mirror, k, None) for k in ("s1", "s2", "b1", "b2")))
-        if kept.weight is None:
-            kept.weight = kept.feature.new_zeros(())
         weight = self.weight(kept, info.progress) if kept.slope is not None else None
         # a new tensor either way: a later block may scale its input in place
         feature = kept.feature.clone() if weight is None else torch.addcmul(kept.feature, kept.slope, weight)
@@ -322,8 +313,10 @@ class UNetCache(Across):
 
     # ---- after the denoiser's call (on the host) ----------------------------------------------------------------
     def end(self, state) -> None:
-        """A computed call that ran every deep module once: its feature kept, its slope measured against the feature
-        kept at the last computed step, the deep outputs' outlines kept for the placeholders."""
+        """A computed call that ran every deep module once: its feature kept, in place (made at the slot's first
+        computed call, or where its shape changed), its slope measured against the feature kept before it over the
+        progress between them (``kept.gap``: ``Across.begin``), the deep outputs' outlines kept for the
+        placeholders."""
         work = state.work
         if work.cached:
             return
@@ -336,12 +329,15 @@ class UNetCache(Across):
         if odd or work.feature is None:
             return self.refuse(f"{(odd or [self.paths[last]])[0]} returns what the UNet cache cannot stand in for "
                                 "(tensors, or tuples of them, expected)")
-        kept, feature, progress = work.kept, work.feature, work.progress
-        gap = None if kept.at is None else progress - kept.at
-        slope = slope_of(feature, kept.feature, gap) if self.config.extrapolate else None
+        kept, feature = work.kept, work.feature
         if kept.outlines != outlines:
             kept.blanks.clear()
-        kept.feature, kept.slope, kept.at, kept.outlines = feature, slope, progress, outlines
+            kept.outlines = outlines
+        old = kept.feature
+        if old is not None and old.shape == feature.shape and old.dtype == feature.dtype:
+            return moved(old, feature, kept.slope, kept.gap)
+        kept.feature, kept.slope = feature, torch.zeros_like(feature) if self.config.extrapolate else None
+        kept.made(feature, work.progress)
 
     # ---- describe_patch -------------------------------------------------------------------------------------------
     def scope(self) -> str:
