@@ -1,8 +1,11 @@
 """A benchmark cell (preset x attention x resolution x batch) and what every measurement of one shares: the
-attention backend, one denoiser step, the record fields of a method, out-of-memory detection."""
+attention backend, one denoiser step, a method as a round applies it, the record fields of a method, the modules
+regional compilation compiles, out-of-memory detection."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -10,7 +13,8 @@ import torch
 from ..tools.methods import MethodSpec
 
 __all__ = ["Cell", "MODE_NAMES", "ATTENTION_BACKENDS", "OWN_METHODS", "GENERIC_PROCESSORS", "bench_label",
-           "record_fields", "set_attention", "available_attention", "is_oom", "size", "step"]
+           "record_fields", "set_attention", "available_attention", "is_oom", "size", "step", "applied", "step_timed",
+           "regional"]
 
 # --modes names; each becomes a MethodSpec (tools.methods.parse_spec) per ratio or factor
 MODE_NAMES = ("vanilla", "tokenmerge", "tomesd", "limit", "todo", "todo-limit", "grid-limit")
@@ -107,3 +111,43 @@ def step(unet, inputs: dict | list[dict]):
         rest = {k: v for k, v in inputs.items() if k != "sample"}
         return unet(inputs["sample"], **rest)
     return unet(**inputs)
+
+
+def _steady(mode: MethodSpec) -> MethodSpec:
+    """What a round applies: a stateful mode with one full step before its partial (token reuse) or skipped (the step
+    cache) ones (``steps._eager``; ``auto``: ``applied``)."""
+    if not mode.stateful or mode.name == "auto":
+        return mode
+    if mode.is_step_cache:
+        return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1),))
+    return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1), ("every", 0)))
+
+
+@contextlib.contextmanager
+def applied(mode: MethodSpec, unet):
+    """``mode`` applied as a round applies it (``_steady``), removed after; ``auto`` (``tokenmerge.accelerate``): the
+    cache it chose, its warm-up cut to one computed step as the caches' (a skipped step's work does not depend on
+    the schedule), so that its rounds time a computed step and a skipped one, not two computed ones."""
+    import tokenmerge
+
+    with _steady(mode).applied(unet):
+        config = getattr(tokenmerge.describe_patch(unet), "config", None) if mode.name == "auto" else None
+        if getattr(config, "warmup", 1) > 1:
+            tokenmerge.apply_config(unet, dataclasses.replace(config, warmup=1))
+        yield unet
+
+
+def step_timed(mode: MethodSpec) -> str:
+    """Which later step a stateful mode's record times: the caches' skipped (cached) one, token reuse's partial."""
+    return "skipped" if mode.is_step_cache or mode.name == "auto" else "partial"
+
+
+def regional(unet) -> list:
+    """The modules regional compilation compiles in place: those of the model's ``_repeated_blocks`` (what diffusers'
+    ``compile_repeated_blocks`` compiles), else those of its lists named ``*blocks`` and its ``mid_block`` (a UNet's
+    down, mid and up blocks, a transformer's blocks)."""
+    names = getattr(unet, "_repeated_blocks", None)
+    if names:
+        return [m for m in unet.modules() if type(m).__name__ in names]
+    return [m for n, c in unet.named_children() for m in (
+        c if isinstance(c, torch.nn.ModuleList) and n.endswith("blocks") else [c] if n == "mid_block" else [])]

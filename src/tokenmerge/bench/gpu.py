@@ -89,7 +89,8 @@ COLUMNS = (("ToMe 0.5", "tokenmerge 0.5"), ("ToMe 0.5 plan per block", "tokenmer
            ("todo-limit 2", "todo-limit 2"), ("todo-limit 2 min_size=0", "todo-limit 2 min_size=0"),
            ("todo-limit 2x2x2", "todo-limit 2x2x2"))
 _SECTIONS = ((None, "eager"), ("default", "compiled (inductor, default mode)"),
-             ("reduce-overhead", "compiled (inductor, mode=\"reduce-overhead\": CUDA graphs)"))
+             ("reduce-overhead", "compiled (inductor, mode=\"reduce-overhead\": CUDA graphs)"),
+             ("regional", "compiled regionally (the blocks in place, inductor's default mode)"))
 
 
 def _row_name(r: dict) -> str:

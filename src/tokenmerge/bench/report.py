@@ -233,9 +233,10 @@ def markdown(records: list[dict], meta: dict, command: str, preface: str = "") -
         f"torch {meta['torch']}, diffusers {meta['diffusers']}, tokenmerge {meta['tokenmerge']}"
         + (f", tomesd {meta['tomesd']}" if "tomesd" in meta else "")
         + (". Modes marked 'compiled' ran under torch.compile (inductor; 'compiled reduce-overhead': with CUDA "
-           "graphs), each compiled by itself after the eager rounds (reset, patch, compile, warm up, then its timed "
-           "calls: compiled modes are not interleaved, see bench/steps.py); their % is against compiled vanilla of "
-           "the same compile mode" if meta.get("compile") else "")
+           "graphs; 'compiled regional': the repeated blocks compiled in place), each compiled by itself after the "
+           "eager rounds (reset, patch, compile, warm up, then its timed calls: compiled modes are not interleaved, "
+           "see bench/steps.py); their % is against compiled vanilla of the same compile mode"
+           if meta.get("compile") else "")
         + (". Times are the device's (CUDA events); 'host': the time the host takes to issue a step, 'GPU busy': "
            "the share of the step the device spent in kernels (profiler), below 80% = launch-bound (the GPU waits "
            "for Python)" if meta.get("device", "").startswith("cuda") else "")
@@ -246,11 +247,11 @@ def markdown(records: list[dict], meta: dict, command: str, preface: str = "") -
         "[a, b]: the lowest and highest speed-up of a single round (vanilla's run over this mode's run in the same "
         "round), the noise a figure must stand out of. "
         "'% of limit': share of the zero-overhead limit's gain at that ratio (ToDo: at that factor). "
-        + ("Token reuse (reuse) and the step cache (stepcache): each round times a generation's first step (every "
-           "block and token computed: 'full step') and then a partial (token reuse) or skipped (the step cache) step "
-           "at a later timestep (the time and % shown); a generation's time is the whole-generation table's (--steps), "
-           "or the two weighted by its schedule (scripts/frontier.py). "
-           if any(r.get("full_median_s") for r in steps) else "")
+        + ("Token reuse (reuse), the step and UNet caches (stepcache, unetcache, and auto: accelerate's, its warm-up "
+           "cut to one step): each round times a generation's first step (every block and token computed: 'full "
+           "step') and then a partial (token reuse) or skipped (the caches) step at a later timestep (the time and % "
+           "shown); a generation's time is the whole-generation table's (--steps), or the two weighted by its schedule "
+           "(scripts/frontier.py). " if any(r.get("full_median_s") for r in steps) else "")
         + "Memory: " + meta["memory"] + (" (step: what one step adds to the resident memory before it)"
                                        if "isolated" in meta["memory"] else "") + ".",
         "",

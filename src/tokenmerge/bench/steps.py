@@ -12,15 +12,19 @@ code compiled for vanilla runs unchanged for a patched model and the reverse, an
 hook objects, which fail the guards of code traced with the old ones (a recompile per round). So each mode is
 compiled by itself: ``torch.compiler.reset()``, the patch applied, ``torch.compile(model, mode=...,
 fullgraph=True)`` (a model that is not one graph, e.g. a reference package, is compiled again with graph breaks,
-as torch.compile's default allows: ``fullgraph`` False in its record), warm-up calls (they compile; with
-``reduce-overhead`` they record the CUDA graphs), ``repeats`` timed calls, the kernel count, the patch removed,
-``torch.compiler.reset()``. Each compiled mode is checked against the same mode eager
+as torch.compile's default allows: ``fullgraph`` False in its record; ``regional``: the blocks compiled in place,
+``Module.compile(fullgraph=True)``, after the patch), warm-up calls (they compile; with ``reduce-overhead`` they
+record the CUDA graphs), ``repeats`` timed calls, the kernel count, the patch removed, the blocks' compilation
+dropped, ``torch.compiler.reset()``. The caches across steps decide each call in its hooks here (a bare denoiser: no
+pipeline enters its ``cache_context``): compiled whole they run their hooks eagerly (``fullgraph`` False), regionally
+a skipped step runs no compiled code. Each compiled mode is checked against the same mode eager
 (``compiled_vs_eager``: the largest difference of the outputs over the largest output value), so a compiled
 call that ran another mode's code would show.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from dataclasses import asdict
@@ -30,13 +34,14 @@ import torch
 from ..merge import kernels_failed
 from ..tools.methods import MethodSpec
 from ..tools.timing import sync, timed
-from .cell import Cell, is_oom, record_fields, set_attention, step
+from .cell import Cell, applied, is_oom, record_fields, regional, set_attention, step, step_timed
 from .kernels import count_kernels, host_device_times, profile_launches
 
 __all__ = ["time_cell", "COMPILE_MODES", "compile_suffix", "step_calls", "main_tensor"]
 
-# torch.compile modes the bench runs: inductor's default and CUDA graphs ("reduce-overhead")
-COMPILE_MODES = ("default", "reduce-overhead")
+# torch.compile modes the bench runs: inductor's default and CUDA graphs ("reduce-overhead") on the whole denoiser, and
+# "regional": its repeated blocks compiled in place (inductor's default mode), as diffusers' compile_repeated_blocks
+COMPILE_MODES = ("default", "reduce-overhead", "regional")
 # a call whose device was busy less than this share of its time waited for the host: launch-bound
 BUSY_LAUNCH_BOUND = 0.8
 # the timestep of a stateful mode's timed partial step (the inputs' default is 500: the step before it)
@@ -223,7 +228,7 @@ def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels
             if status[k] != "ok":
                 continue
             try:
-                with _steady(mode).applied(unet):
+                with applied(mode, unet):
                     if device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats(device)
                     if mode.stateful:
@@ -248,7 +253,7 @@ def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels
         extra = {}
         if kernels and status[k] == "ok":
             try:
-                with _steady(mode).applied(unet):
+                with applied(mode, unet):
                     if mode.stateful:  # a steady partial step's kernels: after a round that builds its tables
                         for each in (inputs[k], later[k], inputs[k]):  # (round-robin order, window), then the
                             step(unet, each)  # full step that fills the caches
@@ -260,7 +265,7 @@ def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels
                     raise
         if mode.stateful:
             extra.update(full_median_s=statistics.median(fulls[k]) if fulls[k] else None, full_times_s=fulls[k],
-                         step_timed="skipped" if mode.is_step_cache else "partial")
+                         step_timed=step_timed(mode))
         if dict(mode.options).get("kernels") == "triton" and kernels_failed() is not None:  # it ran the torch
             status[k] = "Triton failed"  # operators (the library's fallback): not a time of the Triton kernels
             extra["error"] = kernels_failed()
@@ -268,16 +273,6 @@ def _eager(unet, cell, modes, inputs, repeats, device, progress, warmup, kernels
         record["launch_bound"] = _launch_bound(record, device)
         records.append(record)
     return records
-
-
-def _steady(mode: MethodSpec) -> MethodSpec:
-    """What a round applies: a stateful mode with one full step before its partial (token reuse) or skipped (the step
-    cache) ones (see ``_eager``)."""
-    if not mode.stateful or mode.name == "auto":
-        return mode
-    if mode.is_step_cache:
-        return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1),))
-    return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1), ("every", 0)))
 
 
 def _compiled(unet, cell, mode, inputs, repeats, device, progress, warmup, kernels, compile_mode,
@@ -292,7 +287,7 @@ def _compiled(unet, cell, mode, inputs, repeats, device, progress, warmup, kerne
     times, hosts, fulls, peak, extra, status = [], [], [], None, {}, "ok"
     torch.compiler.reset()
     try:
-        with _steady(mode).applied(unet):
+        with applied(mode, unet):
             counters["inductor"].clear()
             model, extra["fullgraph"] = _compile(unet, inputs, device, warmup, compile_mode, later)
             if compile_mode == "reduce-overhead" and device.type == "cuda":  # not CUDA graphs after all: say so
@@ -316,12 +311,14 @@ def _compiled(unet, cell, mode, inputs, repeats, device, progress, warmup, kerne
                 counts = profile_launches(step, device, model, inputs if later is None else later)
                 extra.update(_kernel_fields(counts, step_calls(inputs), statistics.median(times)))
             if later is not None:
-                extra.update(full_median_s=statistics.median(fulls), full_times_s=fulls, step_timed="partial")
+                extra.update(full_median_s=statistics.median(fulls), full_times_s=fulls, step_timed=step_timed(mode))
     except Exception as err:  # out of memory, or a mode that does not compile (a package that does not trace): say so
         status = "OOM" if is_oom(err) else f"compile failed ({type(err).__name__})"
         if status != "OOM":
             extra["error"] = str(err)[:500]
     finally:
+        for module in regional(unet) if compile_mode == "regional" else ():
+            module._compiled_call_impl = None
         torch.compiler.reset()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -343,7 +340,12 @@ def _compile(unet, inputs, device, warmup: int, compile_mode: str, later=None):
     calls = max(1, warmup) + (2 if compile_mode == "reduce-overhead" else 0)
     mode = None if compile_mode == "default" else compile_mode
     for fullgraph in (True, False):
-        model = torch.compile(unet, mode=mode, fullgraph=fullgraph)
+        if compile_mode == "regional":
+            for module in regional(unet):
+                module.compile(fullgraph=fullgraph)
+            model = unet
+        else:
+            model = torch.compile(unet, mode=mode, fullgraph=fullgraph)
         try:
             for _ in range(calls):
                 for each in (inputs,) if later is None else (inputs, later):
@@ -362,7 +364,8 @@ def _difference(unet, model, inputs, device, compile_mode) -> float | None:
     if compile_mode == "reduce-overhead":
         torch.compiler.cudagraph_mark_step_begin()
     compiled = main_tensor(step(model, inputs)).detach().float().clone()  # a CUDA graph's output is reused
-    eager = main_tensor(step(unet, inputs)).detach().float()
+    with torch.compiler.set_stance("force_eager") if compile_mode == "regional" else contextlib.nullcontext():
+        eager = main_tensor(step(unet, inputs)).detach().float()  # (regional: the same model, its blocks eager)
     sync(device)
     scale = eager.abs().max().item()
     diff = (compiled - eager).abs().max().item()

@@ -168,10 +168,12 @@ def add_parser(sub) -> None:
                         "modes interleaved, --repeats times each. 0 (default) = off; small on a CPU (e.g. 4)")
     p.add_argument("--compile", nargs="*", choices=COMPILE_MODES, default=None, metavar="MODE",
                    help="also run every mode under torch.compile (inductor) in these modes: default (inductor's "
-                        "default; what --compile alone means) and/or reduce-overhead (CUDA graphs). Each mode is "
-                        "compiled by itself after the eager rounds (compiled code is not interleaved: dynamo does "
-                        "not tell a patched model from an unpatched one), warmed up, then timed; compiled modes are "
-                        "compared with compiled vanilla of the same compile mode (minutes per mode on a CPU)")
+                        "default; what --compile alone means) and/or reduce-overhead (CUDA graphs), the whole "
+                        "denoiser, and/or regional (its repeated blocks compiled in place, fullgraph=True, as "
+                        "diffusers' compile_repeated_blocks). Each mode is compiled by itself after the eager rounds "
+                        "(compiled code is not interleaved: dynamo does not tell a patched model from an unpatched "
+                        "one), warmed up, then timed; compiled modes are compared with compiled vanilla of the same "
+                        "compile mode (minutes per mode on a CPU)")
     p.add_argument("--compiled-only", action="store_true",
                    help="with --compile: time only the compiled modes (no eager rounds), e.g. to split a GPU table "
                         "into commands that fit a time limit")
