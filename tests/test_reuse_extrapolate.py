@@ -136,11 +136,12 @@ def test_describe_names_it_and_its_memory():
 
 
 def test_it_is_more_faithful_on_the_trained_dit():
-    """On the trained 256-token DiT (seeded, 12 steps), token reuse's output is nearer vanilla's with
-    ``extrapolate=1`` than without, at the same schedule."""
+    """On the trained 256-token DiT (seeded, 12 steps), token reuse's output is nearer vanilla's with the slope than
+    without, at the same schedule: at ``extrapolate=0.5`` on the DiT's pipeline's grid (SD3's, shift 3), at 1 too on
+    the linear grid (on the shifted one, whose late steps are long, 1 overshoots: 0.0053 against 0.0025 measured)."""
     import diffusers
 
-    from tokenmerge.fashion import load_fashion_dit
+    from tokenmerge.fashion import load_fashion_dit, schedulers
 
     if not hasattr(diffusers, "FluxTransformer2DModel"):
         pytest.skip(f"diffusers {diffusers.__version__} has no FluxTransformer2DModel (the embedded DiT's class)")
@@ -150,12 +151,14 @@ def test_it_is_more_faithful_on_the_trained_dit():
         return pipe(["a sneaker", "a bag"], num_inference_steps=12, generator=torch.Generator().manual_seed(2),
                     output_type="pt").images
 
+    errors = {}
     with torch.no_grad():
-        vanilla = run()
-        errors = {}
-        for factor in (0.0, 1.0):
-            tokenmerge.apply_reuse(pipe, 0.4, warmup=3, extrapolate=factor)
-            errors[factor] = float((run() - vanilla).pow(2).mean())
-            tokenmerge.remove_patch(pipe)
-        assert torch.equal(run(), vanilla)
-    assert errors[1.0] < 0.8 * errors[0.0], errors
+        for shift, factors in ((3.0, (0.0, 0.5)), (1.0, (0.0, 1.0))):
+            schedulers.swap(pipe, shift=shift)
+            vanilla = run()
+            for factor in factors:
+                tokenmerge.apply_reuse(pipe, 0.4, warmup=3, extrapolate=factor)
+                errors[shift, factor] = float((run() - vanilla).pow(2).mean())
+                tokenmerge.remove_patch(pipe)
+            assert torch.equal(run(), vanilla)
+    assert errors[3.0, 0.5] < 0.8 * errors[3.0, 0.0] and errors[1.0, 1.0] < 0.8 * errors[1.0, 0.0], errors

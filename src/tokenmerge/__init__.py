@@ -14,7 +14,6 @@ from .api import (
     describe_patch,
     new_generation,
     observe,
-    patched,
     remove_patch,
 )
 from .api_steps import apply_step_cache, apply_unet_cache
@@ -22,6 +21,7 @@ from .config import ReuseConfig, ToDoConfig, ToMeConfig
 from .engine.techniques import StepCacheConfig, UNetCacheConfig
 from .faithful import accelerate
 from .families import Family, register_family, registered_families, unregister_family
+from .scoped import patched
 
 __version__ = "0.1.0"
 

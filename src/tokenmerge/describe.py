@@ -29,6 +29,7 @@ class PatchInfo:
     denoisers: tuple[DenoiserInfo, ...]
     notes: tuple[str, ...] = ()  # where the setting is known not to pay, what it keeps, in plain words
     summary: str = ""
+    ran: dict | None = None  # a cache across steps: what its latest generation computed ({"steps", "computed"})
 
     @property
     def num_blocks(self) -> int:
@@ -52,7 +53,8 @@ def describe_patch(model) -> PatchInfo | None:
                      tuple((b.path, b.downsample) for b in p.blocks), len(p.site.blocks), p.technique.scope())
         for p in patches
     )
-    return PatchInfo(patches[0].config, denoisers, _notes(patches), patches[0].technique.summary())
+    ran = next((r for r in (p.technique.counted() for p in patches) if r is not None), None)
+    return PatchInfo(patches[0].config, denoisers, _notes(patches), patches[0].technique.summary(), ran)
 
 
 def _notes(patches) -> tuple[str, ...]:

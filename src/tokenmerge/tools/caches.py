@@ -121,14 +121,17 @@ def disable(pipe, name: str | None = None) -> None:
 
 def counted_steps(pipe) -> dict | None:
     """What the cache on ``pipe`` counted of its last generation: ``{"steps", "computed"}`` (the share of the calls
-    it computed; cache-dit's: ``tools/cachedit.counted``; this library's caches across steps: their ``counted()``),
-    or None (diffusers' caches keep no such count)."""
+    it computed; cache-dit's: ``tools/cachedit.counted``; this library's caches across steps: ``describe_patch``'s
+    ``ran``), or None (diffusers' caches keep no such count)."""
     found = cachedit.counted(pipe)
     if found is None:
-        from ..engine.install import patches_of
+        import tokenmerge
 
-        for patch in patches_of(pipe):
-            found = found or patch.technique.counted()
+        try:
+            info = tokenmerge.describe_patch(pipe)
+        except TypeError:  # not a model tokenmerge knows: nothing of its own on it
+            info = None
+        found = info.ran if info is not None else None
     return found
 
 
