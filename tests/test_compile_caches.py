@@ -275,12 +275,12 @@ def test_a_context_that_makes_no_call_forgets_what_it_decided():
 
 # ---- what CUDA graphs need ----------------------------------------------------------------------------------------
 def _kept_addresses(patch) -> dict:
-    """The addresses and shapes of every tensor the patch keeps, per slot."""
+    """The addresses and shapes of every tensor the patch keeps, per branch."""
     out = {}
-    for slot, kept in patch.calls.state.clock.kept.items():
+    for branch, kept in patch.calls.state.clock.kept.items():
         tensors = [kept.weight, kept.gap, getattr(kept, "feature", None), getattr(kept, "slope", None)]
         tensors += [t for run in getattr(kept, "runs", ()) for t in (run.residual, run.slope)]
-        out[slot] = [(t.data_ptr(), tuple(t.shape)) for t in tensors if t is not None]
+        out[branch] = [(t.data_ptr(), tuple(t.shape)) for t in tensors if t is not None]
     return out
 
 
@@ -307,10 +307,10 @@ def test_the_kept_tensors_keep_their_addresses_across_steps_and_generations(name
     handle.remove()
     tokenmerge.remove_patch(pipe)
     first = {}
-    for slots in seen:
-        for slot, tensors in slots.items():
-            assert first.setdefault(slot, tensors) == tensors, "a kept tensor was made anew"
-    assert first and all(first.values()), first  # kept from each slot's first call on
+    for branches in seen:
+        for branch, tensors in branches.items():
+            assert first.setdefault(branch, tensors) == tensors, "a kept tensor was made anew"
+    assert first and all(first.values()), first  # kept from each branch's first call on
 
 
 # ---- what stays refused -------------------------------------------------------------------------------------------

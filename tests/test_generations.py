@@ -156,7 +156,7 @@ def test_a_stopped_pipeline_generation_leaves_nothing_to_the_next_one(method):
 
 
 def test_tome_kept_plans_follow_each_tile():
-    """ToMe's ``plan_steps``: plans kept per call's slot, so tiles of two sizes each reuse their own plans (as a run
+    """ToMe's ``plan_steps``: plans kept per call's branch, so tiles of two sizes each reuse their own plans (as a run
     of the tile alone does), and a new generation makes new ones."""
     entry, model = _flux()
     tiles = [entry.inputs(batch=2, grid=(4, 4), seed=0), entry.inputs(batch=2, grid=(2, 4), seed=2)]

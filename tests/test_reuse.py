@@ -45,7 +45,7 @@ FRESH_REFUSED = {"flux2": "fused", "flux2-klein": "fused", "flux2-klein-ref": "f
 
 
 def _kept(patch):
-    """The kept tensors of the one slot a run of plain calls fills (the clock's ``kept``: token reuse's by slot)."""
+    """The kept tensors of the one branch a run of plain calls fills (the clock's ``kept``: token reuse's by branch)."""
     kept = list(patch.calls.state.clock.kept.values())
     assert len(kept) == 1, kept
     return kept[0]
@@ -652,8 +652,8 @@ def test_kept_keys_take_a_call_whose_text_changed_length():
     index = torch.tensor([1, 4, 6])
     for text_rows, text in ((3, None), (5, None), (2, torch.tensor([0, 2])), (4, torch.tensor([0, 2]))):
         fresh = torch.randn(1, 2, text_rows + 3, 4)
-        slot, seen = [[kept.clone(), kept.clone()]], {}
-        mode = CachedKeys(8, index, "before", 0, slot, text if text is None or text_rows == 2 else text[:0])
+        pairs, seen = [[kept.clone(), kept.clone()]], {}
+        mode = CachedKeys(8, index, "before", 0, pairs, text if text is None or text_rows == 2 else text[:0])
         if text is not None and text_rows != 2:  # a recomputed-text index of another length: every text row fresh
             mode.text = torch.arange(text_rows + 1)
         mode.attend(lambda **kw: seen.update(kw), dict(query=fresh, key=fresh, value=fresh))

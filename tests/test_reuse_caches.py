@@ -136,7 +136,7 @@ def test_reuse_with_a_skipping_cache_follows_its_reference_step_by_step(cache, c
 
 
 def _progress(patch):
-    """A copy of each image token's recorded progress in the call slot's kept state (``None`` before any)."""
+    """A copy of each image token's recorded progress in the call branch's kept state (``None`` before any)."""
     kept = list(patch.calls.state.clock.kept.values())
     when = kept[0].when.get(0) if kept else None
     return None if when is None else when.clone()

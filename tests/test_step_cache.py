@@ -162,7 +162,7 @@ def test_skipped_steps_against_the_reference(name, factor):
 
 
 def test_guidance_as_two_calls_keeps_one_state_per_branch():
-    """Wan-style guidance: a conditional and an unconditional call per step, each its own slot: each branch follows
+    """Wan-style guidance: a conditional and an unconditional call per step, each its own branch: each branch follows
     its own reference (as if run alone)."""
     _skip("wan")
     entry = CATALOGUE["wan"]
@@ -304,7 +304,7 @@ def test_describe_patch_and_the_memory_it_keeps():
     tensors = [t for run in kept.runs for t in (run.residual, run.slope) if t is not None]
     seen = _recorded(model, calls[:1])[0]  # the stack's streams (the blocks' width)
     x, e = seen["x"], seen["e"]
-    # per slot: the image stream's residual and slope, the text stream's: 2 image-sized tensors + 2 text-sized
+    # per branch: the image stream's residual and slope, the text stream's: 2 image-sized tensors + 2 text-sized
     assert sorted(t.shape for t in tensors) == sorted([x.shape, x.shape, e.shape, e.shape])
     tokenmerge.remove_patch(model)
     assert not patch.calls.state.clock.kept

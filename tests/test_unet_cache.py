@@ -198,7 +198,7 @@ def test_freeu_scaling_the_feature_in_place(layers):
 
 
 def test_guidance_as_two_calls_keeps_one_state_per_branch():
-    """A conditional and an unconditional call per step, each its own slot: each branch follows its own reference
+    """A conditional and an unconditional call per step, each its own branch: each branch follows its own reference
     (as if run alone)."""
     model, inputs = _model("sd")
     cond = steps_of(model, _floated(unet_inputs(batch=1, h=8, w=8, seed=0)), 5)

@@ -281,11 +281,11 @@ KEYS_AHEAD = 0.5  # extrapolate: kept keys and values move this share as far as 
 @dataclasses.dataclass(eq=False)
 class CachedKeys(SdpaMode):
     """Token reuse, ``keys="kept"``: each SDPA call over the image's keys keeps (at a full step, ``index`` None) a
-    copy of its keys and values in ``slot``, or (at a partial step: the block runs on the ``index`` tokens alone)
+    copy of its keys and values in ``pairs``, or (at a partial step: the block runs on the ``index`` tokens alone)
     writes their fresh rows (and the text's) into the kept ones, in place, and attends to all of them. An attention
     that calls SDPA once per sample (Mochi: each prompt's valid text) keeps one pair per call.
 
-    Args: as ``QueryRows``; slot: a list holding this attention's kept ``[keys, values]`` (B, H, L, D) per SDPA
+    Args: as ``QueryRows``; pairs: a list holding this attention's kept ``[keys, values]`` (B, H, L, D) per SDPA
     call, every row of the call's sequence (text, image and reference rows), and with ``gaps`` their slopes after
     them; text: ``text=True``: the recomputed text tokens (sorted indices; ``None``: every text row is fresh);
     gaps: ``extrapolate=``: ``merge.recompute.since``'s gaps of the image tokens and of the text's (or ``None``),
@@ -297,7 +297,7 @@ class CachedKeys(SdpaMode):
     index: torch.Tensor | None
     keys: str | None
     trailing: int
-    slot: list
+    pairs: list
     text: torch.Tensor | None = None
     segments: int = 1
     tables: Tables = TABLES
@@ -307,21 +307,21 @@ class CachedKeys(SdpaMode):
         key = kwargs["key"]
         count = self.image if self.index is None else self.index.shape[0]
         length = key.shape[-2] // self.segments
-        if length < count or (self.index is not None and self.calls >= len(self.slot)):  # not the call over the
+        if length < count or (self.index is not None and self.calls >= len(self.pairs)):  # not the call over the
             return func(**kwargs)  # image's keys, or one more than the full step made: untouched
         before, after = sides(length, count, self.keys or TEXT_NONE, self.trailing)
         pair = self.calls
         self.calls += 1
         if self.index is None:
             kept = [key.contiguous().clone(), kwargs["value"].contiguous().clone()]
-            old = self.slot[pair] if pair < len(self.slot) else None
+            old = self.pairs[pair] if pair < len(self.pairs) else None
             if self.gaps is not None and old is not None and old[0].shape == key.shape:  # extrapolate: the slopes
                 at = self._row_gaps(before, before, after)[0]
                 kept += [slope_of(new, was, at) for new, was in zip(kept, old)]
-            del self.slot[pair:]
-            self.slot.append(kept)
+            del self.pairs[pair:]
+            self.pairs.append(kept)
             return func(**kwargs)
-        kept = self.slot[pair][0]
+        kept = self.pairs[pair][0]
         kept_length = kept.shape[-2] // self.segments
         kept_before = before if self.text is None else kept_length - self.image - after
         fits = kept.shape[:-2] == key.shape[:-2] and kept_length == kept_before + self.image + after and (
@@ -331,13 +331,13 @@ class CachedKeys(SdpaMode):
                 raise ValueError("tokenmerge: token reuse with keys='kept' under context parallelism got a call "
                                  "whose text changed length since its keys were kept")
             kwargs["key"], kwargs["value"] = (_rebuilt(k, fresh, before, self.image, after, self.index)
-                                              for k, fresh in zip(self.slot[pair], (key, kwargs["value"])))
+                                              for k, fresh in zip(self.pairs[pair], (key, kwargs["value"])))
             return func(**kwargs)
         mask = kwargs.get("attn_mask")
         if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] > 1:
             kwargs["attn_mask"] = self._mask(mask, before, count, after)
         rows = kept_rows(self.index, self.text, kept_before, self.image, after, before, self.segments, self.tables)
-        kept = self.slot[pair]
+        kept = self.pairs[pair]
         if self.gaps is not None and len(kept) == 2:  # extrapolate: no change measured yet (held until one is)
             kept += [torch.zeros_like(kept[0]), torch.zeros_like(kept[1])]
         if self.gaps is not None:  # extrapolate: the fresh rows' slopes, the kept rows moved along theirs

@@ -5,7 +5,7 @@
   thread, and one for code torch.compile traces: dynamo follows a plain object, not a ``threading.local``).
 - ``Clock``: which generation, step and place in the step a call is (what state kept across calls is keyed by), told
   by the pipeline's scheduler where it can (``steps.py``), and what the technique keeps for the generation (its own
-  state class per slot, ``technique.py``).
+  state class per branch, ``technique.py``).
 - ``CallInfo``: what the hook read of a call, handed to the technique's ``begin``.
 - ``BoundArg``: a ``forward`` argument resolved against a signature (``discover.bind``), read and replaced.
 - Layout: a sequence is ``[before | image | after]``: text declared before the image (``TEXT_BEFORE``), the image's
@@ -163,11 +163,11 @@ def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
 # ---- a call's state ------------------------------------------------------------------------------------------
 class Clock:
     """A thread's step clock: the generation, its step, each call's place in the step (``tick``), and what the
-    technique keeps for the generation: per slot (``kept``: one object of its own state class per slot) and for the
+    technique keeps for the generation: per branch (``kept``: one object of its own state class per branch) and for the
     whole generation (``whole``). A new generation starts when the mark changes (the patched pipeline's scheduler has
     new ``timesteps``; ``tokenmerge.new_generation``) or the progress goes back; a call at the last call's progress is
-    another call of its step. A slot is ``(signature, place)``: the call's grid, batch, dtype... and how many calls
-    of that signature the step made before it (guidance run as two calls: two slots; docs/life-of-a-call.md)."""
+    another call of its step. A branch is ``(signature, place)``: the call's grid, batch, dtype... and how many calls
+    of that signature the step made before it (guidance run as two calls: two branches; docs/life-of-a-call.md)."""
 
     def __init__(self) -> None:
         self.mark: tuple = (None, None)  # (new_generation() count, the pipeline scheduler's timesteps tensor)
@@ -180,13 +180,13 @@ class Clock:
         self.same = 0  # calls in a row at one scheduler step index (STALE_CALLS of them: it is not moving)
         self.hostless = False  # the scheduler's step index was seen not to move: the timestep is read instead
         self.places: dict = {}  # signature -> calls of the current step made with it so far
-        self.kept: dict = {}  # slot -> the technique's state for it
-        self.spare: dict = {}  # slot -> its state in the generation before, reset (its tensors reused: clear)
+        self.kept: dict = {}  # branch -> the technique's state for it
+        self.spare: dict = {}  # branch -> its state in the generation before, reset (its tensors reused: clear)
         self.whole = None  # the technique's state for the whole generation (token reuse's round-robin)
 
     def tick(self, progress: float | None, signature, marks: int, timesteps, index: int | None = None) -> tuple:
         """Move to a call at denoising ``progress`` (and the scheduler's step ``index``, where told) with
-        ``signature``; returns the call's slot."""
+        ``signature``; returns the call's branch."""
         hosted = index is not None and self.index is not None
         if marks != self.mark[0] or timesteps is not self.mark[1] or self.progress is None or (
                 index < self.index if hosted else progress is not None and progress < self.progress):
@@ -205,16 +205,16 @@ class Clock:
         self.places[signature] = place + 1
         return signature, place
 
-    def kept_for(self, slot, make):
-        """The technique's state kept for ``slot`` (``make()`` where it has none yet)."""
-        kept = self.kept.get(slot)
+    def kept_for(self, branch, make):
+        """The technique's state kept for ``branch`` (``make()`` where it has none yet)."""
+        kept = self.kept.get(branch)
         if kept is None:
-            kept = self.kept[slot] = self.spare.pop(slot, None) or make()
+            kept = self.kept[branch] = self.spare.pop(branch, None) or make()
         return kept
 
     def clear(self) -> None:
-        """Forget what the technique kept (each state's ``reset()``), set aside for the slots' next calls (``kept_for``:
-        a cache's keeps its tensors, which compiled code sees unchanged; ``release`` drops them)."""
+        """Forget what the technique kept (each state's ``reset()``), set aside for the branches' next calls
+        (``kept_for``: a cache's keeps its tensors, which compiled code sees unchanged; ``release`` drops them)."""
         for state in self.kept.values():
             state.reset()
         self.spare, self.kept = self.kept, {}
@@ -255,7 +255,7 @@ class CallState:
         self.grid: tuple[int, ...] | None = None
         self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
         self.shard = None  # context parallelism: this rank's slice of the call's grid (parallel.Shard)
-        self.slot = None  # the call's place in its step (Clock.tick), where state is kept across calls
+        self.branch = None  # the call's place in its step (Clock.tick), where state is kept across calls
         self.decided = False  # the call was decided before it, on the host (a cache_context: cache.Told)
 
 
@@ -413,7 +413,7 @@ class CallHook:
         if technique.clocked:
             signature = (state.grid, state.trailing, device) if not isinstance(x, torch.Tensor) else (
                 state.grid, state.trailing, device, x.dtype, *x.shape[:1 if technique.gridded else None])
-            state.slot = state.clock.tick(call.progress, signature, self.marks, getattr(scheduler, "timesteps", None),
+            state.branch = state.clock.tick(call.progress, signature, self.marks, getattr(scheduler, "timesteps", None),
                                           where[0] if where is not None else None)
         technique.begin(state, call)
         if self.host:

@@ -4,7 +4,7 @@ matchings those plans need, owned here and released with the patch.
 
 A plan is made from a block's input (tomesd's metric) on the image tokens of its level's grid; with one plan per
 level (``share_plans``; by default on transformers) the first merged block of a level makes it and the level's other
-blocks of the call reuse it; with ``plan_steps=k`` a plan is kept for ``k`` steps of its call's slot (the
+blocks of the call reuse it; with ``plan_steps=k`` a plan is kept for ``k`` steps of its call's branch (the
 step clock: ``call.Clock``). The destination choice is a
 pure function of (seed, block, timestep) (``merge.match``: every hash constant is there), drawn for every block at
 once, once per call and grid. On CUDA, a call whose hidden states are below ``min_size`` runs unmerged
@@ -75,7 +75,7 @@ class PlanCall:
 
 @dataclass
 class Plans:
-    """The plans a slot keeps across calls (``plan_steps``): key (block, or level) -> (plan, batch, tokens, step,
+    """The plans a branch keeps across calls (``plan_steps``): key (block, or level) -> (plan, batch, tokens, step,
     ratio)."""
 
     plans: dict = field(default_factory=dict)
@@ -250,7 +250,7 @@ class Planner:
         key = -1 - site.level if self.shared else index
         entry = work.level_plans.get(key)
         if entry is None or entry[1] != batch or entry[2] != image:
-            kept = state.clock.kept.get(state.slot)
+            kept = state.clock.kept.get(state.branch)
             entry = kept.plans.get(key) if kept is not None else None
             if entry is None or entry[1] != batch or entry[2] != image or entry[4] != work.ratio \
                     or state.clock.step - entry[3] >= self.config.plan_steps:
@@ -303,9 +303,9 @@ class Planner:
         if self.shared:
             work.level_plans[key] = entry
         if cfg.plan_steps > 1:
-            kept = state.clock.kept.get(state.slot)
+            kept = state.clock.kept.get(state.branch)
             if kept is None:
-                kept = state.clock.kept[state.slot] = Plans()
+                kept = state.clock.kept[state.branch] = Plans()
             kept.plans[key] = entry
         return entry
 

@@ -19,7 +19,7 @@ parts; the shared engine (``install.Patch``, ``call.CallHook``, the guards) call
     scope() / summary() / notes() what ``describe_patch`` says of it
 
 What a technique keeps across the calls of a generation lives in the thread's step clock (``call.Clock``): one object
-of the technique's own state class per slot (``Clock.kept``), and one for the whole generation (``Clock.whole``),
+of the technique's own state class per branch (``Clock.kept``), and one for the whole generation (``Clock.whole``),
 each with ``reset()``; a new generation drops them.
 """
 

@@ -8,7 +8,7 @@ not run and what it keeps; this module does the rest once.
 - ``Told``: the denoiser's ``cache_context`` (diffusers' pipelines enter it around each call): the call decided on
   the host before it, so that a denoiser compiled whole with ``fullgraph=True`` reads only what was decided.
 - ``Across``: the technique's shared part: the blocks it holds, install and release, the decision at each call (on
-  the host: ``schedule.py``), the kept state per slot of the step clock (``Kept``: tensors updated in place, the
+  the host: ``schedule.py``), the kept state per branch of the step clock (``Kept``: tensors updated in place, the
   slope's weight and gap 0-d tensors filled on the host), the refusal that turns the cache off with one warning,
   and ``Ran``: what the latest generation computed, for ``describe_patch``.
 """
@@ -86,7 +86,7 @@ class Told:
     call (``with transformer.cache_context("cond"): ...``), on the host: the cache decides the call there (``tell``),
     so that the call reads only what was decided (compiled whole with ``fullgraph=True``: a computed and a skipped
     variant, told apart by a bool of the call's state, compiled once each). The model's own ``cache_context``
-    (diffusers' caches) runs around it. A slot's first computed call, which makes what the cache keeps, runs
+    (diffusers' caches) runs around it. A branch's first computed call, which makes what the cache keeps, runs
     eagerly (``torch.compiler.set_stance``), so that compiled code sees only the kept state of later calls."""
 
     def __init__(self, cache, module, previous):
@@ -110,7 +110,7 @@ class Told:
 
     def tell(self, state, name: str) -> bool:
         """Decide the coming call on the host where the pipeline's scheduler tells its step (``steps.host_where``:
-        no tensor read); its slot is its place among the step's calls made so (guidance as two calls: two slots,
+        no tensor read); its branch is its place among the step's calls made so (guidance as two calls: two branches,
         as the calls' shapes give them otherwise). Returns whether it was decided (else the call decides itself)."""
         calls, module = self.cache.calls, self.module
         pipe = calls.pipeline() if calls.pipeline is not None else None
@@ -120,7 +120,7 @@ class Told:
         where = host_where(state.clock, scheduler, None)
         if where is None:
             return False
-        state.slot = state.clock.tick(where[1], ("cache_context",), calls.marks, scheduler.timesteps, where[0])
+        state.branch = state.clock.tick(where[1], ("cache_context",), calls.marks, scheduler.timesteps, where[0])
         self.cache.begin(state, CallInfo((), {}, None, None, where[1], told="scheduler"))
         state.decided, calls._traced = True, state  # (the state compiled code reads: CallHook.state)
         return True
@@ -128,7 +128,7 @@ class Told:
 
 @dataclasses.dataclass(slots=True)
 class Kept:
-    """What a cache keeps for one slot, its tensors made at the slot's first computed call and then updated in place
+    """What a cache keeps for one branch, its tensors made at the branch's first computed call and then updated in place
     (compiled code and CUDA graphs see the same tensors at every step): ``at``, the progress of the last computed
     call kept (``None`` while nothing of this generation is); ``weight``, the slope's weight at a cached call and
     ``gap``, the progress between the last two computed calls (0-d tensors, filled on the host: ``Across.begin``);
@@ -204,7 +204,7 @@ def moved(old: torch.Tensor, new: torch.Tensor, slope: torch.Tensor | None, gap:
 class Across(Technique):
     """A cache across steps: its modules' forwards are ``Bypass``es (``self.bypassed``, set by the subclass, in the
     order of the ``index`` each passes to the subclass's ``forward``). The subclass gives ``Kept`` (its state per
-    slot, a ``cache.Kept``), ``call(kept, computed, info)`` (the call's state, ``state.work``), ``forward`` and
+    branch, a ``cache.Kept``), ``call(kept, computed, info)`` (the call's state, ``state.work``), ``forward`` and
     ``end``. Modules compiled in place, before the patch or after it, are followed (``follow``: ``Around``)."""
 
     clocked = timed = host = hosted = True  # computed or not: decided on the host at each call
@@ -276,12 +276,12 @@ class Across(Technique):
 
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
     def begin(self, state, info) -> None:
-        """Set up the call: the slot's kept state, computed or cached (``decide``), the technique's call state."""
+        """Set up the call: the branch's kept state, computed or cached (``decide``), the technique's call state."""
         if info.progress is None:  # no timestep: the steps cannot be told apart
             self._warn_once(f"a call got no timestep, which the {self.name} needs to tell the steps apart; such calls "
                             "are computed whole", depth=5)
             return
-        kept = state.clock.kept_for(state.slot, self.Kept)
+        kept = state.clock.kept_for(state.branch, self.Kept)
         computed = self.decide(state, kept, info)
         if computed and kept.gap is not None:  # kept before: the slope measured at its end over the progress since
             gap = info.progress - kept.at if kept.at is not None else 0.0  # the last computed call kept
@@ -291,14 +291,14 @@ class Across(Technique):
         state.work = self.call(kept, computed, info)
 
     def decide(self, state, kept, info) -> bool:
-        """Whether the call is computed: its slot's first, every call while the cache is off or of a generation
+        """Whether the call is computed: its branch's first, every call while the cache is off or of a generation
         shorter than ``min_steps`` (a fallback, counted as such in ``self.ran``), else as the schedule says."""
         cfg, clock = self.config, state.clock
         fallback = (f"the {self.name} is off ({self.off})" if self.off is not None else
                     f"the generation has fewer than min_steps={cfg.min_steps} steps" if cfg.too_short(clock.steps)
                     else None)
         computed = fallback is not None or kept.at is None or cfg.computes(clock.step, info.progress, kept.at)
-        self.ran.count(clock, state.slot[1], computed, fallback, info.told)
+        self.ran.count(clock, state.branch[1], computed, fallback, info.told)
         return computed
 
     def weight(self, kept, progress: float):

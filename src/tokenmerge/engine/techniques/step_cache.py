@@ -16,7 +16,7 @@ wrapped (``Bypass``, as diffusers' caches replace a block's forward; the model's
     skipped step        every block passes its inputs through in its output's layout; a run's last block returns
                         x + R + w * S (what the model adds or rearranges between blocks it does afresh)  # (B, N, C)
 
-Kept state (``Kept``) lives in the step clock by the call's slot (grid, batch, dtype, place in the step): guidance run
+Kept state (``Kept``) lives in the step clock by the call's branch (grid, batch, dtype, place in the step): guidance run
 as two calls keeps two, a new generation forgets it. A block's output layout (which input each element of a returned
 tuple passes through) is learned at its first computed call: declared by the family (``Whole.output`` /
 ``Whole.text_output``) or the one input of that shape; a block whose layout cannot be told runs every step (one
@@ -77,7 +77,7 @@ class Run:
 
 @dataclasses.dataclass(slots=True)
 class Kept(Held):
-    """One slot's kept state (``cache.Kept``): the runs' residuals and slopes (one per stream, more where a stream
+    """One branch's kept state (``cache.Kept``): the runs' residuals and slopes (one per stream, more where a stream
     changes shape between blocks), updated in place at each computed step."""
 
     runs: list = dataclasses.field(default_factory=list)
@@ -301,7 +301,7 @@ class StepCache(Across):
 
     # ---- after the denoiser's call (on the host) ----------------------------------------------------------------
     def end(self, state) -> None:
-        """A computed call that ran every block: its runs' residuals kept, in place (made at the slot's first computed
+        """A computed call that ran every block: its runs' residuals kept, in place (made at the branch's first computed
         call, or where the runs' shapes changed), their slopes measured against the residuals kept before it over
         the progress between them (``kept.gap``, filled on the host: ``Across.begin``)."""
         work = state.work

@@ -25,12 +25,12 @@ blocks after the cut, the mid block, the up blocks and layers before it) runs no
                          cached step's feature and placeholders made
     computed step        every module runs; the feature (a copy: an up block's FreeU scales its input in place) and
                          the deep modules' output shapes are kept
-    end (host)           F kept per slot, S measured against the F before
+    end (host)           F kept per branch, S measured against the F before
 
 ControlNet: a ControlNet's outputs are read at every level, so it is left unpatched and runs every step; the UNet
 adds its residuals as usual: this step's to the shallow skip connections (which a cached step reads), while the deep
 ones and the mid block's land on placeholders that nothing reads: their effect at a cached step is the one carried
-in F from the last computed step. Kept state (``Kept``) lives in the step clock by the call's slot: guidance run as
+in F from the last computed step. Kept state (``Kept``) lives in the step clock by the call's branch: guidance run as
 two calls keeps two, a new generation forgets it.
 """
 
@@ -89,7 +89,7 @@ class UNetCacheConfig(Scheduled):
 
 @dataclasses.dataclass(slots=True)
 class Kept(Held):
-    """One slot's kept state (``cache.Kept``): the feature F (the deepest cached module's output) and its slope S,
+    """One branch's kept state (``cache.Kept``): the feature F (the deepest cached module's output) and its slope S,
     updated in place at each computed step, the deep modules' output outlines, their placeholders once made."""
 
     feature: torch.Tensor | None = None
@@ -289,7 +289,7 @@ class UNetCache(Across):
                 work.outs[index] = _blank(kept.outlines[index], True)
                 continue
             blank = kept.blanks.get(index)
-            if blank is None:  # made once per slot: views of one zero
+            if blank is None:  # made once per branch: views of one zero
                 blank = kept.blanks[index] = _blank(kept.outlines[index], False)
             work.outs[index] = blank
         return work
@@ -313,7 +313,7 @@ class UNetCache(Across):
 
     # ---- after the denoiser's call (on the host) ----------------------------------------------------------------
     def end(self, state) -> None:
-        """A computed call that ran every deep module once: its feature kept, in place (made at the slot's first
+        """A computed call that ran every deep module once: its feature kept, in place (made at the branch's first
         computed call, or where its shape changed), its slope measured against the feature kept before it over the
         progress between them (``kept.gap``: ``Across.begin``), the deep outputs' outlines kept for the
         placeholders."""

@@ -11,10 +11,10 @@ merge -> work -> unmerge as:
     per-token target  keys="fresh": cross-attention, feed-forward, pointwise layers run on S's rows
     block hook        full step: R = out - x kept; partial step: out[S] - x[S] into R, y = x + R   # (B, N, C)
 
-Kept state (``reuse_state.Kept``) lives in the clock, by the call's slot (its grid, batch, dtype and place in the
+Kept state (``reuse_state.Kept``) lives in the clock, by the call's branch (its grid, batch, dtype and place in the
 step), so guidance branches and tiles of two sizes keep their own; the round-robin (``reuse_state.Walk``) is the
 generation's; a new generation (the pipeline's scheduler set up again, ``tokenmerge.new_generation``, the timestep
-back to noise) forgets both. A call whose slot has nothing kept (a new
+back to noise) forgets both. A call whose branch has nothing kept (a new
 grid, batch or dtype) runs a full step. Family knowledge comes from the records: targets and their kinds, text
 beside the image (``sides``), the block's output layout (``Whole``), pointwise layers (``Blocks.pointwise``).
 """
@@ -164,9 +164,9 @@ class TokenReuse(Technique):
             self._warn_once("a call got no timestep, which token reuse needs to tell the steps apart")
             return
         cfg, clock, ex, device = self.config, state.clock, self.config.extrapolate, info.device
-        kept = clock.kept.get(state.slot)  # the slot's kept tensors, the generation's round-robin
+        kept = clock.kept.get(state.branch)  # the branch's kept tensors, the generation's round-robin
         if kept is None:
-            kept = clock.kept[state.slot] = Kept()
+            kept = clock.kept[state.branch] = Kept()
         steps = clock.whole
         if steps is None:
             steps = clock.whole = Walk()
@@ -239,7 +239,7 @@ class TokenReuse(Technique):
         if fits and text is not None:
             kept_text = kept.text.get(index)
             fits = kept_text is not None and kept_text.shape == text.shape and kept_text.dtype == text.dtype
-        if fits and self.cached:  # (a batch of another size is another slot)
+        if fits and self.cached:  # (a batch of another size is another branch)
             for t in range(len(self.targets[index])):
                 fits = fits and bool(kept.kv.get((index, t)))
         call.blocks[index] = entry = BlockCall(x, call.partial and fits, image, chosen, grid, text)
@@ -363,10 +363,10 @@ class TokenReuse(Technique):
         if route is None and not torch.compiler.is_compiling():  # its first call: which way reaches its SDPA calls
             entry.modes[-1 - t] = Probe().open_both()
         if self.cached:  # keep every token's keys and values (full step), or write the fresh rows in (partial)
-            slot = call.kept.kv.setdefault((index, t), [])
+            pairs = call.kept.kv.setdefault((index, t), [])
             gaps = gaps_of(call, entry, self.blocks[index].level) if self.config.extrapolate else (None, None)
             mode = CachedKeys(entry.image, entry.index if entry.partial else None, hooked.spec.keys, state.trailing,
-                              slot, entry.text_index, call.segments, self.tables,
+                              pairs, entry.text_index, call.segments, self.tables,
                               None if gaps[0] is None else (*gaps, call.gaps))
         elif not entry.partial:
             return None

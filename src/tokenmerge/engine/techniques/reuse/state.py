@@ -1,4 +1,4 @@
-"""Token reuse's state (``reuse.TokenReuse``): what a slot keeps across steps, the generation's round-robin, one
+"""Token reuse's state (``reuse.TokenReuse``): what a branch keeps across steps, the generation's round-robin, one
 call's recomputed tokens and one block's call in flight."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Walk:
 
 @dataclasses.dataclass(slots=True)
 class Kept:
-    """One slot's kept tensors: per block its residuals (image, text), per attention its keys and values."""
+    """One branch's kept tensors: per block its residuals (image, text), per attention its keys and values."""
 
     residual: dict = dataclasses.field(default_factory=dict)  # block -> (B, N, C)
     text: dict = dataclasses.field(default_factory=dict)  # block -> (B, T, C)
@@ -46,7 +46,7 @@ class Kept:
 
 @dataclasses.dataclass(slots=True)
 class Recompute:
-    """One call: its slot's kept tensors, per level ``(tokens, recomputed, grid)``, text rows, shared rotary rows,
+    """One call: its branch's kept tensors, per level ``(tokens, recomputed, grid)``, text rows, shared rotary rows,
     each block's call in flight."""
 
     kept: Kept
