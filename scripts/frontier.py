@@ -31,7 +31,7 @@ from tokenmerge.tools.methods import Combined, MethodSpec, parse_spec
 def _kind(spec) -> str:
     if isinstance(spec, Combined):
         return "combined"
-    return "cache" if spec.is_cache or spec.is_step_cache or spec.name == "auto" else "tokens"
+    return "cache" if spec.is_cache or spec.is_across_steps or spec.name == "auto" else "tokens"
 
 
 def _step_speed(speed: dict, spec: MethodSpec):
@@ -130,7 +130,7 @@ def points(bench: list[dict], quality: dict, omit: dict | None = None,
     def token_speed(spec, share=None):
         if spec.name == "auto" and auto is not None:
             return _cache_speed(reuse, auto, quality.get("steps", 20), share)
-        if spec.is_step_cache:
+        if spec.is_across_steps:
             return _cache_speed(reuse, spec, quality.get("steps", 20), share)
         if spec.stateful:
             return _reuse_speed(reuse, spec, quality.get("steps", 20))
@@ -144,7 +144,7 @@ def points(bench: list[dict], quality: dict, omit: dict | None = None,
             continue
         spec = parse_spec(m["spec"])
         kind = _kind(spec)
-        if kind == "tokens" or spec.is_step_cache or spec.name == "auto":
+        if kind == "tokens" or spec.is_across_steps or spec.name == "auto":
             x, how = token_speed(spec, m.get("steps_computed"))
         elif kind == "cache":
             x, how = (1 / m["linear_work"] if m.get("linear_work") else None), "counted"
@@ -160,7 +160,7 @@ def points(bench: list[dict], quality: dict, omit: dict | None = None,
         if psnr == float("inf"):
             notes.append(f"{m['label']}: identical to vanilla on this model (it skipped or merged nothing)")
             continue
-        own = spec.is_step_cache or spec.name == "auto"  # this library's caches across steps
+        own = spec.is_across_steps or spec.name == "auto"  # this library's caches across steps
         out.append(dict(label=m["label"], spec=m["spec"], kind=kind, step=own, speedup=x, how=how,
                         psnr=psnr, psnr_ci=m.get("psnr_ci95"), ssim=m["ssim_mean"], work=m.get("linear_work")))
     for p in out:  # on the frontier: no other point is at least as fast and as faithful, and better in one

@@ -353,7 +353,7 @@ def test_patched_context_manager_and_the_method_spec():
         with tokenmerge.patched(model, 0.5, method="step_cache"):
             pass
     spec = parse_spec("stepcache:2,warmup=3,skip_growth=1")
-    assert spec.config() == StepCacheConfig(warmup=3, skip=2, skip_growth=1) and spec.is_step_cache
+    assert spec.config() == StepCacheConfig(warmup=3, skip=2, skip_growth=1) and spec.is_across_steps
     assert parse_spec("stepcache").config() == StepCacheConfig()  # no value: the config's schedule (gap)
     with pytest.raises(ValueError, match="stepcache"):
         parse_spec("stepcache:2,fraction=0.5")

@@ -436,7 +436,7 @@ def test_the_method_spec():
     from tokenmerge.tools.methods import parse_spec
 
     spec = parse_spec("unetcache:3,depth=2,warmup=1")
-    assert spec.config() == UNetCacheConfig(warmup=1, skip=3, depth=2) and spec.is_step_cache and spec.stateful
+    assert spec.config() == UNetCacheConfig(warmup=1, skip=3, depth=2) and spec.is_across_steps and spec.stateful
     assert parse_spec("unetcache").config() == UNetCacheConfig()
     with pytest.raises(ValueError, match="unetcache"):
         parse_spec("unetcache:2,fraction=0.5")

@@ -118,7 +118,7 @@ def _steady(mode: MethodSpec) -> MethodSpec:
     cache) ones (``steps._eager``; ``auto``: ``applied``)."""
     if not mode.stateful or mode.name == "auto":
         return mode
-    if mode.is_step_cache:
+    if mode.is_across_steps:
         return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1),))
     return MethodSpec(mode.name, mode.value, mode.steady().options + (("warmup", 1), ("every", 0)))
 
@@ -139,7 +139,7 @@ def applied(mode: MethodSpec, unet):
 
 def step_timed(mode: MethodSpec) -> str:
     """Which later step a stateful mode's record times: the caches' skipped (cached) one, token reuse's partial."""
-    return "skipped" if mode.is_step_cache or mode.name == "auto" else "partial"
+    return "skipped" if mode.is_across_steps or mode.name == "auto" else "partial"
 
 
 def regional(unet) -> list:

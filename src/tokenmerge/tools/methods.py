@@ -163,7 +163,7 @@ class MethodSpec:
         return self.name in CACHES
 
     @property
-    def is_step_cache(self) -> bool:
+    def is_across_steps(self) -> bool:
         """Whether it is one of this library's caches across steps (the step cache, the UNet cache)."""
         return self.name in STEP_CACHES
 
@@ -189,7 +189,7 @@ class MethodSpec:
             ToDoConfig(downsample=self.value, **self.kwargs())
         elif self.name == "reuse":
             self.reuse_config()
-        elif self.is_step_cache:
+        elif self.is_across_steps:
             if self.value is not None and self.value != int(self.value):
                 raise ValueError(f"{self.name}'s value (the steps skipped in a round) must be an integer, got "
                                  f"{self.value:g}")
@@ -228,7 +228,7 @@ class MethodSpec:
             tokenmerge.apply_config(model, ToDoConfig(downsample=self.value, **self.kwargs()), code_paths=code_paths)
         elif self.name == "reuse":
             tokenmerge.apply_config(model, self.reuse_config())
-        elif self.is_step_cache:
+        elif self.is_across_steps:
             tokenmerge.apply_config(model, self.config())
         elif self.name == "auto":
             tokenmerge.accelerate(model, **self.kwargs())
@@ -337,7 +337,7 @@ def parse_spec(text: str, bench: bool = False) -> MethodSpec | Combined:
                              "(and caches) are for tokenmerge quality")
         parts = tuple(parse_spec(piece.strip()) for piece in pieces)
         caches = sum(p.is_cache for p in parts)
-        if any(p.is_step_cache for p in parts):
+        if any(p.is_across_steps for p in parts):
             raise ValueError(f"method spec {quote(text)}: the step cache is a cache across steps of its own: it "
                              "combines with no other method")
         if len(parts) != 2 or caches != 1 or any(p.name == "vanilla" for p in parts):

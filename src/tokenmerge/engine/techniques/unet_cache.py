@@ -161,7 +161,7 @@ def _holding(outline, feature: torch.Tensor, writable: bool):
     return outline[0]((feature, *(_blank(o, writable) for o in outline[1][1:])))
 
 
-def _skips(block) -> int:
+def _skip_connections(block) -> int:
     """The skip connections a diffusers down block returns: one per resnet, one for its downsampler."""
     return len(block.resnets) + (getattr(block, "downsamplers", None) is not None)
 
@@ -230,7 +230,8 @@ class UNetCache(Across):
             raise ValueError(f"tokenmerge: depth={depth} leaves no deep path to cache in {name}: it has {n} levels "
                              f"(down blocks){'' if depth > n else ' and no mid block'}; use depth < {n}")
         reads = sum(len(b.resnets) for b in up[n - depth:])
-        gives = 1 + sum(_skips(b) for b in down[:depth]) - (getattr(down[depth - 1], "downsamplers", None) is not None)
+        gives = 1 + sum(_skip_connections(b) for b in down[:depth]) - (
+            getattr(down[depth - 1], "downsamplers", None) is not None)
         if reads != gives:
             raise ValueError(f"tokenmerge: the UNet cache cannot cut {name} at depth={depth}: its last {depth} up "
                              f"block(s) read {reads} skip connections, where conv_in and the first {depth} down "
