@@ -27,7 +27,7 @@ from kernels_per_call import _NARROW, _resolution
 
 import tokenmerge
 from tokenmerge.bench.cell import set_attention
-from tokenmerge.bench.generation import generate
+from tokenmerge.bench.generation import Loop, generate, scheduler_for
 from tokenmerge.bench.presets import resolve
 from tokenmerge.tools.methods import parse_spec
 
@@ -132,15 +132,16 @@ def main() -> None:
           f"{args.steps}-step generation as the bench runs it (its scheduler, guidance: {preset.guidance_text}; "
           "no VAE decode)\n")
     outside = _outside(model, inputs)
+    loop = Loop(model, scheduler_for(preset, inputs), preset)  # the patch tells the steps from its scheduler
     print("| method | operators per generation | vs vanilla | calls: blocks ran / skipped | per call, blocks ran | "
           "per call, skipped | outside the blocks (vanilla) |\n|---|---|---|---|---|---|---|")
     base = None
     for text in ["vanilla"] + args.methods:
         spec = parse_spec(text)
-        with spec.applied(model), torch.no_grad():
-            generate(model, None, preset, inputs, args.steps)  # a first generation: tables built, ids read
+        with spec.applied(loop), torch.no_grad():
+            generate(loop, None, preset, inputs, args.steps)  # a first generation: tables built, ids read
             with _Calls(model) as counted:
-                generate(model, None, preset, inputs, args.steps)
+                generate(loop, None, preset, inputs, args.steps)
         calls = counted.calls
         total = sum(c[0] for c in calls)
         ran = [c[0] for c in calls if c[1]]

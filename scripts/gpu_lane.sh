@@ -33,10 +33,12 @@
 #                  default $REUSE_WAN; tagged -reuse), then the rows not yet
 #                  measured: wan2.1-14b-480p hunyuan-video-720p flux1-dev-2048 sdxl-2048 (eager), one compiled row
 #                  with CUDA graphs (pixart-alpha-1024, whole-block, reduce-overhead), the summary.
-#   gen15          the lease for #56 (as quick15, same budget and RESULTS_COPY): whole generations (GEN_STEPS denoiser
-#                  steps, default 20, with the preset's scheduler and guidance) of tokenmerge.accelerate's three
-#                  speeds and the step cache's computed and skipped steps, eager, on flux1-dev-1024,
-#                  wan2.1-1.3b-480p, sd15-512 and sdxl-1024 (files tagged -gen), then the summary.
+#   gen15          the lease for #64 (as quick15, same budget and RESULTS_COPY): whole generations (GEN_STEPS denoiser
+#                  steps, default the pipeline's: Flux.1-dev 28, Wan and the UNets 50, with the pipeline's scheduler
+#                  and guidance) of tokenmerge.accelerate's three speeds and the step cache's computed and skipped
+#                  steps, eager, on flux1-dev-1024, wan2.1-1.3b-480p, sd15-512 and sdxl-1024 (files tagged -gen);
+#                  accelerate's computed and skipped steps compiled regionally and with CUDA graphs beside compiled
+#                  vanilla on flux1-dev-1024 (tagged -accelerate); then the summary.
 # ROW: the rows of `tokenmerge bench --gpu` (all when none is named): sd15-512 sd15-1024 sdxl-1024 sdxl-2048
 #   pixart-alpha-1024 flux1-dev-1024 flux1-dev-2048 wan2.1-1.3b-480p wan2.1-14b-480p hunyuan-video-720p
 #
@@ -185,8 +187,10 @@ summary() {
 # quick15's parts: the smallest time (s) each needs to be started, in the issue's order
 QUICK15=(smoke:60 flux1-dev-1024:110 sdxl-1024:80 pixart-alpha-1024:70 sd15-512:50 wan2.1-1.3b-480p:150
          compiled-pixart-alpha-1024:150 summary:10)
-# gen15: whole generations of accelerate's speeds (#56), then the summary
-GEN15=(gen-flux1-dev-1024:150 gen-wan2.1-1.3b-480p:200 gen-sd15-512:60 gen-sdxl-1024:90 summary:10)
+# gen15: whole generations of accelerate's speeds (#64) at the pipelines' step counts and schedulers, eager; then its
+# computed and skipped steps compiled regionally and with CUDA graphs, beside compiled vanilla; then the summary
+GEN15=(gen-flux1-dev-1024:150 gen-wan2.1-1.3b-480p:200 gen-sd15-512:60 compiled-rg-flux1-dev-1024:120
+       compiled-ro-auto-flux1-dev-1024:120 gen-sdxl-1024:90 summary:10)
 NEXT15=(smoke:75 kernels-flux1-dev-1024:130 kernels-pixart-alpha-1024:60 reuse-wan2.1-1.3b-480p:150
         wan2.1-14b-480p:200 hunyuan-video-720p:200 flux1-dev-2048:150 sdxl-2048:100 compiled-ro-pixart-alpha-1024:150
         summary:10)
@@ -197,9 +201,13 @@ KERNELS_METHODS+=" grid-limit:0.5"
 # extrapolated, and the step cache's computed and skipped steps (stepcache:1: a computed step, then a skipped one)
 REUSE_FLUX="reuse:0.5,keys=kept,text=true,extrapolate=1 reuse:0.2,keys=kept,text=true,extrapolate=1 stepcache:1"
 REUSE_WAN="reuse:0.3,keys=kept,extrapolate=1 reuse:0.25,keys=kept,extrapolate=1 stepcache:1"
-# whole generations of tokenmerge.accelerate's speeds (#56: the step cache on transformers), beside the step
-# cache's computed and skipped steps; GEN_STEPS denoiser steps (20 by default)
+# whole generations of tokenmerge.accelerate's speeds (#64: the step cache on transformers), beside the step
+# cache's computed and skipped steps; GEN_STEPS denoiser steps (default: the pipeline's, Flux.1-dev 28, Wan and the
+# UNets 50), with the pipeline's scheduler (bench.generation.scheduler_for: Flux's dynamic shift, Wan's UniPC)
 GEN_METHODS="auto,speed=faithful auto,speed=balanced auto,speed=fast stepcache:1"
+# compiled (#63, #64): accelerate's computed and skipped steps beside compiled vanilla, regional (its blocks compiled
+# in place, as compile_repeated_blocks) and whole with CUDA graphs (reduce-overhead)
+COMPILED_ACCELERATE="auto,speed=balanced auto,speed=fast"
 # on UNets (sd15, sdxl rows): accelerate is the UNet cache; beside it its cached step and ToMe (#58)
 GEN_UNET_METHODS="auto,speed=faithful auto,speed=balanced auto,speed=fast unetcache:2,depth=1,layers=0 tome:0.5"
 save() {  # leave what was measured so far in $RESULTS_COPY (quick15, next15)
@@ -238,13 +246,21 @@ quick15() {  # quick15 [PART:SECONDS...]: the parts of one lease (default QUICK1
         timed "bench ${name#kernels-} (Triton kernels, token reuse)" in_time "$left" bench_row "${name#kernels-}" eager ;;
       kernels-*) GPU_METHODS="${KERNELS_METHODS}" TAG=kernels \
         timed "bench ${name#kernels-} (Triton kernels)" in_time "$left" bench_row "${name#kernels-}" eager ;;
+      compiled-ro-auto-*) GPU_METHODS="${COMPILED_ACCELERATE}" TAG=accelerate \
+        timed "compiled ${name#compiled-ro-auto-} reduce-overhead (accelerate)" \
+        in_time "$left" bench_row "${name#compiled-ro-auto-}" compiled reduce-overhead ;;
+      compiled-rg-*) GPU_METHODS="${COMPILED_ACCELERATE}" TAG=accelerate \
+        timed "compiled ${name#compiled-rg-} regional (accelerate)" \
+        in_time "$left" bench_row "${name#compiled-rg-}" compiled regional ;;
       compiled-ro-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-ro-} reduce-overhead" \
         in_time "$left" bench_row "${name#compiled-ro-}" compiled reduce-overhead ;;
       compiled-*) GPU_METHODS="tome:0.5,scope=block" timed "compiled ${name#compiled-} default" \
         in_time "$left" bench_row "${name#compiled-}" compiled default ;;
-      gen-sd*) GPU_METHODS="${GEN_UNET_METHODS}" TAG=gen BENCH_ARGS="${BENCH_ARGS} --steps ${GEN_STEPS:-20}" \
+      gen-sd*) GPU_METHODS="${GEN_UNET_METHODS}" TAG=gen BENCH_ARGS="${BENCH_ARGS} --steps ${GEN_STEPS:-50}" \
         timed "generations ${name#gen-} (accelerate)" in_time "$left" bench_row "${name#gen-}" eager ;;
-      gen-*) GPU_METHODS="${GEN_METHODS}" TAG=gen BENCH_ARGS="${BENCH_ARGS} --steps ${GEN_STEPS:-20}" \
+      gen-flux*) GPU_METHODS="${GEN_METHODS}" TAG=gen BENCH_ARGS="${BENCH_ARGS} --steps ${GEN_STEPS:-28}" \
+        timed "generations ${name#gen-} (accelerate)" in_time "$left" bench_row "${name#gen-}" eager ;;
+      gen-*) GPU_METHODS="${GEN_METHODS}" TAG=gen BENCH_ARGS="${BENCH_ARGS} --steps ${GEN_STEPS:-50}" \
         timed "generations ${name#gen-} (accelerate)" in_time "$left" bench_row "${name#gen-}" eager ;;
       reuse-flux*) GPU_METHODS="${REUSE_METHODS:-$REUSE_FLUX}" TAG=reuse \
         timed "bench ${name#reuse-} (token reuse)" in_time "$left" bench_row "${name#reuse-}" eager ;;

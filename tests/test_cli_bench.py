@@ -204,7 +204,7 @@ def test_whole_generation_of_transformer_families(kind):
     from tiny_models import make_flux, make_pixart, make_sd3
 
     from tokenmerge.bench.cell import Cell
-    from tokenmerge.bench.generation import generate, time_generation, vae_for
+    from tokenmerge.bench.generation import Loop, generate, scheduler_for, time_generation, vae_for
     from tokenmerge.bench.presets import Preset
     from tokenmerge.tools.methods import MethodSpec
 
@@ -218,7 +218,7 @@ def test_whole_generation_of_transformer_families(kind):
     cell = Cell(preset.name, "sdpa", 64, 1)
     inputs = preset.inputs(1, 64, torch.float32, torch.device("cpu"))
     vae = vae_for(preset, torch.float32, "cpu")
-    image = generate(model, vae, preset, inputs, 2)
+    image = generate(Loop(model, scheduler_for(preset, inputs), preset), vae, preset, inputs, 2)
     assert image.shape == (1, 3, 16, 16) and torch.isfinite(image).all()
     times = time_generation(model, preset, cell, [MethodSpec("vanilla"), MethodSpec("tome", 0.5)], 1, 2,
                            torch.device("cpu"), torch.float32)
@@ -818,3 +818,34 @@ def test_a_table_made_from_another_of_its_store():
         recompute._order = real
     assert len(made) == 1 and len(tables) == 4
     assert sorted(torch.cat(windows).tolist()) == sorted(set(torch.cat(windows).tolist()))  # no token twice
+
+
+def test_whole_generations_run_as_the_pipelines_do():
+    """The bench's generation loop: the scheduler of the pipeline the preset stands for (Flux.1: flow-matching
+    Euler at its resolution's dynamic shift, e^mu with mu from the image tokens), and a cache applied to the loop
+    tells the steps from that scheduler's host state, as under a pipeline (no timestep read per call)."""
+    import math
+
+    import diffusers
+    import torch
+    from tiny_models import make_flux
+
+    import tokenmerge
+    from tokenmerge.bench.generation import Loop, generate, scheduler_for
+    from tokenmerge.bench.presets import Preset
+
+    if not hasattr(diffusers, "FluxTransformer2DModel"):
+        pytest.skip(f"diffusers {diffusers.__version__} has no FluxTransformer2DModel")
+    model = make_flux()
+    config = {k: v for k, v in model.config.items() if not k.startswith("_")}
+    preset = Preset("tiny-flux", "test", config, text_tokens=5, family="flux", text_dim=32)
+    inputs = preset.inputs(1, 64, torch.float32, torch.device("cpu"))
+    scheduler = scheduler_for(preset, inputs)
+    tokens = inputs["hidden_states"].shape[1]
+    assert scheduler.config.shift == pytest.approx(math.exp(0.5 + 0.65 * (tokens - 256) / 3840))
+    loop = Loop(model, scheduler, preset)
+    tokenmerge.apply_step_cache(loop, warmup=2, skip=1, min_steps=0)
+    generate(loop, None, preset, inputs, 10)
+    info = tokenmerge.describe_patch(loop)
+    assert info.ran == {"steps": 10, "computed": 0.6} and "steps told by the pipeline's scheduler" in str(info)
+    tokenmerge.remove_patch(loop)

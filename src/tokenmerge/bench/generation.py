@@ -11,7 +11,7 @@ from ..tools.timing import timed
 from .cell import Cell, step
 from .presets import Preset, load_pipeline
 
-__all__ = ["GENERATION_FAMILIES", "vae_for", "generate", "time_generation"]
+__all__ = ["GENERATION_FAMILIES", "Loop", "scheduler_for", "vae_for", "generate", "time_generation"]
 
 # the preset families whose denoising loop (and VAE) ``generate`` knows
 GENERATION_FAMILIES = ("unet", "pixart", "sd3", "flux", "wan")
@@ -37,16 +37,47 @@ def vae_for(preset: Preset, dtype, device):
                          latent_channels=channels).to(device, dtype).eval()
 
 
-@torch.no_grad()
-def generate(unet, vae, preset: Preset, inputs: dict, steps: int, guidance: float = 7.5):
-    """A text-to-image denoising loop of ``steps`` steps and the VAE decode, as a pipeline runs them, on the
-    bench's inputs (prompt embeddings given: the text encoder's few milliseconds are left out)."""
+class Loop:
+    """What a pipeline holds for the patch (its scheduler, its denoiser as ``unet`` or ``transformer``): methods are
+    applied to it, so the caches tell the steps from the scheduler's host state, as under a real pipeline."""
+
+    def __init__(self, model, scheduler, preset: Preset):
+        self.scheduler = scheduler
+        setattr(self, "unet" if preset.family == "unet" else "transformer", model)
+
+
+def scheduler_for(preset: Preset, inputs: dict | list):
+    """The scheduler of the pipeline the preset stands for: Flux.1's flow-matching Euler with its resolution's
+    dynamic shift (mu from the image tokens: 1.15 at 4,096), SD3's shift 3, Wan 2.1's UniPC on flow sigmas (shift
+    3 at 480p, 5 at 720p and above), DDIM for UNets and PixArt."""
+    import math
+
     import diffusers
 
-    flow = preset.family in ("sd3", "flux", "wan")  # flow matching (diffusers >= 0.29, as are these models)
-    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0 if preset.family == "wan" else 1.0) if flow \
-        else diffusers.DDIMScheduler()
-    scheduler.set_timesteps(steps)
+    first = inputs[0] if isinstance(inputs, list) else inputs
+    if preset.family == "flux":
+        tokens = first["hidden_states"].shape[1]
+        mu = 0.5 + (1.15 - 0.5) * (tokens - 256) / (4096 - 256)
+        return diffusers.FlowMatchEulerDiscreteScheduler(shift=math.exp(mu))
+    if preset.family == "sd3":
+        return diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)
+    if preset.family == "wan":
+        height = first["hidden_states"].shape[-2] * 8  # latent rows -> pixels (Wan's VAE: 8x spatially)
+        return diffusers.UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                 flow_shift=3.0 if height < 720 else 5.0)
+    return diffusers.DDIMScheduler()
+
+
+@torch.no_grad()
+def generate(loop: Loop, vae, preset: Preset, inputs: dict, steps: int, guidance: float = 7.5):
+    """A text-to-image denoising loop of ``steps`` steps and the VAE decode, as a pipeline runs them, on the
+    bench's inputs (prompt embeddings given: the text encoder's few milliseconds are left out), with the loop's
+    scheduler (Flux.1's grid for Flux: sigmas ``linspace(1, 1/N, N)``, shifted)."""
+    unet, scheduler = getattr(loop, "unet", None) or loop.transformer, loop.scheduler
+    if type(scheduler).__name__ == "FlowMatchEulerDiscreteScheduler":
+        scheduler.set_timesteps(sigmas=[1.0 - k / steps for k in range(steps)])
+    else:
+        scheduler.set_timesteps(steps)
     calls = inputs if isinstance(inputs, list) else [inputs]  # guidance "calls": conditional, unconditional
     key = "sample" if "sample" in calls[0] else "hidden_states"
     batched = preset.guidance == "batch"
@@ -55,7 +86,7 @@ def generate(unet, vae, preset: Preset, inputs: dict, steps: int, guidance: floa
     rests = [{k: v for k, v in c.items() if k not in (key, "timestep")} for c in calls]
     for t in scheduler.timesteps:
         model_in = torch.cat([x, x]) if batched else x
-        step_t = torch.full((n,), float(t) / (1000 if preset.family == "flux" else 1), device=x.device)
+        step_t = (t / (1000 if preset.family == "flux" else 1)).expand(n).to(x.device)
         outs = [step(unet, {key: model_in, "timestep": step_t, **rest}).sample for rest in rests]
         if batched:
             uncond, cond = outs[0].chunk(2)
@@ -79,15 +110,16 @@ def generate(unet, vae, preset: Preset, inputs: dict, steps: int, guidance: floa
 def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, steps: int, device, dtype,
                     progress=None) -> dict[str, list[float]]:
     """Seconds of ``generate`` per mode, interleaved, after one VAE warm-up (the steps were warmed by
-    ``time_cell``)."""
+    ``time_cell``); each mode applied to the loop (``Loop``: the scheduler and the denoiser, as a pipeline)."""
     vae = vae_for(preset, dtype, device)
     inputs = preset.inputs(cell.batch, cell.resolution, dtype, device, frames=cell.frames)
-    generate(unet, vae, preset, inputs, 1)  # warms the scheduler and the VAE at this size
+    loop = Loop(unet, scheduler_for(preset, inputs), preset)
+    generate(loop, vae, preset, inputs, 1)  # warms the scheduler and the VAE at this size
     times: dict[str, list[float]] = {m.text: [] for m in modes}
     for _ in range(repeats):
         for mode in modes:
-            with mode.applied(unet):
-                times[mode.text].append(timed(device, generate, unet, vae, preset, inputs, steps)[1])
+            with mode.applied(loop):
+                times[mode.text].append(timed(device, generate, loop, vae, preset, inputs, steps)[1])
             if progress is not None:
                 progress.update(1)
     return times
