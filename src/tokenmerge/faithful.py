@@ -36,7 +36,7 @@ SPEEDS = ("faithful", "balanced", "fast")
 # Flux.1-dev's (28 and 50 steps, shift e^1.15) and the linear grid, the video transformer on Wan 2.1's UniPC (50
 # steps, shifts 3, 5, 7), the UNet under DDIM and DPM-Solver++ 2M (25 and 50 steps).
 _UNET = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.04, gap_growth=0.1),
-         "fast": dict(gap=0.04, gap_growth=0.3)}
+         "fast": dict(skip=1, skip_growth=1)}  # (rounds: a UNet's solvers step uniformly in the timestep)
 _UNET_CUT = dict(depth=1, layers=0)  # a cached step runs conv_in, the last up block's last layer and conv_out
 _TOME = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on a UNet the UNet cache cannot cut
 _IMAGE = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.02, gap_growth=0.2),
@@ -82,9 +82,10 @@ def _attempts(kind: str, speed: str) -> list[tuple]:
 def _setting(base: dict) -> str:
     """A preset's settings in words: ``a step computed once the progress since the last computed one passes 0.02 +
     0.2 x its progress, warmup 3, the slope at 0.7``."""
-    return (f"a step computed once the denoising progress since the last computed one passes {base['gap']:g} + "
-            f"{base['gap_growth']:g} x its progress, warmup {_COMMON['warmup']}, the slope at "
-            f"{_COMMON['extrapolate']:g}")
+    schedule = (f"rounds of {base['skip']} cached step and a computed one, each round {base['skip_growth']} longer"
+                if "skip" in base else f"a step computed once the denoising progress since the last computed one "
+                f"passes {base['gap']:g} + {base['gap_growth']:g} x its progress")
+    return f"{schedule}, warmup {_COMMON['warmup']}, the slope at {_COMMON['extrapolate']:g}"
 
 
 def accelerate(model, speed: str = "balanced"):
