@@ -283,8 +283,10 @@ class Across(Technique):
             return
         kept = state.clock.kept_for(state.branch, self.Kept)
         computed = self.decide(state, kept, info)
-        if computed and kept.gap is not None:  # kept before: the slope measured at its end over the progress since
-            gap = info.progress - kept.at if kept.at is not None else 0.0  # the last computed call kept
+        if computed and kept.gap is not None:
+            # something kept before: the slope is measured at the call's end, over the progress since the last
+            # computed call
+            gap = info.progress - kept.at if kept.at is not None else 0.0
             kept.sloped = gap > 0
             kept.gap.fill_(gap if gap > 0 else 1.0)
             kept.at = info.progress

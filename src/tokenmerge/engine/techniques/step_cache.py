@@ -1,27 +1,7 @@
-"""The step cache (``tokenmerge.apply_step_cache``): some steps of a generation are computed, the others run no block.
-
-For a stack of blocks ``y_k = x_k + r_k`` a skipped step gives ``out = x_0 + sum_k (r_k + s_k * dt)``: the stack's own
-residual ``R`` and its slope ``S`` per stream (the image stream; a text stream that the blocks return), two tensors
-each, kept from the computed steps; the embeddings and the final layers run as usual. Each block's ``forward`` is
-wrapped (``Bypass``, as diffusers' caches replace a block's forward; the model's code is not copied):
-
-    begin (host)        computed or skipped (``StepCacheConfig.computed``: warm-up, then rounds that grow);
-                        at a skipped step, the weight w = extrapolate x (progress - progress of the last computed one)
-    computed step       each block runs; the stack's residual is measured per stream and run of blocks (a run:
-                        blocks each fed the output of the one before): its last block's output minus its first
-                        block's input; runs of one shape are summed (what the model adds between them, ControlNet
-                        residuals, stays out of R), a run of another shape (the text joined to the image before
-                        Flux.2's single blocks) is kept apart
-    end (host)          R kept per run; S = (R - R before) / the progress between the two computed steps
-    skipped step        every block passes its inputs through in its output's layout; a run's last block returns
-                        x + R + w * S (what the model adds or rearranges between blocks it does afresh)  # (B, N, C)
-
-Kept state (``Kept``) lives in the step clock by the call's branch (grid, batch, dtype, place in the step): guidance run
-as two calls keeps two, a new generation forgets it. A block's output layout (which input each element of a returned
-tuple passes through) is learned at its first computed call: declared by the family (``Whole.output`` /
-``Whole.text_output``) or the one input of that shape; a block whose layout cannot be told runs every step (one
-warning), never a wrong skip.
-"""
+"""The step cache (``tokenmerge.apply_step_cache``): some steps of a generation are computed, the others run no block
+of the transformer's stack; its output is the stack's input plus the residual the stack added at the last computed
+step, moved along its slope, per stream and run of blocks. What a skipped step keeps and does, step by step:
+docs/design.md ("The caches across steps, inside")"""
 
 from __future__ import annotations
 
@@ -268,9 +248,10 @@ class StepCache(Across):
             names = list(inputs)
             for position, y in enumerate(out):
                 b = declared.get(position) if isinstance(y, torch.Tensor) else None
-                if b is None and isinstance(y, torch.Tensor):  # the one input of its shape (of several, the one at
+                if b is None and isinstance(y, torch.Tensor):
+                    # the one input of its shape (of several, the one at the output's position among the arguments)
                     same = [n for n, v in inputs.items() if isinstance(v, torch.Tensor) and v.shape == y.shape and
-                            v.dtype == y.dtype]  # the output's position among the arguments)
+                            v.dtype == y.dtype]
                     if len(same) > 1 and position < len(names) and names[position] in same:
                         same = [names[position]]
                     b = (hidden if same[0] == hidden.name else bind(Arg(same[0]), site.module)) if len(same) == 1 \

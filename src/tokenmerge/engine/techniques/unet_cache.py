@@ -1,38 +1,7 @@
 """The UNet cache (``tokenmerge.apply_unet_cache``): DeepCache's idea on the engine. Some steps are computed; the
-others run only the UNet's shallow path and take the deep path's output from the last computed step.
-
-A diffusers UNet runs ``conv_in``, its down blocks (each returning its hidden states and its skip connections,
-collected in order), the mid block, its up blocks (each popping its skip connections from the end), ``conv_out``.
-The last ``depth`` up blocks read only the skip connections of ``conv_in`` and of the first ``depth`` down blocks
-(checked at apply time), and the output of ``up_blocks[-depth - 1]``. So a cached step runs ``conv_in``, the first
-``depth`` down blocks, the last ``depth`` up blocks and ``conv_out``. With ``layers`` the cut falls inside
-``down_blocks[depth - 1]`` (DeepCache's branch of a layer): a cached step runs its first ``layers`` layers (a resnet
-and its attention each) and, of ``up_blocks[-depth]``, the layers that read their skips and the one before's; the
-deepest cached module is then the layer of ``up_blocks[-depth]`` before those. The deep path (the down layers and
-blocks after the cut, the mid block, the up blocks and layers before it) runs nothing: each of its modules'
-``forward`` is wrapped (``Bypass``, as diffusers' hook registry wraps one; the model's code is not copied) and returns
-
-    a placeholder        of the shape it returned at the last computed step (a zero-stride view of one zero, which
-                         costs nothing; a writable tensor of zeros where the call carries T2I-Adapter residuals,
-                         which the UNet adds in place)
-    the kept feature     the deepest cached module (``up_blocks[-depth - 1]``, the mid block where ``depth`` is the
-                         number of levels, or the layer of a cut): its output F at the last computed step, moved
-                         along its slope
-                         F + extrapolate x S x dt (S: its change per unit of denoising progress between the last two
-                         computed steps, dt: the progress since the last one)
-
-    begin (host)         computed or cached (``UNetCacheConfig.computed``: the step cache's schedule language), the
-                         cached step's feature and placeholders made
-    computed step        every module runs; the feature (a copy: an up block's FreeU scales its input in place) and
-                         the deep modules' output shapes are kept
-    end (host)           F kept per branch, S measured against the F before
-
-ControlNet: a ControlNet's outputs are read at every level, so it is left unpatched and runs every step; the UNet
-adds its residuals as usual: this step's to the shallow skip connections (which a cached step reads), while the deep
-ones and the mid block's land on placeholders that nothing reads: their effect at a cached step is the one carried
-in F from the last computed step. Kept state (``Kept``) lives in the step clock by the call's branch: guidance run as
-two calls keeps two, a new generation forgets it.
-"""
+others run only the UNet's shallow path (``conv_in``, the first ``depth`` down and last ``depth`` up blocks, or a cut
+inside them, ``conv_out``) and take the deep path's output from the last computed step, moved along its slope. The
+cut, the placeholders and ControlNets: docs/design.md ("The caches across steps, inside")"""
 
 from __future__ import annotations
 
@@ -182,9 +151,10 @@ class UNetCache(Across):
         self.bypassed = self.deep
         unet = patch.site.module
         cut = unet.down_blocks[patch.config.depth - 1]
-        partial = _layers(cut, patch.config.layers) < len(cut.resnets)  # the cut inside blocks: FreeU's in-place
-        self.mirror = unet.up_blocks[len(unet.down_blocks) - patch.config.depth] if partial else None  # scaling of
-        # the cached layers' inputs there needs writable placeholders
+        # a cut inside the blocks: FreeU's in-place scaling of the cached layers' inputs in the up block that mirrors
+        # it needs writable placeholders
+        partial = _layers(cut, patch.config.layers) < len(cut.resnets)
+        self.mirror = unet.up_blocks[len(unet.down_blocks) - patch.config.depth] if partial else None
         self.in_place = [b for b in (bind(a, unet) for a in _IN_PLACE) if b is not None]
 
     @staticmethod
