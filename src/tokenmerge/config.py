@@ -97,6 +97,17 @@ class _Schedule:
     min_size: int | None = None
     kernels: str = "torch"
 
+    def head(self) -> str:
+        """The technique and its own settings, as ``describe_patch``'s first line starts: ``ToMe patch:
+        ratio=0.5``."""
+        raise NotImplementedError
+
+    @property
+    def merges_around_attention_only(self) -> bool:
+        """Whether it merges tokens around attention alone (ToMe's default scope, no feed-forward): what saves little
+        on an image transformer at 1024 px and below."""
+        return False
+
     def plans_shared(self, kind: str) -> bool:
         """Whether one plan per level and call serves the level's blocks, on a family of ``kind`` ("unet" or
         "transformer"): ``share_plans``, or where it is ``None`` (the default) on transformers only."""
@@ -250,6 +261,13 @@ class ToMeConfig(_Schedule):
         object.__setattr__(self, "ratio", float(ratio))
         self._check_shared(upper)
 
+    def head(self) -> str:
+        return f"ToMe patch: ratio={self.ratio:g} "
+
+    @property
+    def merges_around_attention_only(self) -> bool:
+        return self.scope == "attention" and not self.merge_mlp
+
 
 @dataclass(frozen=True)
 class ToDoConfig(_Schedule):
@@ -315,6 +333,9 @@ class ToDoConfig(_Schedule):
                                  f"token grid has {rank} axes ({'frames, ' if rank == 3 else ''}height, width)")
             return self.downsample
         return (1,) * (rank - 2) + (self.downsample, self.downsample)
+
+    def head(self) -> str:
+        return f"ToDo patch: downsample={self.downsample} mode={self.mode} query ratio={self.ratio:g} "
 
 
 # how the recomputed tokens are chosen at each step (each is a fixed order of the image tokens, walked round-robin:

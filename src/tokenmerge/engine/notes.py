@@ -54,9 +54,7 @@ def planned(technique) -> list[str]:
     merging = technique.changes(cfg)
     if merging and cfg.kernels == "triton" and not _on_cuda(module):
         notes.append(NOTE_TRITON_OFF_CUDA)
-    if merging and family.kind == "transformer" and grid_rank(family.grid) == 2 \
-            and getattr(cfg, "scope", "attention") == "attention" and not cfg.merge_mlp \
-            and not hasattr(cfg, "downsample"):
+    if merging and family.kind == "transformer" and grid_rank(family.grid) == 2 and cfg.merges_around_attention_only:
         notes.append(NOTE_ATTENTION_ONLY)
     if merging and family.kind == "transformer" and not cfg.plans_shared(family.kind):
         notes.append(NOTE_PLAN_PER_BLOCK)

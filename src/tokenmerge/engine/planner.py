@@ -394,9 +394,7 @@ class Planned(Technique):
 
     def summary(self) -> str:
         c = self.config
-        head = (f"tokenmerge ToDo patch: downsample={c.downsample} mode={c.mode} query ratio={c.ratio:g} "
-                if hasattr(c, "downsample") else f"tokenmerge ToMe patch: ratio={c.ratio:g} ")
-        return (head + f"max_downsample={c.max_downsample} (None = auto) sx={c.sx} sy={c.sy}"
+        return (f"tokenmerge {c.head()}max_downsample={c.max_downsample} (None = auto) sx={c.sx} sy={c.sy}"
                 + (f" st={c.st}" if c.st != 1 else "") + f" use_rand={c.use_rand} seed={c.effective_seed} merge: "
                 + ", ".join(n for n, on in (("attn", c.merge_attn), ("crossattn", c.merge_crossattn),
                                             ("mlp", c.merge_mlp)) if on)
