@@ -271,7 +271,7 @@ class Watch:
 
     def __init__(self, technique, blocks, region):
         self.technique, self.region = technique, region
-        self.bypasses = list(technique.bypasses) if getattr(technique, "regional", False) else []  # followed
+        self.bypasses = list(technique.bypasses) if technique.regional else []  # followed
         self.hooked = [] if self.bypasses else holding(technique.patch.site.module, blocks) + region  # refused
         self.seen: dict[int, int] = {}  # id of a harmless HookRegistry -> its number of hooks when checked
 

@@ -23,7 +23,7 @@ def check_apply(model, config, selected, kind) -> None:
         if not blocks:
             continue
         kind.check(site, blocks, config)
-        regional = None if getattr(kind, "regional", False) else compiled_in_place(holding(site.module, blocks) + [
+        regional = None if kind.regional else compiled_in_place(holding(site.module, blocks) + [
             (f"{b.path}.{n}", m) for b in blocks for n, m in b.module.named_modules() if n])
         if regional is not None:
             raise ValueError(regional_message(regional, False, kind.name))

@@ -41,6 +41,7 @@ class Technique:
         hosted: under a pipeline it takes the step and its progress from the scheduler's host state instead
             (``steps.py``: no tensor read per call).
         gridded: it reads each call's token grid (position ids...); one that does not gets ``()``.
+        regional: it stands its modules compiled in place (regional compilation); the others are refused there.
         host: its ``begin`` decides on the host: under ``torch.compile`` the call's set-up is its one graph break.
         pools: a call whose grid fits no merge window still runs it (ToDo pools the keys of any grid).
         inside: what it does inside PyTorch's SDPA call, which ring attention does not make (``None``: nothing).
@@ -51,6 +52,7 @@ class Technique:
     timed = False
     hosted = False
     gridded = True
+    regional = False
     host = False
     pools = False
     inside: str | None = None
