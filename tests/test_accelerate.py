@@ -219,3 +219,32 @@ def test_an_ldm_style_unet_gets_tome_with_the_reason():
     assert info.config == ToMeConfig(ratio=0.5)
     assert "UNet cache cannot patch" in info.notes[0] and "LDM-style" in info.notes[0], info.notes[0]
     tokenmerge.remove_patch(model)
+
+
+def test_hand_calls_default_to_what_accelerate_picks():
+    """apply_step_cache and apply_unet_cache with no schedule argument run accelerate's balanced point for their kind
+    of denoiser (written out here), and their signatures' defaults are their configs' (one source of defaults)."""
+    import inspect
+
+    common = dict(warmup=3, extrapolate=0.7, min_steps=9)
+    assert StepCacheConfig() == StepCacheConfig(gap=0.02, gap_growth=0.2, **common)
+    assert UNetCacheConfig(layers=0) == UNetCacheConfig(gap=0.04, gap_growth=0.1, depth=1, layers=0, **common)
+    for call, config in ((tokenmerge.apply_step_cache, StepCacheConfig),
+                         (tokenmerge.apply_unet_cache, UNetCacheConfig)):
+        fields = {f.name: f.default for f in dataclasses.fields(config)}
+        for name, param in inspect.signature(call).parameters.items():
+            if name != "model":
+                assert param.default == fields[name], (call.__name__, name)
+    if available("flux") is None:
+        model = CATALOGUE["flux"].build()
+        tokenmerge.apply_step_cache(model)
+        by_hand = tokenmerge.describe_patch(model).config
+        tokenmerge.accelerate(model)
+        assert by_hand == tokenmerge.describe_patch(model).config
+        tokenmerge.remove_patch(model)
+    unet = CATALOGUE["unet-sd"].build()
+    tokenmerge.apply_unet_cache(unet, layers=0)
+    by_hand = tokenmerge.describe_patch(unet).config
+    tokenmerge.accelerate(unet)
+    assert by_hand == tokenmerge.describe_patch(unet).config
+    tokenmerge.remove_patch(unet)

@@ -122,8 +122,9 @@ def test_the_schedule():
     assert mask(UNetCacheConfig(warmup=3, skip=2), 12) == "111001001001"
     assert mask(UNetCacheConfig(warmup=2, skip=1, skip_growth=1), 12) == "110100100010"
     assert mask(UNetCacheConfig(mask="1101"), 6) == "110111"  # steps past a mask's end are computed
-    # the default schedule is the step cache's (computed by the progress since the last computed step)
-    assert UNetCacheConfig().schedule(28, 3.0) == StepCacheConfig().schedule(28, 3.0)
+    # the default schedule is the step cache's gap schedule at the UNet's own gap and gap_growth
+    assert UNetCacheConfig().schedule(28, 3.0) == StepCacheConfig(gap=0.04, gap_growth=0.1).schedule(28, 3.0)
+    assert UNetCacheConfig().schedule(28, 3.0) != StepCacheConfig().schedule(28, 3.0)
     assert UNetCacheConfig(skip=2).kind == "rounds" and UNetCacheConfig().kind == "gap"
 
 

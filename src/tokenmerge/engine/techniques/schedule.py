@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import numbers
 
-__all__ = ["rounds", "check_schedule", "Scheduled", "DEFAULT_GAP", "DEFAULT_GAP_GROWTH"]
-
-DEFAULT_GAP, DEFAULT_GAP_GROWTH = 0.035, 0.3
+__all__ = ["rounds", "check_schedule", "Scheduled"]
 
 
 def rounds(step: int, warmup: int, skip: int, growth: int) -> bool:
@@ -39,9 +37,11 @@ def rounds(step: int, warmup: int, skip: int, growth: int) -> bool:
 
 class Scheduled:
     """What a cache's config (``warmup``, ``gap``, ``gap_growth``, ``skip``, ``skip_growth``, ``mask``,
-    ``min_steps``, ``extrapolate``) says about a generation's steps."""
+    ``min_steps``, ``extrapolate``) says about a generation's steps. ``GAPS``: its ``gap`` and ``gap_growth`` where
+    none is given (the config's class sets them: ``accelerate``'s balanced point for its kind of denoiser)."""
 
     __slots__ = ()
+    GAPS = (0.02, 0.2)
 
     @property
     def kind(self) -> str:
@@ -71,7 +71,7 @@ class Scheduled:
         return out
 
     def words(self) -> str:
-        """The settings as ``describe_patch`` gives them (``warmup=3 gap=0.035 gap_growth=0.3 extrapolate=0.7``), with
+        """The settings as ``describe_patch`` gives them (``warmup=3 gap=0.02 gap_growth=0.2 extrapolate=0.7``), with
         the steps computed of 28 on the linear grid and on Flux's at shift 3 (of 28 and 50)."""
         words = f"warmup={self.warmup} " + (
             f"mask={self.mask}" if self.kind == "mask" else f"skip={self.skip} skip_growth={self.skip_growth}"
@@ -106,7 +106,7 @@ def _fraction(config, name: str, what: str) -> None:
 def check_schedule(config, kept: str) -> None:
     """Validate ``config``'s schedule and ``extrapolate`` (``ValueError`` naming the field; ``kept``: what the slope
     moves, in its message), making the integers ``int`` and the numbers ``float``; with neither ``skip`` nor
-    ``mask``, ``gap`` and ``gap_growth`` get their defaults where ``None``."""
+    ``mask``, ``gap`` and ``gap_growth`` get their defaults (``GAPS``) where ``None``."""
     _fraction(config, "extrapolate", f"0: the kept {kept} held; 1: moved along its slope, first order")
     _integer(config, "min_steps", 0, "a generation of fewer steps, as a patched pipeline's scheduler tells, "
                                      "computes every step")
@@ -123,7 +123,7 @@ def check_schedule(config, kept: str) -> None:
         raise ValueError(f"{' and '.join(sorted(given))}: give one schedule: mask= (static), skip= (rounds counted "
                          "in steps) or gap= / gap_growth= (the denoising progress a skipped run spans; the default)")
     if mask is None and config.skip is None:
-        for name, default in (("gap", DEFAULT_GAP), ("gap_growth", DEFAULT_GAP_GROWTH)):
+        for name, default in zip(("gap", "gap_growth"), type(config).GAPS):
             if getattr(config, name) is None:
                 object.__setattr__(config, name, default)
             _fraction(config, name, "the denoising progress (0 at pure noise, 1 at the end) a skipped step may lie "

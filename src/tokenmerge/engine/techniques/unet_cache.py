@@ -31,6 +31,8 @@ class UNetCacheConfig(Scheduled):
         '1001001001'
     """
 
+    GAPS = (0.04, 0.1)  # (accelerate's balanced point on UNets)
+
     warmup: int = 3
     gap: float | None = None
     gap_growth: float | None = None
