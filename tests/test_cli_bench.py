@@ -220,9 +220,10 @@ def test_whole_generation_of_transformer_families(kind):
     vae = vae_for(preset, torch.float32, "cpu")
     image = generate(Loop(model, scheduler_for(preset, inputs), preset), vae, preset, inputs, 2)
     assert image.shape == (1, 3, 16, 16) and torch.isfinite(image).all()
-    times = time_generation(model, preset, cell, [MethodSpec("vanilla"), MethodSpec("tome", 0.5)], 1, 2,
-                           torch.device("cpu"), torch.float32)
+    times, ran = time_generation(model, preset, cell, [MethodSpec("vanilla"), MethodSpec("tome", 0.5)], 1, 2,
+                                 torch.device("cpu"), torch.float32)
     assert all(len(ts) == 1 and ts[0] > 0 for ts in times.values())
+    assert ran == {}  # neither counts steps
 
 
 @pytest.mark.compile
@@ -689,17 +690,21 @@ def test_gpu_table_rows_and_summary(tmp_path, monkeypatch, capsys, fast_cpu):
 
 def test_gpu_rows_time_whole_generations_of_accelerate(tmp_path, monkeypatch, capsys, fast_cpu):
     """--gpu ROW --steps N (the GPU lane's gen15): each method's whole generations beside its steps; accelerate's
-    speeds and the step cache's computed and skipped steps."""
+    speeds and the step cache's computed and skipped steps, and how many steps each generation computed."""
     _skip_without_class("tiny-wan")
     _tiny_rows(monkeypatch)
     out = tmp_path / "res"
-    assert main(["bench", "--gpu", "tiny-wan", "--methods", "auto,speed=fast", "stepcache:1", "--steps", "4",
+    assert main(["bench", "--gpu", "tiny-wan", "--methods", "auto,speed=fast", "stepcache:1", "--steps", "10",
                  "--device", "cpu", "--warmup", "0", "--repeats", "1", "--out", str(out), "--stem", "gen",
                  "--no-progress"]) == 0
     records = {r["label"]: r for r in _records_of(out / "gen.jsonl") if r["kind"] == "step"}
     assert set(records) == {"vanilla", "auto speed=fast", "stepcache 1"}
     assert all(r["generate_s"] for r in records.values())
     assert records["stepcache 1"]["step_timed"] == "skipped" and records["stepcache 1"]["full_median_s"]
+    # rounds of 1 after a warm-up of 3: 1110101010, told by the loop's scheduler
+    assert records["stepcache 1"]["generate_ran"] == {"steps": 10, "computed": 0.6}
+    assert "generate_ran" not in records["vanilla"]
+    assert "6 of 10 steps computed" in (out / "gen.md").read_text()
     capsys.readouterr()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..tools.caches import counted_steps
 from ..tools.methods import MethodSpec
 from ..tools.timing import timed
 from .cell import Cell, step
@@ -108,18 +109,24 @@ def generate(loop: Loop, vae, preset: Preset, inputs: dict, steps: int, guidance
 
 
 def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: int, steps: int, device, dtype,
-                    progress=None) -> dict[str, list[float]]:
+                    progress=None) -> tuple[dict[str, list[float]], dict[str, dict]]:
     """Seconds of ``generate`` per mode, interleaved, after one VAE warm-up (the steps were warmed by
-    ``time_cell``); each mode applied to the loop (``Loop``: the scheduler and the denoiser, as a pipeline)."""
+    ``time_cell``); each mode applied to the loop (``Loop``: the scheduler and the denoiser, as a pipeline). With
+    them, per mode whose cache counts its calls, what its last generation computed (``tools.caches.counted_steps``:
+    ``{"steps", "computed"}``, the share of the calls that ran the blocks)."""
     vae = vae_for(preset, dtype, device)
     inputs = preset.inputs(cell.batch, cell.resolution, dtype, device, frames=cell.frames)
     loop = Loop(unet, scheduler_for(preset, inputs), preset)
     generate(loop, vae, preset, inputs, 1)  # warms the scheduler and the VAE at this size
     times: dict[str, list[float]] = {m.text: [] for m in modes}
+    ran: dict[str, dict] = {}
     for _ in range(repeats):
         for mode in modes:
             with mode.applied(loop):
                 times[mode.text].append(timed(device, generate, loop, vae, preset, inputs, steps)[1])
+                counted = counted_steps(loop)
+            if counted is not None:
+                ran[mode.text] = counted
             if progress is not None:
                 progress.update(1)
-    return times
+    return times, ran

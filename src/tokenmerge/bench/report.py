@@ -184,6 +184,9 @@ def _fmt_generate(r) -> str:
     text = f"{r['generate_s']:.3g} s"
     if r["mode"] != "vanilla" and r.get("generate_speedup"):
         text += f" ({(r['generate_speedup'] - 1) * 100:+.0f}%)"
+    if r.get("generate_ran"):
+        ran = r["generate_ran"]
+        text += f", {ran['computed'] * ran['steps']:.3g} of {ran['steps']} steps computed"
     return text
 
 

@@ -96,11 +96,13 @@ def _run_cell(unet, preset, cell: Cell, modes, repeats, device, dtype, dtype_nam
                                   for r in cell_records)]
     if steps and ok:  # a whole generation at the cell's size: grid-limit (a smaller call) has none
         ok = [m for m in ok if m.name != "grid-limit"]
-        gen = time_generation(unet, preset, cell, ok, repeats, steps, device, dtype, bar)
+        gen, ran = time_generation(unet, preset, cell, ok, repeats, steps, device, dtype, bar)
         for r in cell_records:
             ts = None if r.get("compiled") else gen.get(r["spec"])
             if ts:
                 r["generate_s"], r["generate_times_s"] = statistics.median(ts), ts
+                if r["spec"] in ran:
+                    r["generate_ran"] = ran[r["spec"]]
     if breakdown and ok:  # no warm-up round of its own: the step rounds just ran every mode on this cell
         cell_records += [dict(r, kind="breakdown", status="ok")
                          for r in breakdown_cell(unet, preset, cell, ok, breakdown_repeats, device, dtype, 0)]
