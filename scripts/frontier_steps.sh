@@ -5,7 +5,9 @@
 # settings were chosen on seeds 0-1 by scripts/select_step_cache.py), beside diffusers' caches (First Block Cache,
 # TaylorSeer, MagCache calibrated for the step count) and a cache-dit-style static step mask with first-order
 # extrapolation; speed: the step cache's measured computed and skipped steps at real widths (the bench tables below),
-# the caches' counted linear work; joined by scripts/frontier.py.
+# the caches' counted linear work; joined by scripts/frontier.py. History: these ran on the linear time grid (shift 1,
+# kept here by --shift 1), with the presets counted in steps that accelerate used then; the frontiers under the
+# pipelines' grids: scripts/frontier_grids.sh.
 #
 #   bash scripts/frontier_steps.sh [mosaic|video|all] [20|50|all] [CACHE_DIR]
 set -euo pipefail
@@ -14,8 +16,8 @@ WHAT="${1:-all}"
 STEPS="${2:-all}"
 CACHE="${3:-/tmp/frontier-steps}"
 export OMP_NUM_THREADS=1
-Q=(.venv/bin/tokenmerge quality --no-progress --seeds 2 3 --out benchmarks/results/quality)
-F=(.venv/bin/python scripts/frontier.py --out benchmarks/results/frontier)
+Q=(.venv/bin/tokenmerge quality --no-progress --seeds 2 3 --shift 1 --out benchmarks/results/quality)
+F=(.venv/bin/python scripts/frontier.py --out benchmarks/results/frontier/history)
 FLUX_BENCH=benchmarks/results/perf/cpu-flux-2+4-1024-stepcache.jsonl
 WAN_BENCH=benchmarks/results/perf/cpu-wan-2b-480x832x33-stepcache.jsonl
 # cache-dit's example steps mask (DBCache's steps_computation_mask), cut at 20 steps / continued with gaps of 4

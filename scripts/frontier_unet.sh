@@ -3,7 +3,9 @@
 # each setting's fidelity (PSNR, SSIM, FD, adherence) on held-out seeds 2-3 (the settings were chosen on seeds 0-1 by
 # scripts/select_unet_cache.py), beside ToMe, ToDo and DeepCache's own recipe (a computed step every N, the feature
 # held: unetcache:N-1,warmup=1,layers=0); speed: the bench's measured computed and cached steps at SD 1.5 widths
-# (benchmarks/results/perf/cpu-sd15-512-unetcache.jsonl), joined by scripts/frontier.py.
+# (benchmarks/results/perf/cpu-sd15-512-unetcache.jsonl), joined by scripts/frontier.py. History: the presets counted
+# in steps that accelerate used then, under DDIM alone; the frontiers under DDIM, DPM-Solver++ 2M and PNDM at 25 and
+# 50 steps: scripts/frontier_grids.sh.
 #
 #   bash scripts/frontier_unet.sh [20|50|all] [CACHE_DIR]
 set -euo pipefail
@@ -27,7 +29,7 @@ for steps in 20 50; do
   .venv/bin/tokenmerge quality --no-progress --seeds 2 3 --out benchmarks/results/quality --model fashion-unet \
     --steps "$steps" --images "$CACHE/$steps" --stem "quality-fashion-unet-steps$steps" --methods $COMMON ${!extra}
   .venv/bin/python scripts/frontier.py --bench "$BENCH" --quality "benchmarks/results/quality/quality-fashion-unet-steps$steps.json" \
-    --out benchmarks/results/frontier --stem "frontier-fashion-unet-steps$steps" \
+    --out benchmarks/results/frontier/history --stem "frontier-fashion-unet-steps$steps" \
     --title "SD-style UNet: speed sd15 at 512 (random weights), fidelity on the trained fashion-unet, $steps steps" \
     --omit "unetcache 2 depth=1 layers=1 warmup=3 extrapolate=0.7" "the fashion-unet's levels have one layer each, so \
 layers=1 is its whole block (the row above), while SD 1.5's cached step at layers=1 (the speed) is not"
