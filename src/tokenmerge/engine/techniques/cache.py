@@ -212,10 +212,35 @@ class Across(Technique):
     gridded = False  # (a cached step runs no block of the stack: no token grid needed, but under context parallelism)
     Kept: type = type(None)
     verb, cached = "cache", "cached"  # what it does to a step, in messages and reports
+    # the subclass's words: the attribute of a diffusers ControlNet and why it is left to run every step; what a
+    # diffusers cache on its modules would miss; where such a cache would sit, in its refusal
+    controlnet: tuple[str, str] = ("", "")
+    keeps, clash = "", ""
 
     @classmethod
     def levels(cls, config) -> None:
         return None
+
+    @classmethod
+    def needs_timestep(cls, site, name: str) -> None:
+        """``TypeError`` where the denoiser ``name`` at ``site`` takes no timestep (the steps are told by it)."""
+        if site.timestep is None:
+            raise TypeError(f"tokenmerge: {name} takes no timestep argument, which the {cls.name} needs to tell the "
+                            "denoising steps apart")
+
+    @classmethod
+    def leave(cls, site, config) -> str | None:
+        attribute, why = cls.controlnet
+        return why if hasattr(site.module, attribute) else None
+
+    @classmethod
+    def refuses_cache(cls, config, is_target: bool) -> str | None:
+        return cls.keeps
+
+    @classmethod
+    def cache_message(cls, path: str, what: str, when: str, why: str) -> str:
+        return (f"tokenmerge: {what} {when} on {path}, {cls.clash} ({why}): two caches across steps on one "
+                "denoiser would each reuse the other's stale outputs; use one of them")
 
     @classmethod
     def select(cls, site, config) -> list:

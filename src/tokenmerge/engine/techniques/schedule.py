@@ -13,6 +13,7 @@ Three schedules, one per config (``Scheduled``): after ``warmup`` computed steps
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 
 __all__ = ["rounds", "check_schedule", "Scheduled"]
@@ -35,13 +36,27 @@ def rounds(step: int, warmup: int, skip: int, growth: int) -> bool:
     return end == at
 
 
+@dataclasses.dataclass(frozen=True)
 class Scheduled:
-    """What a cache's config (``warmup``, ``gap``, ``gap_growth``, ``skip``, ``skip_growth``, ``mask``,
-    ``min_steps``, ``extrapolate``) says about a generation's steps. ``GAPS``: its ``gap`` and ``gap_growth`` where
-    none is given (the config's class sets them: ``accelerate``'s balanced point for its kind of denoiser)."""
+    """The fields a cache's config shares (its schedule, the slope's factor, the shortest generation that caches),
+    validated when made, and what they say about a generation's steps. ``GAPS``: ``gap`` and ``gap_growth`` where
+    none is given (the config's class sets them: ``accelerate``'s balanced point for its kind of denoiser);
+    ``KEPT``: what the slope moves (the step cache's residual, the UNet cache's feature), in messages."""
 
-    __slots__ = ()
     GAPS = (0.02, 0.2)
+    KEPT = "residual"
+
+    warmup: int = 3
+    gap: float | None = None
+    gap_growth: float | None = None
+    skip: int | None = None
+    skip_growth: int = 0
+    mask: str | None = None
+    extrapolate: float = 0.7
+    min_steps: int = 9
+
+    def __post_init__(self):
+        check_schedule(self, self.KEPT)
 
     @property
     def kind(self) -> str:

@@ -14,7 +14,7 @@ from ...families.spec import Arg
 from ..discover import bind
 from .cache import Across, Bypass, moved
 from .cache import Kept as Held
-from .schedule import Scheduled, check_schedule
+from .schedule import Scheduled
 
 __all__ = ["StepCacheConfig", "StepCache", "Kept", "Pass"]
 
@@ -30,18 +30,6 @@ class StepCacheConfig(Scheduled):
         >>> "".join("1" if c else "0" for c in StepCacheConfig(warmup=3, skip=1, skip_growth=1).schedule(20))
         '11101001000100001000'
     """
-
-    warmup: int = 3
-    gap: float | None = None
-    gap_growth: float | None = None
-    skip: int | None = None
-    skip_growth: int = 0
-    mask: str | None = None
-    extrapolate: float = 0.7
-    min_steps: int = 9
-
-    def __post_init__(self):
-        check_schedule(self, "residual")
 
 
 @dataclasses.dataclass(slots=True)
@@ -125,6 +113,11 @@ class StepCache(Across):
     name = "step cache"
     Kept = Kept
     verb, cached = "skip", "skipped"
+    controlnet = ("controlnet_blocks",  # diffusers' ControlNets: an output read at every block
+                  "a ControlNet's outputs are read after every block (its residuals), which a skipped step does not "
+                  "compute: it runs every step, and the denoiser it feeds adds its residuals afresh at each step")
+    keeps = "the step cache skips these blocks at some steps, and keeps its own residual from the computed ones"
+    clash = "a block the step cache skips"
 
     def __init__(self, patch):
         super().__init__(patch)
@@ -140,25 +133,7 @@ class StepCache(Across):
             raise ValueError(f"tokenmerge: the step cache skips a transformer's stack of blocks, and {name} is a "
                              "UNet, whose attention blocks sit between its resolution levels' convolutions: use "
                              "tokenmerge.apply_unet_cache (its deep path cached) or tokenmerge.accelerate on it")
-        if site.timestep is None:
-            raise TypeError(f"tokenmerge: {name} takes no timestep argument, which the step cache needs to tell the "
-                            "denoising steps apart")
-
-    @classmethod
-    def leave(cls, site, config) -> str | None:
-        if hasattr(site.module, "controlnet_blocks"):  # diffusers' ControlNets: an output read at every block
-            return ("a ControlNet's outputs are read after every block (its residuals), which a skipped step does not "
-                    "compute: it runs every step, and the denoiser it feeds adds its residuals afresh at each step")
-        return None
-
-    @classmethod
-    def refuses_cache(cls, config, is_target: bool) -> str | None:
-        return "the step cache skips these blocks at some steps, and keeps its own residual from the computed ones"
-
-    @classmethod
-    def cache_message(cls, path: str, what: str, when: str, why: str) -> str:
-        return (f"tokenmerge: {what} {when} on {path}, a block the step cache skips ({why}): two caches across steps "
-                "on one stack would each skip on the other's stale outputs; use one of them")
+        cls.needs_timestep(site, name)
 
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
     def call(self, kept: Kept, computed: bool, info) -> Pass:

@@ -14,7 +14,7 @@ from ...families.spec import Arg
 from ..discover import bind
 from .cache import Across, Bypass, moved
 from .cache import Kept as Held
-from .schedule import Scheduled, check_schedule
+from .schedule import Scheduled
 
 __all__ = ["UNetCacheConfig", "UNetCache", "Kept"]
 
@@ -32,20 +32,13 @@ class UNetCacheConfig(Scheduled):
     """
 
     GAPS = (0.04, 0.1)  # (accelerate's balanced point on UNets)
+    KEPT = "feature"
 
-    warmup: int = 3
-    gap: float | None = None
-    gap_growth: float | None = None
-    skip: int | None = None
-    skip_growth: int = 0
-    mask: str | None = None
-    extrapolate: float = 0.7
-    min_steps: int = 9
     depth: int = 1
     layers: int | None = None
 
     def __post_init__(self):
-        check_schedule(self, "feature")
+        super().__post_init__()
         d = self.depth
         if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
             raise ValueError(f"depth must be an integer >= 1 (the down and up blocks a cached step runs at each end "
@@ -146,6 +139,12 @@ class UNetCache(Across):
 
     name = "UNet cache"
     Kept = Kept
+    controlnet = ("controlnet_down_blocks",  # diffusers' ControlNets: an output read at every level
+                  "a ControlNet's outputs are read at every level (its residuals), so it runs every step; at a cached "
+                  "step the UNet adds this step's residuals to the shallow skip connections it reads, and the deep "
+                  "ones' effect is the last computed step's, carried in the cached feature")
+    keeps = "the UNet cache does not run the deep path at cached steps, and keeps its own feature"
+    clash = "under the UNet cache"
 
     def __init__(self, patch):
         super().__init__(patch)
@@ -223,26 +222,7 @@ class UNetCache(Across):
                                  "block reading the down block's layers and one more skip; "
                                  + ("; ".join(odd) if odd else f"the up block has {len(mirror.resnets)} layers")
                                  + ": use layers=None (whole blocks)")
-        if site.timestep is None:
-            raise TypeError(f"tokenmerge: {name} takes no timestep argument, which the UNet cache needs to tell the "
-                            "denoising steps apart")
-
-    @classmethod
-    def leave(cls, site, config) -> str | None:
-        if hasattr(site.module, "controlnet_down_blocks"):  # diffusers' ControlNets: an output read at every level
-            return ("a ControlNet's outputs are read at every level (its residuals), so it runs every step; at a "
-                    "cached step the UNet adds this step's residuals to the shallow skip connections it reads, and "
-                    "the deep ones' effect is the last computed step's, carried in the cached feature")
-        return None
-
-    @classmethod
-    def refuses_cache(cls, config, is_target: bool) -> str | None:
-        return "the UNet cache does not run the deep path at cached steps, and keeps its own feature"
-
-    @classmethod
-    def cache_message(cls, path: str, what: str, when: str, why: str) -> str:
-        return (f"tokenmerge: {what} {when} on {path}, under the UNet cache ({why}): two caches across steps on one "
-                "UNet would each reuse the other's stale outputs; use one of them")
+        cls.needs_timestep(site, name)
 
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
     def call(self, kept: Kept, computed: bool, info) -> Pass:
