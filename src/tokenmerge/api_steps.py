@@ -46,9 +46,10 @@ def apply_step_cache(model, skip: int | None = None, *, warmup: int = 3, gap: fl
     what the last generation computed. Under a pipeline the step and its progress come from the scheduler's host
     state (one read of its timesteps per generation, none per call); a bare model's calls are told apart by their
     timestep (read once per call): one at the same timestep as the one before is another call of the same step
-    (guidance run as two calls), one at an earlier (noisier) timestep starts a new generation. torch.compile: compile
-    without ``fullgraph=True`` (whether a step is skipped is decided on the host: one graph break); a second
-    generation compiles nothing.
+    (guidance run as two calls), one at an earlier (noisier) timestep starts a new generation. torch.compile: the
+    blocks compiled in place (``compile_repeated_blocks(fullgraph=True)``), before or after the patch; the whole
+    denoiser with ``fullgraph=True`` where the pipeline enters its ``cache_context`` (Flux.1, Wan...; refused with
+    the reason elsewhere: compile without it, one graph break); a second generation compiles nothing.
 
     Returns:
         ``model``, patched (any earlier tokenmerge patch is replaced). ``tokenmerge.remove_patch`` removes it and
@@ -102,8 +103,10 @@ def apply_unet_cache(model, skip: int | None = None, *, warmup: int = 3, gap: fl
         extrapolate: the slope's factor in [0, 1] (0.7, the default; 0: the feature held, as DeepCache).
         min_steps: a generation of fewer steps caches none.
 
-    Steps are told apart as in ``apply_step_cache``. torch.compile: compile without ``fullgraph=True`` (one graph
-    break at the call's start); a second generation compiles nothing.
+    Steps are told apart as in ``apply_step_cache``. torch.compile: the blocks compiled in place, before or after the
+    patch (a cached step runs only the compiled blocks of its shallow path); the whole UNet with ``fullgraph=True``
+    where the pipeline enters its ``cache_context`` (Stable Diffusion's do not: compile without it, one graph break
+    at the call's start); a second generation compiles nothing.
 
     Returns:
         ``model``, patched (any earlier tokenmerge patch is replaced). ``tokenmerge.remove_patch`` removes it and

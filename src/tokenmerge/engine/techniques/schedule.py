@@ -56,7 +56,7 @@ class Scheduled:
     min_steps: int = 9
 
     def __post_init__(self):
-        check_schedule(self, self.KEPT)
+        check_schedule(self)
 
     @property
     def kind(self) -> str:
@@ -118,11 +118,11 @@ def _fraction(config, name: str, what: str) -> None:
     object.__setattr__(config, name, float(value))
 
 
-def check_schedule(config, kept: str) -> None:
-    """Validate ``config``'s schedule and ``extrapolate`` (``ValueError`` naming the field; ``kept``: what the slope
-    moves, in its message), making the integers ``int`` and the numbers ``float``; with neither ``skip`` nor
+def check_schedule(config) -> None:
+    """Validate ``config``'s schedule and ``extrapolate`` (``ValueError`` naming the field; its ``KEPT``: what the
+    slope moves, in the message), making the integers ``int`` and the numbers ``float``; with neither ``skip`` nor
     ``mask``, ``gap`` and ``gap_growth`` get their defaults (``GAPS``) where ``None``."""
-    _fraction(config, "extrapolate", f"0: the kept {kept} held; 1: moved along its slope, first order")
+    _fraction(config, "extrapolate", f"0: the kept {config.KEPT} held; 1: moved along its slope, first order")
     _integer(config, "min_steps", 0, "a generation of fewer steps, as a patched pipeline's scheduler tells, "
                                      "computes every step")
     _integer(config, "warmup", 1, "the computed steps that start each generation; the first fills the cache")
