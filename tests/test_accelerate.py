@@ -27,6 +27,7 @@ from tokenmerge.families.spec import grid_rank
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 ENTRIES = sorted({example for f in BUILTIN for example in f.examples} & set(CATALOGUE))
 # what accelerate(speed="fast") must pick (the frontiers' points, written out)
+BANDS = ((26, 0.02, 0.2), (30, 0.02, 0.3))  # the image transformer's balanced point at 27-30 steps (Flux.1-dev: 28)
 FAST_IMAGE = StepCacheConfig(warmup=3, gap=0.02, gap_growth=0.4, extrapolate=0.7, min_steps=9)
 FAST_VIDEO = StepCacheConfig(warmup=3, gap=0.02, gap_growth=0.5, extrapolate=0.7, min_steps=9)
 FAST_UNET = UNetCacheConfig(warmup=3, skip=1, skip_growth=1, extrapolate=0.7, depth=1, layers=0, min_steps=9)
@@ -102,7 +103,7 @@ def test_each_speed_is_the_frontiers_point():
                      "balanced": UNetCacheConfig(gap=0.04, gap_growth=0.1, depth=1, layers=0, **common),
                      "fast": FAST_UNET},
             "flux": {"faithful": StepCacheConfig(gap=0.02, gap_growth=0.1, **common),
-                     "balanced": StepCacheConfig(gap=0.02, gap_growth=0.2, **common),
+                     "balanced": StepCacheConfig(gap=0.02, gap_growth=0.2, by_steps=BANDS, **common),
                      "fast": FAST_IMAGE},
             "wan": {"faithful": StepCacheConfig(gap=0.02, gap_growth=0.1, **common),
                     "balanced": StepCacheConfig(gap=0.02, gap_growth=0.3, **common),
@@ -156,7 +157,8 @@ def _cell(config: StepCacheConfig) -> str:
     assert (config.warmup, config.extrapolate) == (3, 0.7), config  # (said once, above the table)
     if config.kind == "rounds":
         return f"`skip={config.skip}, skip_growth={config.skip_growth}`"
-    return f"`gap={config.gap:g}, gap_growth={config.gap_growth:g}`"
+    return f"`gap={config.gap:g}, gap_growth={config.gap_growth:g}`" + "".join(
+        f" ({span} steps: `gap_growth={r:g}`)" for span, g, r in config.bands())
 
 
 # the PSNR (dB, to the unpatched model's output) each speed gave on the trained testbeds in a 20-step generation on
@@ -227,7 +229,7 @@ def test_hand_calls_default_to_what_accelerate_picks():
     import inspect
 
     common = dict(warmup=3, extrapolate=0.7, min_steps=9)
-    assert StepCacheConfig() == StepCacheConfig(gap=0.02, gap_growth=0.2, **common)
+    assert StepCacheConfig() == StepCacheConfig(gap=0.02, gap_growth=0.2, by_steps=BANDS, **common)
     assert UNetCacheConfig(layers=0) == UNetCacheConfig(gap=0.04, gap_growth=0.1, depth=1, layers=0, **common)
     for call, config in ((tokenmerge.apply_step_cache, StepCacheConfig),
                          (tokenmerge.apply_unet_cache, UNetCacheConfig)):

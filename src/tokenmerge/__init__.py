@@ -1,4 +1,6 @@
-"""tokenmerge: token merging (ToMe) for diffusion models, applied in one line, with no retraining.
+"""tokenmerge: diffusion models generate faster, faithfully, with no retraining: ``accelerate(pipe)`` picks a cache
+across steps (the step cache on transformers, the UNet cache on UNets), ``tune`` measures one on your model for the
+fidelity you set; token merging (ToMe), token downsampling (ToDo), whole-block merging and token reuse on their own.
 
 A drop-in successor to ``tomesd``: ``import tokenmerge as tomesd`` works, with ``apply_patch`` and
 ``remove_patch`` meaning what they mean there. diffusers is never imported here.
@@ -19,9 +21,11 @@ from .api import (
 from .api_steps import apply_step_cache, apply_unet_cache
 from .config import ReuseConfig, ToDoConfig, ToMeConfig
 from .engine.techniques import StepCacheConfig, UNetCacheConfig
+from .engine.tuned_for import TunedSettingWarning
 from .faithful import accelerate
 from .families import Family, register_family, registered_families, unregister_family
 from .scoped import patched
+from .tuning import Tuned, TuneWarning, tune
 
 __version__ = "0.1.0"
 
@@ -33,6 +37,9 @@ __all__ = [
     "StepCacheConfig",
     "ToDoConfig",
     "ToMeConfig",
+    "TuneWarning",
+    "Tuned",
+    "TunedSettingWarning",
     "UNetCacheConfig",
     "__version__",
     "accelerate",
@@ -49,5 +56,6 @@ __all__ = [
     "register_family",
     "registered_families",
     "remove_patch",
+    "tune",
     "unregister_family",
 ]

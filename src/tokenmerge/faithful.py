@@ -23,31 +23,13 @@ from .config import ToMeConfig
 from .engine import find_denoisers
 from .engine.install import patches_of
 from .engine.techniques import StepCacheConfig, UNetCacheConfig
+from .engine.techniques.presets import COMMON, SCHEDULES, SPEEDS, TOME_RATIOS, UNET_CUT
 from .families.spec import grid_rank
 
-__all__ = ["accelerate", "SPEEDS"]
-
-SPEEDS = ("faithful", "balanced", "fast")
-# the presets, per kind of denoiser and speed (docs/guides/step-cache.md and unet-cache.md have each point's speed and
-# PSNR): the gap schedule (schedule.py: a step computed once the denoising progress since the last computed one passes
-# gap + gap_growth x its progress, so the same points hold on a shifted time grid and at any step count), warmup 3,
-# the kept residual or feature moved along its slope at 0.7. Chosen on seeds 0-1 of the trained testbeds on the time
-# grids of the pipelines they stand for (benchmarks/results/frontier/select/README.md): the image transformer on
-# Flux.1-dev's (28 and 50 steps, shift e^1.15) and the linear grid, the video transformer on Wan 2.1's UniPC (50
-# steps, shifts 3, 5, 7), the UNet under DDIM and DPM-Solver++ 2M (25 and 50 steps).
-_UNET = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.04, gap_growth=0.1),
-         "fast": dict(skip=1, skip_growth=1)}  # (rounds: a UNet's solvers step uniformly in the timestep)
-_UNET_CUT = dict(depth=1, layers=0)  # a cached step runs conv_in, the last up block's last layer and conv_out
-_TOME = {"faithful": 0.3, "balanced": 0.5, "fast": 0.6}  # ToMe's ratio on a UNet the UNet cache cannot cut
-_IMAGE = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.02, gap_growth=0.2),
-          "fast": dict(gap=0.02, gap_growth=0.4)}
-_VIDEO = {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.02, gap_growth=0.3),
-          "fast": dict(gap=0.02, gap_growth=0.5)}
-_COMMON = dict(warmup=3, extrapolate=0.7, min_steps=9)  # a generation of fewer than 9 steps (a distilled model's)
-# caches none
+__all__ = ["accelerate", "SPEEDS", "kind_of", "attempts"]
 
 
-def _kind(model) -> str:
+def kind_of(model) -> str:
     """``"unet"``, ``"image"`` or ``"video"``: the kind of the first denoiser ``model`` holds that has blocks."""
     for site in find_denoisers(model):
         if site.blocks:
@@ -57,46 +39,51 @@ def _kind(model) -> str:
     return "unet"  # (no blocks anywhere: apply_patch's own error says so)
 
 
-def _attempts(kind: str, speed: str) -> list[tuple]:
-    """The settings to try, the first that the model takes wins: ``(config, why)``."""
+def attempts(kind: str, speed: str) -> list[tuple]:
+    """The settings to try, the first that the model takes wins: ``(config, why)`` (``presets.py``'s numbers)."""
+    setting, least = SCHEDULES[kind][speed], COMMON["min_steps"]
     if kind == "unet":
-        setting, ratio = _UNET[speed], _TOME[speed]
-        return [(UNetCacheConfig(**setting, **_COMMON, **_UNET_CUT),
+        ratio = TOME_RATIOS[speed]
+        return [(UNetCacheConfig(**setting, **COMMON, **UNET_CUT),
                  f"a UNet: the UNet cache at the UNet frontier's {speed} point ({_setting(setting)}; a cached step "
                  f"runs the shallow path only: conv_in, the last up block's last layer, conv_out; a generation of "
-                 f"fewer than {_COMMON['min_steps']} steps caches none)"),
-                (UNetCacheConfig(**setting, **_COMMON, depth=1),
+                 f"fewer than {least} steps caches none)"),
+                (UNetCacheConfig(**setting, **COMMON, depth=1),
                  f"a UNet whose levels the UNet cache cannot cut inside (a video UNet's temporal layers): the UNet "
                  f"cache at the UNet frontier's {speed} point ({_setting(setting)}) with whole blocks: a cached step "
                  f"runs conv_in, the first down and last up block, conv_out"),
                 (ToMeConfig(ratio=ratio), f"a UNet the UNet cache cannot cut: ToMe at ratio {ratio:g} (faithful on "
                                           "UNets: they merge at their finest level only; on CUDA, calls too small "
                                           "to pay run unmerged)")]
-    setting = (_IMAGE if kind == "image" else _VIDEO)[speed]
-    return [(StepCacheConfig(**setting, **_COMMON),
+    return [(StepCacheConfig(**setting, **COMMON),
              f"{'an' if kind == 'image' else 'a'} {kind} transformer: the step cache at the {kind} frontier's "
-             f"{speed} point ({_setting(setting)}; a generation of fewer than {_COMMON['min_steps']} steps skips "
-             "none)")]
+             f"{speed} point ({_setting(setting)}; a generation of fewer than {least} steps skips none)")]
 
 
 def _setting(base: dict) -> str:
     """A preset's settings in words: ``a step computed once the progress since the last computed one passes 0.02 +
-    0.2 x its progress, warmup 3, the slope at 0.7``."""
+    0.2 x its progress (27-30 steps: 0.02 + 0.3 x), warmup 3, the slope at 0.7``."""
     schedule = (f"rounds of {base['skip']} cached step and a computed one, each round {base['skip_growth']} longer"
                 if "skip" in base else f"a step computed once the denoising progress since the last computed one "
-                f"passes {base['gap']:g} + {base['gap_growth']:g} x its progress")
-    return f"{schedule}, warmup {_COMMON['warmup']}, the slope at {_COMMON['extrapolate']:g}"
+                f"passes {base['gap']:g} + {base['gap_growth']:g} x its progress" + "".join(
+                    f" ({span} steps: {g:g} + {r:g} x)" for span, g, r in StepCacheConfig(**base).bands()))
+    return f"{schedule}, warmup {COMMON['warmup']}, the slope at {COMMON['extrapolate']:g}"
 
 
-def accelerate(model, speed: str = "balanced"):
+def accelerate(model, speed: str | None = None, *, setting=None):
     """Make ``model`` generate faster with the faithful setting for it, in place: the UNet cache on a UNet (ToMe
     where the UNet cache cannot cut it), the step cache on an image or video transformer, at the settings the
-    frontiers chose; ``describe_patch(model)`` says which and why.
+    frontiers chose, or a setting ``tokenmerge.tune`` measured on this model; ``describe_patch(model)`` says which
+    and why.
 
     Args:
         model: what ``apply_patch`` accepts (a diffusers pipeline, a bare denoiser, an LDM-style model).
         speed: ``"faithful"``, ``"balanced"`` (default) or ``"fast"``: the one knob, from closest to the unpatched
-            outputs to fastest (docs/guides/step-cache.md has each point's speed and fidelity).
+            outputs to fastest (docs/guides/step-cache.md has each point's speed and fidelity). The image
+            transformer's balanced point follows the step count (a generation of at most 30 steps skips more).
+        setting: instead of ``speed``, a tuned setting (``tokenmerge.tune``'s ``Tuned``, or the path of its file):
+            refused with a ``ValueError`` on another model than it was tuned for; a generation at another step
+            count, scheduler, shift or size than tuned for runs with one ``TunedSettingWarning``.
 
     Returns:
         ``model``: patched, or left as it was where no faithful setting applies to its blocks (one
@@ -104,13 +91,19 @@ def accelerate(model, speed: str = "balanced"):
 
     Example:
         >>> tokenmerge.accelerate(pipe)  # doctest: +SKIP
+        >>> tokenmerge.accelerate(pipe, setting="tuned/flux-28.json")  # doctest: +SKIP
         >>> print(tokenmerge.describe_patch(pipe))  # doctest: +SKIP
     """
+    if setting is not None:
+        if speed is not None:
+            raise ValueError(f"give speed or setting, not both: a tuned setting is its own speed; got speed={speed!r}")
+        return _apply_tuned(model, setting)
+    speed = "balanced" if speed is None else speed
     if speed not in SPEEDS:
         raise ValueError(f"speed must be one of {', '.join(SPEEDS)}; got {speed!r}")
-    kind = _kind(model)
+    kind = kind_of(model)
     refusals = []
-    for config, why in _attempts(kind, speed):
+    for config, why in attempts(kind, speed):
         try:
             apply_config(model, config)
         except (ValueError, TypeError) as err:  # this setting cannot follow the model: the next one, if any
@@ -123,4 +116,31 @@ def accelerate(model, speed: str = "balanced"):
     warnings.warn(f"tokenmerge.accelerate left {type(model).__name__} unpatched: {refusals[-1]} (merging tokens at "
                   "every step is not faithful on a transformer; apply_patch(..., scope='block') is the fast, "
                   "unfaithful choice)", RuntimeWarning, stacklevel=2)
+    return model
+
+
+def _apply_tuned(model, setting):
+    """``accelerate(model, setting=...)``: the tuned setting checked against the model, applied, and told what
+    generation it was tuned for (``engine/tuned_for.py``)."""
+    import os
+
+    from .tuning.tuned import Tuned
+
+    if isinstance(setting, (str, os.PathLike)):
+        tuned = Tuned.load(setting)
+    elif isinstance(setting, dict):
+        tuned = Tuned.from_json(setting)
+    elif isinstance(setting, Tuned):
+        tuned = setting
+    else:
+        raise TypeError(f"setting must be a tokenmerge.Tuned, a dict of one or the path of its file; got a "
+                        f"{type(setting).__name__}")
+    site = next((s for s in find_denoisers(model) if s.blocks), None)
+    if site is None:
+        raise ValueError(f"setting: {type(model).__name__} holds no denoiser with blocks to apply it to")
+    tuned.check_model(site)
+    apply_config(model, tuned.make_config())
+    for patch in patches_of(model):
+        patch.chosen = f"accelerate(setting=...): {tuned.words()}"
+        patch.tuned_for = tuned.expects()
     return model

@@ -184,14 +184,17 @@ class Clock:
         self.spare: dict = {}  # branch -> its state in the generation before, reset (its tensors reused: clear)
         self.whole = None  # the technique's state for the whole generation (token reuse's round-robin)
 
-    def tick(self, progress: float | None, signature, marks: int, timesteps, index: int | None = None) -> tuple:
+    def tick(self, progress: float | None, signature, marks: int, timesteps, index: int | None = None,
+             steps: int | None = None) -> tuple:
         """Move to a call at denoising ``progress`` (and the scheduler's step ``index``, where told) with
-        ``signature``; returns the call's branch."""
+        ``signature``; returns the call's branch. ``steps``: the generation's step count where the pipeline tells it
+        (its ``cache_context``), else the length of ``timesteps``."""
         hosted = index is not None and self.index is not None
         if marks != self.mark[0] or timesteps is not self.mark[1] or self.progress is None or (
                 index < self.index if hosted else progress is not None and progress < self.progress):
             self.mark = (marks, timesteps)
-            self.steps = len(timesteps) if timesteps is not None and hasattr(timesteps, "__len__") else None
+            self.steps = steps if steps is not None else len(timesteps) if timesteps is not None and hasattr(
+                timesteps, "__len__") else None
             self.generation += 1
             self.step = 0
             self.places.clear()
@@ -235,7 +238,7 @@ class CallInfo:
     timestep: object
     progress: float | None = None
     compiled: bool = False
-    told: str = "timestep"  # how its step and progress were told: "scheduler" (host state) or "timestep" (read)
+    told: str = "timestep"  # "context" (the pipeline's cache_context), "scheduler" (its host state), "timestep"
 
 
 class CallState:
@@ -361,7 +364,12 @@ class CallHook:
             return self.host_pre(self, module, args, kwargs, True)  # decided on the host: a graph break
         patch, state = self.patch, self.state
         if state.decided:  # decided before the call (cache.Told): eagerly, the guards' checks alone
-            return None if torch.compiler.is_compiling() else patch.watch.check()
+            if torch.compiler.is_compiling():
+                return None
+            patch.watch.check()
+            if patch.tuned_for is not None:  # a tuned setting: the generation it was tuned for (tuned_for.py)
+                self.tuned(state, args, kwargs)
+            return None
         technique = patch.technique
         state.reset()  # a call cut short by a KeyboardInterrupt skips the always-called hooks
         compiling = torch.compiler.is_compiling()
@@ -415,10 +423,20 @@ class CallHook:
                 state.grid, state.trailing, device, x.dtype, *x.shape[:1 if technique.gridded else None])
             state.branch = state.clock.tick(call.progress, signature, self.marks, getattr(scheduler, "timesteps", None),
                                           where[0] if where is not None else None)
+        if patch.tuned_for is not None and not compiling:
+            self.tuned(state, args, kwargs)
         technique.begin(state, call)
         if self.host:
             self._traced = state  # the compiled blocks read the state this host-side hook set up
         return None
+
+    def tuned(self, state, args, kwargs) -> None:
+        """Check the call's generation against what the patch's tuned setting was tuned for (``tuned_for.py``)."""
+        pipe = self.pipeline() if self.pipeline is not None else None
+        site = self.patch.site
+        x = self.sample.read(args, kwargs) if self.sample is not None else None
+        self.patch.tuned_for.check(state.clock, x, getattr(pipe, "scheduler", None),
+                                   site.path or type(site.module).__name__)
 
     def untouched(self, reason: str) -> None:
         """This call runs as if unpatched (its grid cannot be read): one warning per patch."""

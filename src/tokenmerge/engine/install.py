@@ -57,6 +57,7 @@ class Patch:
         self.registries: list = []  # diffusers hook registries watched (caches.py)
         self.parallel: tuple | None = None  # (the model's context-parallel config, its Split): parallel.py
         self.chosen: str | None = None  # what tokenmerge.accelerate chose, and why (describe_patch's first note)
+        self.tuned_for = None  # a tuned setting's TunedFor (tuned_for.py): checked at each generation's first call
         self._handles: list = []
 
     def install(self) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["host_where", "host_step", "host_progress", "STALE_CALLS"]
+__all__ = ["host_where", "host_step", "host_progress", "context_where", "STALE_CALLS"]
 
 STALE_CALLS = 16  # calls at one host step beyond which the scheduler's counter is taken as not moving
 
@@ -75,3 +75,33 @@ def host_where(clock, scheduler, timestep) -> tuple | None:
         clock.hostless = True
         return None
     return index, levels[index]
+
+
+def context_where(fields: dict, scheduler=None) -> tuple | None:
+    """``(step index, progress, steps)`` from what a pipeline passed to the denoiser's ``cache_context`` (diffusers
+    0.42's ``CacheContext`` fields, as Wan's and Cosmos's pipelines pass them: ``step_index``, ``sigma``,
+    ``num_inference_steps``, ``timestep``), or ``None`` where they do not tell a step and its progress.
+
+    The progress is ``1 - sigma`` for a flow sigma in [0, 1] (a flow scheduler's timestep is ``1000 sigma``), else
+    ``1 - timestep / num_train_timesteps`` (the scheduler's, 1000 without one): what ``host_progress`` gives.
+
+    Example:
+        >>> context_where({"step_index": 3, "sigma": 0.75, "num_inference_steps": 50})
+        (3, 0.25, 50)
+    """
+    index = fields.get("step_index")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        return None
+    steps = fields.get("num_inference_steps")
+    steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > index else None
+    sigma, timestep = fields.get("sigma"), fields.get("timestep")
+    if isinstance(sigma, (int, float)) and not isinstance(sigma, bool) and 0.0 <= sigma <= 1.0:
+        return index, 1.0 - float(sigma), steps
+    if isinstance(timestep, torch.Tensor) and timestep.numel() == 1 and timestep.device.type == "cpu":
+        timestep = float(timestep)  # (a host tensor: no device read)
+    if isinstance(timestep, (int, float)) and not isinstance(timestep, bool):
+        config = getattr(scheduler, "config", None)
+        n = getattr(config, "num_train_timesteps", None) or 1000
+        if 0.0 <= timestep <= n:
+            return index, 1.0 - float(timestep) / n, steps
+    return None

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["transformer_class", "check_call", "sample", "load_parts", "TimestepMixin"]
+__all__ = ["transformer_class", "check_call", "sample", "load_parts", "TimestepMixin", "context_fields"]
 
 
 class TimestepMixin:
@@ -47,7 +47,8 @@ def sample(velocity: Callable, x: torch.Tensor, steps: int, guidance_scale: floa
     The transformer runs as diffusers' own pipelines run it, so that diffusers' cache hooks
     (``transformer.enable_cache(...)``) and this library's caches see what they see there: the scheduler's
     ``set_timesteps`` (flow-matching Euler on Flux's grid: sigmas ``linspace(1, 1/N, N)``, shifted by the scheduler),
-    each call inside ``transformer.cache_context("predict")``, ``pipe.current_timestep`` the step's timestep (0..1000)
+    each call inside ``transformer.cache_context("predict", step_index=, sigma=, num_inference_steps=)`` (the fields
+    where this diffusers has them, as Wan's pipeline passes them), ``pipe.current_timestep`` the step's timestep
     during the step, the cache's state reset before and after the generation."""
     guided = guidance_scale != 1.0
     scheduler = pipe.scheduler
@@ -57,12 +58,15 @@ def sample(velocity: Callable, x: torch.Tensor, steps: int, guidance_scale: floa
         scheduler.set_timesteps(steps, device=x.device)
     model = getattr(pipe, "transformer", None)
     context = getattr(model, "cache_context", None)  # diffusers >= 0.33 (CacheMixin)
+    fields = context_fields()
     _reset_cache(model)
     try:
-        for t in scheduler.timesteps:
+        for i, t in enumerate(scheduler.timesteps):
             inp = torch.cat([x, x]) if guided else x
             pipe._current_timestep = t
-            with context("predict") if context is not None else contextlib.nullcontext():
+            told = {"step_index": i, "sigma": float(scheduler.sigmas[i]), "num_inference_steps": steps} \
+                if fields else {}  # where the loop is, as Wan's pipeline tells it
+            with context("predict", **told) if context is not None else contextlib.nullcontext():
                 v = velocity(inp, (t / 1000).expand(inp.shape[0]).to(x.dtype))
             if guided:
                 v_u, v_c = v.chunk(2)
@@ -72,6 +76,16 @@ def sample(velocity: Callable, x: torch.Tensor, steps: int, guidance_scale: floa
         pipe._current_timestep = None
         _reset_cache(model)
     return x
+
+
+def context_fields() -> bool:
+    """Whether this diffusers' ``cache_context`` takes where the loop is (``CacheContext``'s ``step_index``,
+    ``sigma``, ``num_inference_steps``: diffusers >= 0.42)."""
+    try:
+        from diffusers.hooks.hooks import CacheContext
+    except ImportError:
+        return False
+    return "step_index" in getattr(CacheContext, "__dataclass_fields__", {})
 
 
 def _reset_cache(model) -> None:

@@ -24,7 +24,7 @@ import warnings
 import torch
 
 from ..call import PARALLEL_ATTR, CallInfo
-from ..steps import host_where
+from ..steps import context_where, host_where
 from ..technique import Technique
 
 __all__ = ["Bypass", "Around", "Told", "Across", "Kept", "Ran", "moved"]
@@ -98,7 +98,7 @@ class Told:
         with own(name, **kwargs):
             state = self.cache.calls.state
             state.reset()
-            work = state.work if self.tell(state, name) else None
+            work = state.work if self.tell(state, name, kwargs) else None
             first = work is not None and work.kept.gap is None and self.cache.off is None
             stance = getattr(torch.compiler, "set_stance", None) if first and "torch._dynamo" in sys.modules else None
             try:
@@ -108,20 +108,27 @@ class Told:
                 if state.decided:  # decided, and not called
                     state.reset()
 
-    def tell(self, state, name: str) -> bool:
-        """Decide the coming call on the host where the pipeline's scheduler tells its step (``steps.host_where``:
-        no tensor read); its branch is its place among the step's calls made so (guidance as two calls: two branches,
-        as the calls' shapes give them otherwise). Returns whether it was decided (else the call decides itself)."""
+    def tell(self, state, name: str, fields: dict) -> bool:
+        """Decide the coming call on the host where the pipeline tells its step: the ``cache_context`` fields it
+        passed (``step_index`` with ``sigma`` or ``timestep``, ``num_inference_steps``: ``steps.context_where``), else
+        its scheduler's host state (``steps.host_where``); no tensor is read. Its branch is its place among the
+        step's calls made so (guidance as two calls: two branches, as the calls' shapes give them otherwise).
+        Returns whether it was decided (else the call decides itself)."""
         calls, module = self.cache.calls, self.module
+        if calls.timestep is None or getattr(module, PARALLEL_ATTR, None) is not None:
+            return False
         pipe = calls.pipeline() if calls.pipeline is not None else None
         scheduler = getattr(pipe, "scheduler", None)
-        if scheduler is None or calls.timestep is None or getattr(module, PARALLEL_ATTR, None) is not None:
-            return False
-        where = host_where(state.clock, scheduler, None)
+        where, told = context_where(fields, scheduler), "context"
         if where is None:
-            return False
-        state.branch = state.clock.tick(where[1], ("cache_context",), calls.marks, scheduler.timesteps, where[0])
-        self.cache.begin(state, CallInfo((), {}, None, None, where[1], told="scheduler"))
+            found = host_where(state.clock, scheduler, None) if scheduler is not None else None
+            if found is None:
+                return False
+            where, told = (*found, None), "scheduler"
+        index, progress, steps = where
+        timesteps = getattr(scheduler, "timesteps", None)
+        state.branch = state.clock.tick(progress, ("cache_context",), calls.marks, timesteps, index, steps)
+        self.cache.begin(state, CallInfo((), {}, None, None, progress, told=told))
         state.decided, calls._traced = True, state  # (the state compiled code reads: CallHook.state)
         return True
 
@@ -187,7 +194,8 @@ class Ran:
         lines = [f"{head}: " + ("; ".join(f"call {p + 1} of a step: {t}" for p, t in zip(places, parts))
                                 if len(places) > 1 else parts[0] if parts else "no call")]
         lines += [f"{n} calls computed because {why}" for why, n in self.fallbacks.items()]
-        how = {"scheduler": "the pipeline's scheduler (its step index; its timesteps read once per generation)",
+        how = {"context": "the pipeline's cache_context (the step index and sigma it passes)",
+               "scheduler": "the pipeline's scheduler (its step index; its timesteps read once per generation)",
                "timestep": "each call's timestep, read on the host (a bare model, or a scheduler that keeps no step "
                            "index)"}
         lines += [f"steps told by {how.get(t, t)}" for t in self.told]
@@ -324,7 +332,8 @@ class Across(Technique):
         fallback = (f"the {self.name} is off ({self.off})" if self.off is not None else
                     f"the generation has fewer than min_steps={cfg.min_steps} steps" if cfg.too_short(clock.steps)
                     else None)
-        computed = fallback is not None or kept.at is None or cfg.computes(clock.step, info.progress, kept.at)
+        computed = fallback is not None or kept.at is None or cfg.computes(clock.step, info.progress, kept.at,
+                                                                           clock.steps)
         self.ran.count(clock, state.branch[1], computed, fallback, info.told)
         return computed
 

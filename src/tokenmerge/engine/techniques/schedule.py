@@ -9,6 +9,9 @@ Three schedules, one per config (``Scheduled``): after ``warmup`` computed steps
 - ``skip`` rounds: ``skip`` skipped steps then a computed one, each round ``skip_growth`` longer (counted in steps:
   right on the grid it was chosen on, wrong on another);
 - ``mask``: a string of ``1`` (computed) and ``0`` (skipped) per step (static: what a calibration gives).
+
+The gap schedule's point may follow the generation's step count (``by_steps``: ``accelerate``'s presets): its best
+``gap_growth`` at 28 steps is not its best at 50.
 """
 
 from __future__ import annotations
@@ -39,11 +42,24 @@ def rounds(step: int, warmup: int, skip: int, growth: int) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Scheduled:
     """The fields a cache's config shares (its schedule, the slope's factor, the shortest generation that caches),
-    validated when made, and what they say about a generation's steps. ``GAPS``: ``gap`` and ``gap_growth`` where
-    none is given (the config's class sets them: ``accelerate``'s balanced point for its kind of denoiser);
-    ``KEPT``: what the slope moves (the step cache's residual, the UNet cache's feature), in messages."""
+    validated when made, and what they say about a generation's steps. ``DEFAULT``: the schedule where none is given
+    (the config's class sets it: ``accelerate``'s balanced point for its kind of denoiser, ``presets.py``); ``KEPT``:
+    what the slope moves (the step cache's residual, the UNet cache's feature), in messages.
 
-    GAPS = (0.02, 0.2)
+    Fields:
+        warmup: computed steps at the start of each generation (at least 1: the first fills the cache).
+        gap, gap_growth: the gap schedule (the default): a step is computed once the denoising progress (0 at pure
+            noise, 1 at the end) since the last computed one exceeds ``gap + gap_growth x`` that one's progress.
+        skip, skip_growth: rounds counted in steps instead: ``skip`` skipped steps and a computed one, each round
+            ``skip_growth`` longer (right on the time grid they were chosen on only).
+        mask: a static schedule instead: ``1`` (computed) and ``0`` (skipped) per step, starting with 1.
+        extrapolate: the slope's factor in [0, 1] (0.7; 1: first order, as TaylorSeer; 0: the kept value held).
+        min_steps: a generation of fewer steps (a distilled model's, as a pipeline tells) computes every step.
+        by_steps: ``((N, gap, gap_growth), ...)``: a generation of at most N steps takes that gap point (``None``:
+            the class's default where the schedule is its default, else none).
+    """
+
+    DEFAULT = {"gap": 0.02, "gap_growth": 0.2}
     KEPT = "residual"
 
     warmup: int = 3
@@ -54,6 +70,7 @@ class Scheduled:
     mask: str | None = None
     extrapolate: float = 0.7
     min_steps: int = 9
+    by_steps: tuple | None = None
 
     def __post_init__(self):
         check_schedule(self)
@@ -63,34 +80,60 @@ class Scheduled:
         """``"mask"``, ``"rounds"`` or ``"gap"``: the schedule in use."""
         return "mask" if self.mask is not None else "rounds" if self.skip is not None else "gap"
 
-    def computes(self, step: int, progress: float | None = None, last: float | None = None) -> bool:
+    def gaps(self, steps: int | None = None) -> tuple[float, float]:
+        """``(gap, gap_growth)`` for a generation of ``steps`` steps (``None``: not told): the first ``by_steps``
+        point that covers it, else the config's own."""
+        for most, gap, growth in self.by_steps:
+            if steps is not None and steps <= most:
+                return gap, growth
+        return self.gap, self.gap_growth
+
+    def bands(self) -> list[tuple[str, float, float]]:
+        """``by_steps`` as ``(span, gap, gap_growth)`` where it differs from the config's own point (``"27-30"``)."""
+        out, low = [], 1
+        for most, gap, growth in self.by_steps:
+            if (gap, growth) != (self.gap, self.gap_growth):
+                out.append((f"{low}-{most}" if low < most else f"{most}", gap, growth))
+            low = most + 1
+        return out
+
+    def computes(self, step: int, progress: float | None = None, last: float | None = None,
+                 steps: int | None = None) -> bool:
         """Whether step ``step`` (0: the generation's first) at ``progress`` is computed, the last computed step
-        at ``last`` (``None``: none yet, or not told: computed)."""
+        at ``last`` (``None``: none yet, or not told: computed), in a generation of ``steps`` steps."""
         if self.mask is not None:
             return step >= len(self.mask) or self.mask[step] == "1"
         if step < self.warmup:
             return True
         if self.skip is not None:
             return rounds(step, self.warmup, self.skip, self.skip_growth)
-        return progress is None or last is None or progress - last > self.gap + self.gap_growth * last
+        if progress is None or last is None:
+            return True
+        gap, growth = self.gaps(steps)
+        return progress - last > gap + growth * last
+
+    def on_grid(self, progress) -> list[bool]:
+        """Whether each step of a generation whose steps stand at ``progress`` (0 at pure noise, one per step, as
+        ``steps.host_progress`` reads a scheduler's) is computed: known on the host before the generation."""
+        out, last = [], None
+        for k, at in enumerate(progress):
+            computed = self.computes(k, at, last, len(progress))
+            out.append(computed)
+            last = at if computed else last
+        return out
 
     def schedule(self, steps: int, shift: float = 1.0) -> list[bool]:
         """Whether each of ``steps`` steps is computed on Flux's time grid bent by ``shift`` (1: the linear grid)."""
-        out, last = [], None
-        for k in range(steps):
-            sigma = 1.0 - k / steps
-            progress = 1.0 - shift * sigma / (1.0 + (shift - 1.0) * sigma)
-            computed = self.computes(k, progress, last)
-            out.append(computed)
-            last = progress if computed else last
-        return out
+        sigmas = [1.0 - k / steps for k in range(steps)]
+        return self.on_grid([1.0 - shift * s / (1.0 + (shift - 1.0) * s) for s in sigmas])
 
     def words(self) -> str:
         """The settings as ``describe_patch`` gives them (``warmup=3 gap=0.02 gap_growth=0.2 extrapolate=0.7``), with
         the steps computed of 28 on the linear grid and on Flux's at shift 3 (of 28 and 50)."""
         words = f"warmup={self.warmup} " + (
             f"mask={self.mask}" if self.kind == "mask" else f"skip={self.skip} skip_growth={self.skip_growth}"
-            if self.kind == "rounds" else f"gap={self.gap:g} gap_growth={self.gap_growth:g}")
+            if self.kind == "rounds" else f"gap={self.gap:g} gap_growth={self.gap_growth:g}" + "".join(
+                f" ({span} steps: gap={g:g} gap_growth={r:g})" for span, g, r in self.bands()))
         words += f" extrapolate={self.extrapolate:g}" + (f" min_steps={self.min_steps}" if self.min_steps else "")
         counts = [sum(self.schedule(n, s)) for n, s in ((28, 1.0), (28, 3.0), (50, 3.0))]
         return words + " (steps computed of 28 on a linear time grid: {}, shifted by 3: {}; of 50 shifted by 3: {})" \
@@ -121,7 +164,8 @@ def _fraction(config, name: str, what: str) -> None:
 def check_schedule(config) -> None:
     """Validate ``config``'s schedule and ``extrapolate`` (``ValueError`` naming the field; its ``KEPT``: what the
     slope moves, in the message), making the integers ``int`` and the numbers ``float``; with neither ``skip`` nor
-    ``mask``, ``gap`` and ``gap_growth`` get their defaults (``GAPS``) where ``None``."""
+    ``mask``, ``gap`` and ``gap_growth`` get their defaults (``DEFAULT``) where ``None``, and ``by_steps`` too where the
+    whole schedule is the default."""
     _fraction(config, "extrapolate", f"0: the kept {config.KEPT} held; 1: moved along its slope, first order")
     _integer(config, "min_steps", 0, "a generation of fewer steps, as a patched pipeline's scheduler tells, "
                                      "computes every step")
@@ -137,9 +181,35 @@ def check_schedule(config) -> None:
     if len(given) > 1:
         raise ValueError(f"{' and '.join(sorted(given))}: give one schedule: mask= (static), skip= (rounds counted "
                          "in steps) or gap= / gap_growth= (the denoising progress a skipped run spans; the default)")
+    default = type(config).DEFAULT
+    if config.by_steps is None:  # the class's points by step count go with its default schedule only
+        untold = mask is None and config.skip is None and config.gap is None and config.gap_growth is None
+        object.__setattr__(config, "by_steps", default.get("by_steps", ()) if untold else ())
+    _points(config)
     if mask is None and config.skip is None:
-        for name, default in zip(("gap", "gap_growth"), type(config).GAPS):
+        for name in ("gap", "gap_growth"):
             if getattr(config, name) is None:
-                object.__setattr__(config, name, default)
+                object.__setattr__(config, name, default[name])
             _fraction(config, name, "the denoising progress (0 at pure noise, 1 at the end) a skipped step may lie "
                                     "past the last computed one is gap + gap_growth x that step's progress")
+
+
+def _points(config) -> None:
+    """Validate ``by_steps`` (a tuple of ``(N, gap, gap_growth)`` by rising ``N``, with the gap schedule only),
+    made a tuple of tuples (a JSON file's lists are taken)."""
+    points = config.by_steps
+    what = ("by_steps must be a sequence of (N, gap, gap_growth) points by rising N (an integer >= 1; gap and "
+            "gap_growth numbers in [0, 1]): a generation of at most N steps takes that point, e.g. ((36, 0.02, 0.3),)")
+    if not isinstance(points, (tuple, list)):
+        raise ValueError(f"{what}; got {points!r}")
+    out = []
+    for point in points:
+        if not isinstance(point, (tuple, list)) or len(point) != 3 or isinstance(point[0], bool) or \
+                not isinstance(point[0], numbers.Integral) or point[0] < 1 or (out and point[0] <= out[-1][0]) or \
+                not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+                        for v in point[1:]):
+            raise ValueError(f"{what}; got {points!r}")
+        out.append((int(point[0]), float(point[1]), float(point[2])))
+    if out and (config.mask is not None or config.skip is not None):
+        raise ValueError(f"by_steps applies to the gap schedule; got it with {'mask=' if config.mask else 'skip='}")
+    object.__setattr__(config, "by_steps", tuple(out))

@@ -14,6 +14,7 @@ from ...families.spec import Arg
 from ..discover import bind
 from .cache import Across, Bypass, moved
 from .cache import Kept as Held
+from .presets import SCHEDULES
 from .schedule import Scheduled
 
 __all__ = ["StepCacheConfig", "StepCache", "Kept", "Pass"]
@@ -30,6 +31,8 @@ class StepCacheConfig(Scheduled):
         >>> "".join("1" if c else "0" for c in StepCacheConfig(warmup=3, skip=1, skip_growth=1).schedule(20))
         '11101001000100001000'
     """
+
+    DEFAULT = SCHEDULES["image"]["balanced"]
 
 
 @dataclasses.dataclass(slots=True)

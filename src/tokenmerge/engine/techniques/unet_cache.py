@@ -14,6 +14,7 @@ from ...families.spec import Arg
 from ..discover import bind
 from .cache import Across, Bypass, moved
 from .cache import Kept as Held
+from .presets import SCHEDULES
 from .schedule import Scheduled
 
 __all__ = ["UNetCacheConfig", "UNetCache", "Kept"]
@@ -31,7 +32,7 @@ class UNetCacheConfig(Scheduled):
         '1001001001'
     """
 
-    GAPS = (0.04, 0.1)  # (accelerate's balanced point on UNets)
+    DEFAULT = SCHEDULES["unet"]["balanced"]
     KEPT = "feature"
 
     depth: int = 1
