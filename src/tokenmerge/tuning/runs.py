@@ -96,12 +96,13 @@ class Recorder:
 
 
 class Runner:
-    """Runs ``pipe`` on an item ``(prompt, seed)``: ``num_inference_steps=steps``, the user's ``call_kwargs``,
-    ``generator`` a CPU generator seeded by ``seed`` (the same noise on every device), ``output_type="pt"`` where the
-    call takes one and the user gave none; counts its generations and, with ``bar``, moves it."""
+    """Runs ``pipe`` on an item ``(k, seed)``: ``prompts[k]`` (a prompt, or a dict of call arguments),
+    ``num_inference_steps=steps``, the user's ``call_kwargs``, ``generator`` a CPU generator seeded by ``seed`` (the
+    same noise on every device), ``output_type="pt"`` where the call takes one and the user gave none; counts its
+    generations and, with ``bar``, moves it."""
 
-    def __init__(self, pipe, steps: int, call_kwargs: dict, device, bar=None):
-        self.pipe, self.steps, self.device, self.bar = pipe, steps, device, bar
+    def __init__(self, pipe, prompts: list, steps: int, call_kwargs: dict, device, bar=None):
+        self.pipe, self.prompts, self.steps, self.device, self.bar = pipe, prompts, steps, device, bar
         self.kwargs = dict(call_kwargs)
         if "output_type" not in self.kwargs and call_default(pipe, "output_type") is not None:
             self.kwargs["output_type"] = "pt"
@@ -109,10 +110,12 @@ class Runner:
 
     def __call__(self, item: tuple) -> tuple[torch.Tensor, float]:
         """``(output, seconds)`` of one generation of ``item``."""
-        prompt, seed = item
-        kwargs = dict(self.kwargs, num_inference_steps=self.steps, generator=torch.Generator("cpu").manual_seed(seed))
+        prompt, seed = self.prompts[item[0]], item[1]
+        args = (prompt,) if isinstance(prompt, str) else ()
+        kwargs = {**self.kwargs, **({} if args else prompt), "num_inference_steps": self.steps,
+                  "generator": torch.Generator("cpu").manual_seed(seed)}
         with torch.no_grad():
-            out, seconds = timed(self.device, lambda: self.pipe(prompt, **kwargs))
+            out, seconds = timed(self.device, lambda: self.pipe(*args, **kwargs))
         self.generations += 1
         if self.bar is not None:
             self.bar.update(1)

@@ -14,6 +14,7 @@ Every generation counts against ``budget``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 import statistics
@@ -54,8 +55,10 @@ def _check(target_psnr, speed, prompts, seeds, budget, timing) -> tuple[list, li
                 "a finite number > 1 (the steps over the computed ones, e.g. 2.5)"
             raise ValueError(f"tokenmerge.tune: {name} must be {what}; got {value!r}")
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts or \
-            not all(isinstance(p, str) and p for p in prompts):
-        raise ValueError(f"tokenmerge.tune: prompts must be a list of non-empty strings; got {str(prompts)[:100]!r}")
+            not all(isinstance(p, str) and p or isinstance(p, dict) and p for p in prompts):
+        raise ValueError("tokenmerge.tune: prompts must be a list of non-empty strings (or, for a pipeline without a "
+                         "text encoder, of dicts of the call's arguments per prompt, e.g. prompt_embeds); got "
+                         f"{str(prompts)[:100]!r}")
     seeds = list(seeds) if isinstance(seeds, (list, tuple, range)) else seeds
     if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ValueError(f"tokenmerge.tune: seeds must be a list of integers; got {seeds!r}")
@@ -224,7 +227,9 @@ def tune(pipe, prompts, *, target_psnr: float | None = None, speed: float | None
     Important args:
         pipe: a diffusers pipeline (or anything its call takes ``prompt``, ``num_inference_steps``, ``generator``),
             unpatched: its outputs are the references.
-        prompts: at least 2; the first half (rounded up) are the search's, the rest held out for verification.
+        prompts: at least 2; the first half (rounded up) are the search's, the rest held out for verification (a
+            prompt may be a dict of the call's arguments instead: its embeddings, for a pipeline without a text
+            encoder).
         target_psnr: dB of float PSNR to the unpatched output from the same noise (mean over the items), or
         speed: the steps over the computed ones (2.5: at most 40% of the steps computed). Exactly one of the two.
 
@@ -267,8 +272,8 @@ def run_tune(pipe, prompts, *, target_psnr=None, speed=None, seeds=(0, 1), steps
         raise ValueError(f"tokenmerge.tune: steps={steps} is fewer than the cache can skip (a generation of fewer than "
                          f"{base['min_steps']} steps, a distilled model's, computes every step)")
     half_p, half_s = (len(prompts) + 1) // 2, (len(seeds) + 1) // 2
-    calibration = [(p, s) for p in prompts[:half_p] for s in seeds[:half_s]]
-    held = [(p, s) for p in prompts[half_p:] for s in seeds[half_s:]]
+    calibration = [(k, s) for k in range(half_p) for s in seeds[:half_s]]  # (prompt's index, seed)
+    held = [(k, s) for k in range(half_p, len(prompts)) for s in seeds[half_s:]]
     call_kwargs = dict(call_kwargs or {})
     device = next(site.module.parameters()).device
     bar = None
@@ -276,8 +281,8 @@ def run_tune(pipe, prompts, *, target_psnr=None, speed=None, seeds=(0, 1), steps
         from tqdm.auto import tqdm
 
         bar = tqdm(total=budget, desc="tune", unit="gen")
-    search = _Search(pipe, Runner(pipe, steps, call_kwargs, device, bar), config_class, base, calibration, held,
-                     budget, timing)
+    search = _Search(pipe, Runner(pipe, prompts, steps, call_kwargs, device, bar), config_class, base, calibration,
+                     held, budget, timing)
     if not search.affordable(3 * len(calibration)):  # the references and two candidates
         raise ValueError(f"tokenmerge.tune: budget={budget} generations cannot evaluate two candidates on "
                          f"{len(calibration)} calibration items and verify on {len(held)}: give a larger budget or "
@@ -286,8 +291,8 @@ def run_tune(pipe, prompts, *, target_psnr=None, speed=None, seeds=(0, 1), steps
         with Recorder(site) as seen:
             search.reference(calibration[0])
         if len(seen.progress) < 2:
-            raise ValueError("tokenmerge.tune: the denoiser's calls told no time grid (no timestep argument read): "
-                             "the caches cannot tell its steps apart")
+            raise ValueError(f"tokenmerge.tune: the denoiser's calls told {len(seen.progress)} distinct timesteps in a "
+                             f"generation of steps={steps}: no time grid the caches can skip steps of")
         search.pool = candidates(config_class, base, seen.progress, kind)
         if not search.pool:
             raise ValueError(f"tokenmerge.tune: steps={steps}: no schedule skips a step of this grid's "
@@ -305,8 +310,8 @@ def run_tune(pipe, prompts, *, target_psnr=None, speed=None, seeds=(0, 1), steps
     finally:
         if bar is not None:
             bar.close()
-    return _result(pipe, site, search, chosen, holds, wall, target_psnr, speed, steps, seen, call_kwargs,
-                   budget), search
+    tuned = _result(pipe, site, search, chosen, holds, wall, target_psnr, speed, steps, seen, call_kwargs, budget)
+    return Tuned.from_json(json.loads(json.dumps(tuned.to_json()))), search  # as its file will read back
 
 
 def _choose(search: _Search, target: float | None, most: int | None) -> tuple[Candidate, bool | None]:
@@ -337,9 +342,16 @@ def _choose(search: _Search, target: float | None, most: int | None) -> tuple[Ca
     return best, False
 
 
+def _said(prompts: list, item) -> list:
+    """``[prompt, seed]`` of an item as the report gives it (a prompt given as call arguments: their names)."""
+    prompt = prompts[item[0]]
+    return [prompt if isinstance(prompt, str) else "call arguments: " + ", ".join(sorted(prompt)), item[1]]
+
+
 def _result(pipe, site, search, chosen, holds, wall, target, speed, steps, seen, call_kwargs, budget) -> Tuned:
     import datetime
 
+    prompts = search.runner.prompts
     from .. import __version__
 
     scheduler = getattr(pipe, "scheduler", None)
@@ -360,9 +372,9 @@ def _result(pipe, site, search, chosen, holds, wall, target, speed, steps, seen,
         computed=chosen.ran if chosen.ran is not None else chosen.computed,
         counted_speedup=round(grid_steps / (chosen.ran or chosen.computed), 3),
         wall_speedup=None if wall is None else round(wall, 3),
-        calibration={**stats(chosen.calibration), "items": [list(i) for i in search.calibration],
+        calibration={**stats(chosen.calibration), "items": [_said(prompts, i) for i in search.calibration],
                      "per_item": [round(v, 3) for v in chosen.calibration]} if chosen.calibration else {},
-        held_out={**stats(chosen.held_out), "items": [list(i) for i in search.held],
+        held_out={**stats(chosen.held_out), "items": [_said(prompts, i) for i in search.held],
                   "per_item": [round(v, 3) for v in chosen.held_out]},
         holds=holds,
         candidates=[{"setting": c.setting, "mask": c.mask, "computed": c.computed,
