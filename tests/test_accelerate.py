@@ -27,7 +27,7 @@ from tokenmerge.families.spec import grid_rank
 pytestmark = pytest.mark.usefixtures("fast_cpu")
 ENTRIES = sorted({example for f in BUILTIN for example in f.examples} & set(CATALOGUE))
 # what accelerate(speed="fast") must pick (the frontiers' points, written out)
-BANDS = ((26, 0.02, 0.2), (30, 0.02, 0.3))  # the image transformer's balanced point at 27-30 steps (Flux.1-dev: 28)
+BANDS = ((27, 0.02, 0.2), (30, 0.02, 0.3))  # the image transformer's balanced point at 28-30 steps (Flux.1-dev: 28)
 FAST_IMAGE = StepCacheConfig(warmup=3, gap=0.02, gap_growth=0.4, extrapolate=0.7, min_steps=9)
 FAST_VIDEO = StepCacheConfig(warmup=3, gap=0.02, gap_growth=0.5, extrapolate=0.7, min_steps=9)
 FAST_UNET = UNetCacheConfig(warmup=3, skip=1, skip_growth=1, extrapolate=0.7, depth=1, layers=0, min_steps=9)

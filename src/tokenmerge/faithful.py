@@ -62,7 +62,7 @@ def attempts(kind: str, speed: str) -> list[tuple]:
 
 def _setting(base: dict) -> str:
     """A preset's settings in words: ``a step computed once the progress since the last computed one passes 0.02 +
-    0.2 x its progress (27-30 steps: 0.02 + 0.3 x), warmup 3, the slope at 0.7``."""
+    0.2 x its progress (28-30 steps: 0.02 + 0.3 x), warmup 3, the slope at 0.7``."""
     schedule = (f"rounds of {base['skip']} cached step and a computed one, each round {base['skip_growth']} longer"
                 if "skip" in base else f"a step computed once the denoising progress since the last computed one "
                 f"passes {base['gap']:g} + {base['gap_growth']:g} x its progress" + "".join(

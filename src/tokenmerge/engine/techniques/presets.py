@@ -15,7 +15,7 @@ __all__ = ["SPEEDS", "SCHEDULES", "COMMON", "UNET_CUT", "TOME_RATIOS"]
 SPEEDS = ("faithful", "balanced", "fast")
 SCHEDULES = {
     "image": {"faithful": dict(gap=0.02, gap_growth=0.1),
-              "balanced": dict(gap=0.02, gap_growth=0.2, by_steps=((26, 0.02, 0.2), (30, 0.02, 0.3))),
+              "balanced": dict(gap=0.02, gap_growth=0.2, by_steps=((27, 0.02, 0.2), (30, 0.02, 0.3))),
               "fast": dict(gap=0.02, gap_growth=0.4)},
     "video": {"faithful": dict(gap=0.02, gap_growth=0.1), "balanced": dict(gap=0.02, gap_growth=0.3),
               "fast": dict(gap=0.02, gap_growth=0.5)},

@@ -89,7 +89,7 @@ class Scheduled:
         return self.gap, self.gap_growth
 
     def bands(self) -> list[tuple[str, float, float]]:
-        """``by_steps`` as ``(span, gap, gap_growth)`` where it differs from the config's own point (``"27-30"``)."""
+        """``by_steps`` as ``(span, gap, gap_growth)`` where it differs from the config's own point (``"28-30"``)."""
         out, low = [], 1
         for most, gap, growth in self.by_steps:
             if (gap, growth) != (self.gap, self.gap_growth):
