@@ -168,22 +168,27 @@ def test_tome_kept_plans_follow_each_tile():
 
 def test_the_clock_tells_steps_places_and_generations():
     from tokenmerge.engine.call import Clock
+    from tokenmerge.engine.clock import Where
 
     clock = Clock()
     a, b = ("grid a",), ("grid b",)
-    assert clock.tick(0.0, a, 0, None) == (a, 0) and clock.step == 0 and clock.generation == 1
-    assert clock.tick(0.0, a, 0, None) == (a, 1)  # another call of the step (a guidance branch, a second tile)
-    assert clock.tick(0.0, b, 0, None) == (b, 0)  # another grid: its own place
+    assert clock.tick(Where(None, 0.0), a, 0) == (a, 0) and clock.step == 0 and clock.generation == 1
+    assert clock.tick(Where(None, 0.0), a, 0) == (a, 1)  # another call of the step (a guidance branch, a second tile)
+    assert clock.tick(Where(None, 0.0), b, 0) == (b, 0)  # another grid: its own place
     from tokenmerge.engine.techniques.step_cache import Kept
 
     kept = clock.kept[(a, 0)] = Kept(at=0.0)
-    assert clock.tick(0.3, a, 0, None) == (a, 0) and clock.step == 1 and clock.kept[(a, 0)] is kept
-    clock.tick(0.2, a, 0, None)  # back towards noise: a new generation, each kept state reset and dropped
+    assert clock.tick(Where(None, 0.3), a, 0) == (a, 0) and clock.step == 1 and clock.kept[(a, 0)] is kept
+    clock.tick(Where(None, 0.2), a, 0)  # back towards noise: a new generation, each kept state reset and dropped
     assert clock.generation == 2 and clock.step == 0 and not clock.kept and kept.at is None
-    clock.tick(0.5, a, 1, None)  # new_generation() was called
+    clock.tick(Where(None, 0.5), a, 1)  # new_generation() was called
     assert clock.generation == 3
     steps = torch.arange(3)
-    clock.tick(0.6, a, 1, steps)  # a pipeline's scheduler set up again
-    assert clock.generation == 4
-    clock.tick(0.7, a, 1, steps)
+    clock.tick(Where(None, 0.6, grid=steps), a, 1)  # a pipeline's scheduler set up again
+    assert clock.generation == 4 and clock.steps == 3
+    clock.tick(Where(None, 0.7, grid=steps), a, 1)
     assert clock.generation == 4 and clock.step == 1
+    clock.tick(Where(0, 0.1, steps=20, told="context"), a, 1)  # the pipeline's cache_context: its step count
+    assert clock.generation == 5 and clock.steps == 20
+    clock.tick(Where(1, 0.1, steps=20, told="context"), a, 1)  # the step index moved: the next step
+    assert clock.generation == 5 and clock.step == 1

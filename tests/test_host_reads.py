@@ -5,7 +5,7 @@ CUDA graph cannot hold one.
 A ``TorchFunctionMode`` counts them over a whole generation and inside each denoiser call (between a pre-hook put
 first and a hook put last), patched (``accelerate``, ``apply_step_cache``, the UNet cache) against unpatched, on tiny
 real diffusers pipelines and on the embedded mosaic testbed (a flow-matching Euler pipeline): the same reads in each
-call, and at most 1 more per generation, the scheduler's ``timesteps`` read once (``steps.host_progress``): before the
+call, and at most 1 more per generation, the scheduler's ``timesteps`` read once (``clock.host_progress``): before the
 first call where the pipeline enters the denoiser's ``cache_context`` (Wan, Qwen-Image, HunyuanVideo, LTX, the
 mosaic), in the first call where it does not (Flux Kontext, Stable Diffusion). A bare model, which no scheduler tells,
 reads its timestep once per call, and ``describe_patch`` says so. A planted read per call is seen (the count's own
@@ -70,7 +70,8 @@ def _compare(pipe, model, generate, patch) -> tuple[Reads, Reads]:
         cached = sum(model._tokenmerge_patch.technique.ran.cached.values())
     finally:
         tokenmerge.remove_patch(pipe)
-    assert told == {"scheduler"} and cached > 0, (told, cached)  # (the steps told by the scheduler; some skipped)
+    # (the steps told by the pipeline's cache_context fields or its scheduler; some skipped)
+    assert told <= {"scheduler", "context"} and told and cached > 0, (told, cached)
     assert len(patched.calls) == len(plain.calls) > 0
     return plain, patched
 

@@ -1,13 +1,15 @@
-"""What one denoiser call tells its blocks, and the state a call keeps.
+"""What one denoiser call tells its blocks.
 
 - ``CallHook``: the denoiser's forward pre-hook and hook: the call's grid (``grids.GridReader``, read only when its
-  arguments change), its timestep, the per-call checks, the step clock; the ``CallState`` the blocks read (per
-  thread, and one for code torch.compile traces: dynamo follows a plain object, not a ``threading.local``).
-- ``Clock``: which generation, step and place in the step a call is (what state kept across calls is keyed by), told
-  by the pipeline's scheduler where it can (``steps.py``), and what the technique keeps for the generation (its own
-  state class per branch, ``technique.py``).
-- ``CallInfo``: what the hook read of a call, handed to the technique's ``begin``.
+  arguments change), its timestep, the per-call checks; ``decide``, the one place a call is decided (the step clock
+  moved, the ``CallInfo`` made, the technique's ``begin``), from the pre-hook or, before the call, from the
+  denoiser's ``cache_context`` (``clock.tell``); the ``CallState`` the blocks read (per thread, and one for code
+  torch.compile traces: dynamo follows a plain object, not a ``threading.local``). Where a call stands: ``clock.py``.
+- ``CallState``: what one call tells its blocks; ``Clock``: which generation, step and place in the step a call is
+  (what state kept across calls is keyed by), and what the technique keeps for the generation (its own state class
+  per branch, ``technique.py``).
 - ``BoundArg``: a ``forward`` argument resolved against a signature (``discover.bind``), read and replaced.
+- ``Watch``: the per-call guards.
 - Layout: a sequence is ``[before | image | after]``: text declared before the image (``TEXT_BEFORE``), the image's
   tokens, then text declared after it (``TEXT_AFTER``) or reference-image tokens (``trailing``: Flux Kontext).
   Everything but the image passes whole; rotary rows and mask entries follow the merged image tokens.
@@ -25,11 +27,11 @@ import torch
 from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
 from ..merge.plan import TABLES, Tables, join, sided_rows
 from .caches import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
+from .clock import CallInfo, Where, host_where
 from .compiled import holding, on_host, regional_message
-from .steps import host_where
 
-__all__ = ["BoundArg", "CallHook", "CallInfo", "CallState", "Clock", "Watch", "NoGrid", "PARALLEL_ATTR", "sides",
-           "image_part", "join", "take_rotary", "take_mask", "coarsen"]
+__all__ = ["BoundArg", "CallHook", "CallState", "Clock", "Watch", "NoGrid", "PARALLEL_ATTR", "sides", "image_part",
+           "join", "take_rotary", "take_mask", "coarsen"]
 
 PARALLEL_ATTR = "_parallel_config"  # where a diffusers model keeps its ParallelConfig (enable_parallelism)
 
@@ -76,7 +78,7 @@ class BoundArg:
         return args, {**kwargs, self.name: value}
 
 
-# ---- layout ----------------------------------------------------------------------------------------------------
+# ---- layout: a sequence is [before | image | after] --------------------------------------------------------
 def sides(total: int, image: int, text: str, trailing: int = 0) -> tuple[int, int]:
     """``(before, after)``: the tokens before and after the ``image`` ones in a sequence of ``total``."""
     extra = total - image
@@ -160,7 +162,7 @@ def coarsen(grid: tuple[int, ...], level: int) -> tuple[int, ...]:
     return grid
 
 
-# ---- a call's state ------------------------------------------------------------------------------------------
+# ---- a call's state ----------------------------------------------------------------------------------------
 class Clock:
     """A thread's step clock: the generation, its step, each call's place in the step (``tick``), and what the
     technique keeps for the generation: per branch (``kept``: one object of its own state class per branch) and for the
@@ -176,7 +178,7 @@ class Clock:
         self.step = -1
         self.index: int | None = None  # the scheduler's step index of the current step, where it tells it
         self.progress: float | None = None
-        self.levels: tuple = (None, None)  # (a scheduler's timesteps tensor, the progress of its steps: steps.py)
+        self.levels: tuple = (None, None)  # (a scheduler's timesteps tensor, the progress of its steps: host_where)
         self.same = 0  # calls in a row at one scheduler step index (STALE_CALLS of them: it is not moving)
         self.hostless = False  # the scheduler's step index was seen not to move: the timestep is read instead
         self.places: dict = {}  # signature -> calls of the current step made with it so far
@@ -184,17 +186,16 @@ class Clock:
         self.spare: dict = {}  # branch -> its state in the generation before, reset (its tensors reused: clear)
         self.whole = None  # the technique's state for the whole generation (token reuse's round-robin)
 
-    def tick(self, progress: float | None, signature, marks: int, timesteps, index: int | None = None,
-             steps: int | None = None) -> tuple:
-        """Move to a call at denoising ``progress`` (and the scheduler's step ``index``, where told) with
-        ``signature``; returns the call's branch. ``steps``: the generation's step count where the pipeline tells it
-        (its ``cache_context``), else the length of ``timesteps``."""
+    def tick(self, where: Where, signature, marks: int) -> tuple:
+        """Move to a call at ``where`` with ``signature``; returns the call's branch. The generation's step count is
+        ``where.steps`` where told, else the length of its time grid (``where.grid``)."""
+        progress, index, timesteps = where.progress, where.index, where.grid
         hosted = index is not None and self.index is not None
         if marks != self.mark[0] or timesteps is not self.mark[1] or self.progress is None or (
                 index < self.index if hosted else progress is not None and progress < self.progress):
             self.mark = (marks, timesteps)
-            self.steps = steps if steps is not None else len(timesteps) if timesteps is not None and hasattr(
-                timesteps, "__len__") else None
+            self.steps = where.steps if where.steps is not None else len(timesteps) if timesteps is not None and \
+                hasattr(timesteps, "__len__") else None
             self.generation += 1
             self.step = 0
             self.places.clear()
@@ -226,21 +227,6 @@ class Clock:
         self.whole = None
 
 
-@dataclass
-class CallInfo:
-    """What ``CallHook.pre`` read of one denoiser call, for the technique's ``begin``: its arguments, the device, the
-    timestep (a tensor, or ``None``), for a technique that reads it (``timed``) its denoising progress, and whether
-    the call runs compiled (the host-side set-up of a compiled call: numbers the blocks read go as tensors)."""
-
-    args: tuple
-    kwargs: dict
-    device: object
-    timestep: object
-    progress: float | None = None
-    compiled: bool = False
-    told: str = "timestep"  # "context" (the pipeline's cache_context), "scheduler" (its host state), "timestep"
-
-
 class CallState:
     """What one denoiser call tells its blocks; ``reset()`` forgets the call (its end, or an error). ``clock``
     survives it. ``work``: the technique's own state of the call (``None``: the call runs untouched)."""
@@ -259,7 +245,8 @@ class CallState:
         self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
         self.shard = None  # context parallelism: this rank's slice of the call's grid (parallel.Shard)
         self.branch = None  # the call's place in its step (Clock.tick), where state is kept across calls
-        self.decided = False  # the call was decided before it, on the host (a cache_context: cache.Told)
+        self.decided = False  # the call was decided before it, on the host (its cache_context: CallHook.tell)
+        self.info = None  # the CallInfo the call was decided with
 
 
 class Watch:
@@ -363,12 +350,13 @@ class CallHook:
         if self.host_pre is not None and torch.compiler.is_compiling() and not self._traced.decided:
             return self.host_pre(self, module, args, kwargs, True)  # decided on the host: a graph break
         patch, state = self.patch, self.state
-        if state.decided:  # decided before the call (cache.Told): eagerly, the guards' checks alone
+        if state.decided:  # decided before the call (tell): its arguments; eagerly, the guards' checks
+            state.info.args, state.info.kwargs = args, kwargs
             if torch.compiler.is_compiling():
                 return None
             patch.watch.check()
             if patch.tuned_for is not None:  # a tuned setting: the generation it was tuned for (tuned_for.py)
-                self.tuned(state, args, kwargs)
+                patch.tuned_for.check_call(self, state, args, kwargs)
             return None
         technique = patch.technique
         state.reset()  # a call cut short by a KeyboardInterrupt skips the always-called hooks
@@ -408,35 +396,32 @@ class CallHook:
         if not compiling:
             patch.watch.check()  # caches added around the patch's modules, blocks compiled in place (guards)
         timestep = self.timestep.read(args, kwargs) if self.timestep is not None else None
-        call = CallInfo(args, kwargs, device, timestep, compiled=compiled)
         pipe = self.pipeline() if self.pipeline is not None else None
         scheduler = getattr(pipe, "scheduler", None)
         where = host_where(state.clock, scheduler, timestep) if technique.hosted and scheduler is not None and \
             self.timestep is not None else None
-        if where is not None:  # the step and its progress from the pipeline's scheduler: no tensor read here
-            call.progress, call.told = where[1], "scheduler"
-        elif technique.timed:  # one host read per denoiser call (not per block): schedules, the clock, kept state
-            call.progress = self.timestep.progress(timestep, getattr(patch.config, "num_train_timesteps", 1000)) \
-                if self.timestep is not None else None
-        if technique.clocked:
-            signature = (state.grid, state.trailing, device) if not isinstance(x, torch.Tensor) else (
-                state.grid, state.trailing, device, x.dtype, *x.shape[:1 if technique.gridded else None])
-            state.branch = state.clock.tick(call.progress, signature, self.marks, getattr(scheduler, "timesteps", None),
-                                          where[0] if where is not None else None)
+        if where is None:  # the call's timestep read on the host: once per denoiser call, not per block
+            progress = self.timestep.progress(timestep, getattr(patch.config, "num_train_timesteps", 1000)) \
+                if technique.timed and self.timestep is not None else None
+            where = Where(None, progress, None, "timestep", getattr(scheduler, "timesteps", None))
+        signature = (state.grid, state.trailing, device) if not isinstance(x, torch.Tensor) else (
+            state.grid, state.trailing, device, x.dtype, *x.shape[:1 if technique.gridded else None])
+        self.decide(state, where, signature, CallInfo(args, kwargs, device, timestep, where, compiled))
         if patch.tuned_for is not None and not compiling:
-            self.tuned(state, args, kwargs)
-        technique.begin(state, call)
-        if self.host:
-            self._traced = state  # the compiled blocks read the state this host-side hook set up
+            patch.tuned_for.check_call(self, state, args, kwargs)
         return None
 
-    def tuned(self, state, args, kwargs) -> None:
-        """Check the call's generation against what the patch's tuned setting was tuned for (``tuned_for.py``)."""
-        pipe = self.pipeline() if self.pipeline is not None else None
-        site = self.patch.site
-        x = self.sample.read(args, kwargs) if self.sample is not None else None
-        self.patch.tuned_for.check(state.clock, x, getattr(pipe, "scheduler", None),
-                                   site.path or type(site.module).__name__)
+    def decide(self, state, where: Where, signature, info: CallInfo) -> None:
+        """The one place a call is decided, on the host: the step clock moved to ``where`` (its branch: its
+        ``signature`` and place in the step), the technique's ``begin`` with ``info``, the state compiled code reads
+        set. Called by ``pre`` at the call, or by ``clock.tell`` before it (the denoiser's ``cache_context``)."""
+        technique = self.patch.technique
+        if technique.clocked:
+            state.branch = state.clock.tick(where, signature, self.marks)
+        state.info = info
+        technique.begin(state, info)
+        if self.host:
+            self._traced = state  # the compiled blocks read the state this host-side decision set up
 
     def untouched(self, reason: str) -> None:
         """This call runs as if unpatched (its grid cannot be read): one warning per patch."""

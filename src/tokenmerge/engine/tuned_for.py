@@ -50,6 +50,13 @@ class TunedFor:
     generation: int = -1
     warned: set = dataclasses.field(default_factory=set)
 
+    def check_call(self, calls, state, args, kwargs) -> None:
+        """``check`` for a call of ``calls`` (the patch's ``CallHook``) with its arguments."""
+        pipe = calls.pipeline() if calls.pipeline is not None else None
+        site = calls.patch.site
+        x = calls.sample.read(args, kwargs) if calls.sample is not None else None
+        self.check(state.clock, x, getattr(pipe, "scheduler", None), site.path or type(site.module).__name__)
+
     def check(self, clock, sample, scheduler, name: str) -> None:
         """At a generation's first call (``clock``), warn once per cause where it runs another step count
         (``clock.steps``), scheduler or size (``sample``: the denoiser's input) than tuned for."""
@@ -73,7 +80,7 @@ class TunedFor:
             warnings.warn(f"tokenmerge: {name}: this generation runs at {text}, not as its tuned setting was tuned "
                           f"and verified ({self.words}); it runs, its schedule following this generation's time "
                           "grid, but its fidelity was not measured here: tune it for this generation "
-                          "(tokenmerge.tune or `tokenmerge tune`)", TunedSettingWarning, stacklevel=4)
+                          "(tokenmerge.tune or `tokenmerge tune`)", TunedSettingWarning, stacklevel=5)
 
     @staticmethod
     def describe(steps: int, scheduler: dict, sample) -> str:

@@ -41,7 +41,7 @@ def downsample(x: torch.Tensor, shape: tuple[int, ...], factors: tuple[int, ...]
     Modes: ``"nearest-exact"``, ``"avg"`` (area), ``"bilinear"`` (2-D grids, or 3-D with factor 1 on the first
     axis: each frame on its own), ``"trilinear"`` (3-D grids). Factor 1 on every axis returns ``x`` itself.
     """
-    shape, factors = tuple([int(n) for n in shape]), tuple([int(f) for f in factors])
+    shape, factors = tuple(map(int, shape)), tuple(map(int, factors))
     if len(shape) != len(factors) or not shape or min(factors) < 1:
         raise ValueError(f"token downsampling: factors {factors} must be >= 1, one per axis of the grid {shape}")
     if max(factors) == 1:

@@ -3,9 +3,11 @@
 Grammar: ``NAME[:VALUE][,KEY=VALUE...]``. NAME is one of ``METHODS``; VALUE is ToMe's ratio or ToDo's factor;
 KEY=VALUE pairs are keyword arguments of ``apply_patch`` / ``apply_todo`` / ``tomesd.apply_patch``
 (``stop=0.5``, ``plan_steps=2``, ``mode=avg``...). For ``tokenmerge quality`` only, diffusers' caches are methods
-too (``fbc:0.05``, ``taylorseer:5``, ``pab:2``, cache-dit's ``cachedit:0.1``: ``tools/caches.py``), and ``A+B`` runs
-two methods together (``tome:0.5+fbc:0.05``: a token reduction and a cache). ToDo's factor may be one per grid axis:
-``todo:1x2x2`` (each video frame pooled 2x2), ``todo:2x2x2`` (frames too), also written ``todo,downsample=(2,2,2)``.
+too (``fbc:0.05``, ``taylorseer:5``, ``pab:2``, ``magcache:0.06``, ``seacache:0.25``, cache-dit's ``cachedit:0.1``
+with its calibrators and step masks, ``cachedit:0.2,calibrator=foca,mask=fast``, ``cachedit:0.2,steps=11``:
+``tools/caches.py``, ``tools/cachedit.py``), and ``A+B`` runs two methods together (``tome:0.5+fbc:0.05``: a token
+reduction and a cache). ToDo's factor may be one per grid axis: ``todo:1x2x2`` (each video frame pooled 2x2),
+``todo:2x2x2`` (frames too), also written ``todo,downsample=(2,2,2)``.
 A spec is checked when parsed: a bad name or option raises ``ValueError`` naming it.
 """
 

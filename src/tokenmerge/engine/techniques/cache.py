@@ -6,7 +6,8 @@ not run and what it keeps; this module does the rest once.
 - ``Around``: such a module compiled in place (``Module.compile()``, diffusers' ``compile_repeated_blocks``): its
   compiled call, wrapped; the cache decides there, eagerly, and runs the compiled code at a computed step only.
 - ``Told``: the denoiser's ``cache_context`` (diffusers' pipelines enter it around each call): the call decided on
-  the host before it, so that a denoiser compiled whole with ``fullgraph=True`` reads only what was decided.
+  the host before it (``CallHook.tell``), so that a denoiser compiled whole with ``fullgraph=True`` reads only what
+  was decided.
 - ``Across``: the technique's shared part: the blocks it holds, install and release, the decision at each call (on
   the host: ``schedule.py``), the kept state per branch of the step clock (``Kept``: tensors updated in place, the
   slope's weight and gap 0-d tensors filled on the host), the refusal that turns the cache off with one warning,
@@ -23,8 +24,7 @@ import warnings
 
 import torch
 
-from ..call import PARALLEL_ATTR, CallInfo
-from ..steps import context_where, host_where
+from ..clock import tell
 from ..technique import Technique
 
 __all__ = ["Bypass", "Around", "Told", "Across", "Kept", "Ran", "moved"]
@@ -83,11 +83,12 @@ class Around:
 
 class Told:
     """A denoiser's ``cache_context`` while a cache is installed. diffusers' pipelines enter it around each denoiser
-    call (``with transformer.cache_context("cond"): ...``), on the host: the cache decides the call there (``tell``),
-    so that the call reads only what was decided (compiled whole with ``fullgraph=True``: a computed and a skipped
-    variant, told apart by a bool of the call's state, compiled once each). The model's own ``cache_context``
-    (diffusers' caches) runs around it. A branch's first computed call, which makes what the cache keeps, runs
-    eagerly (``torch.compiler.set_stance``), so that compiled code sees only the kept state of later calls."""
+    call (``with transformer.cache_context("cond", step_index=i, sigma=...): ...``), on the host: the call is decided
+    there (``CallHook.tell``), so that the call reads only what was decided (compiled whole with ``fullgraph=True``:
+    a computed and a skipped variant, told apart by a bool of the call's state, compiled once each). The model's own
+    ``cache_context`` (diffusers' caches) runs around it. A branch's first computed call, which makes what the cache
+    keeps, runs eagerly (``torch.compiler.set_stance``), so that compiled code sees only the kept state of later
+    calls."""
 
     def __init__(self, cache, module, previous):
         self.cache, self.module, self.previous = cache, module, previous
@@ -96,41 +97,16 @@ class Told:
     def __call__(self, name, **kwargs):
         own = self.previous or type(self.module).cache_context.__get__(self.module)
         with own(name, **kwargs):
-            state = self.cache.calls.state
-            state.reset()
-            work = state.work if self.tell(state, name, kwargs) else None
+            state = tell(self.cache.calls, kwargs)  # decided here (CallHook.decide), or None: at the call
+            work = state.work if state is not None else None
             first = work is not None and work.kept.gap is None and self.cache.off is None
             stance = getattr(torch.compiler, "set_stance", None) if first and "torch._dynamo" in sys.modules else None
             try:
                 with stance("force_eager") if stance is not None else contextlib.nullcontext():
                     yield
             finally:
-                if state.decided:  # decided, and not called
+                if state is not None and state.decided:  # decided, and not called
                     state.reset()
-
-    def tell(self, state, name: str, fields: dict) -> bool:
-        """Decide the coming call on the host where the pipeline tells its step: the ``cache_context`` fields it
-        passed (``step_index`` with ``sigma`` or ``timestep``, ``num_inference_steps``: ``steps.context_where``), else
-        its scheduler's host state (``steps.host_where``); no tensor is read. Its branch is its place among the
-        step's calls made so (guidance as two calls: two branches, as the calls' shapes give them otherwise).
-        Returns whether it was decided (else the call decides itself)."""
-        calls, module = self.cache.calls, self.module
-        if calls.timestep is None or getattr(module, PARALLEL_ATTR, None) is not None:
-            return False
-        pipe = calls.pipeline() if calls.pipeline is not None else None
-        scheduler = getattr(pipe, "scheduler", None)
-        where, told = context_where(fields, scheduler), "context"
-        if where is None:
-            found = host_where(state.clock, scheduler, None) if scheduler is not None else None
-            if found is None:
-                return False
-            where, told = (*found, None), "scheduler"
-        index, progress, steps = where
-        timesteps = getattr(scheduler, "timesteps", None)
-        state.branch = state.clock.tick(progress, ("cache_context",), calls.marks, timesteps, index, steps)
-        self.cache.begin(state, CallInfo((), {}, None, None, progress, told=told))
-        state.decided, calls._traced = True, state  # (the state compiled code reads: CallHook.state)
-        return True
 
 
 @dataclasses.dataclass(slots=True)
@@ -168,6 +144,7 @@ class Ran:
     cached: dict = dataclasses.field(default_factory=dict)
     fallbacks: dict = dataclasses.field(default_factory=dict)
     told: dict = dataclasses.field(default_factory=dict)
+    said: bool = False  # a generation that skipped nothing was said (Across.skipped_nothing)
 
     def count(self, clock, place: int, computed: bool, why: str | None, told: str) -> None:
         if clock.generation != self.generation:
@@ -259,8 +236,9 @@ class Across(Technique):
         super().__init__(patch)
         self.bypassed: list = []
         self.bypasses: list[Bypass] = []
-        self.warned = False
-        self.off: str | None = None  # why the cache computes every step (what it cannot stand in for)
+        self.warned: set = set()  # the causes warned about (one warning each)
+        self.off: str | None = None  # why the cache computes every step of this generation (what it cannot stand in
+        self.off_in = -1  # for) and the generation it was found in: the next one tries again
         self.ran = Ran()
         self.told: Told | None = None  # the denoiser's cache_context, where its class has one
 
@@ -310,32 +288,55 @@ class Across(Technique):
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
     def begin(self, state, info) -> None:
         """Set up the call: the branch's kept state, computed or cached (``decide``), the technique's call state."""
-        if info.progress is None:  # no timestep: the steps cannot be told apart
+        if info.where.progress is None:  # no timestep: the steps cannot be told apart
             self._warn_once(f"a call got no timestep, which the {self.name} needs to tell the steps apart; such calls "
-                            "are computed whole", depth=5)
+                            "are computed whole", depth=5, cause="timestep")
             return
         kept = state.clock.kept_for(state.branch, self.Kept)
         computed = self.decide(state, kept, info)
         if computed and kept.gap is not None:
             # something kept before: the slope is measured at the call's end, over the progress since the last
             # computed call
-            gap = info.progress - kept.at if kept.at is not None else 0.0
+            gap = info.where.progress - kept.at if kept.at is not None else 0.0
             kept.sloped = gap > 0
             kept.gap.fill_(gap if gap > 0 else 1.0)
-            kept.at = info.progress
+            kept.at = info.where.progress
         state.work = self.call(kept, computed, info)
 
     def decide(self, state, kept, info) -> bool:
-        """Whether the call is computed: its branch's first, every call while the cache is off or of a generation
-        shorter than ``min_steps`` (a fallback, counted as such in ``self.ran``), else as the schedule says."""
+        """Whether the call is computed: its branch's first, every call of a generation the cache is off in or
+        shorter than ``min_steps`` (a fallback, counted as such in ``self.ran``), else as the schedule says. A
+        generation that skipped nothing is said once per cause (``skipped_nothing``)."""
         cfg, clock = self.config, state.clock
+        if clock.generation != self.ran.generation:  # a new generation: the last one's tally, a fresh start
+            self.skipped_nothing(self.ran)
+            if self.off is not None and self.off_in != clock.generation:
+                self.off = None
         fallback = (f"the {self.name} is off ({self.off})" if self.off is not None else
                     f"the generation has fewer than min_steps={cfg.min_steps} steps" if cfg.too_short(clock.steps)
                     else None)
-        computed = fallback is not None or kept.at is None or cfg.computes(clock.step, info.progress, kept.at,
+        computed = fallback is not None or kept.at is None or cfg.computes(clock.step, info.where.progress, kept.at,
                                                                            clock.steps)
-        self.ran.count(clock, state.branch[1], computed, fallback, info.told)
+        self.ran.count(clock, state.branch[1], computed, fallback, info.where.told)
+        if clock.steps is not None and clock.step == clock.steps - 1:  # its last step: said now, not at the next
+            self.skipped_nothing(self.ran)
         return computed
+
+    def skipped_nothing(self, ran: Ran) -> None:
+        """Where the generation ``ran`` tallies computed every call, one warning per cause saying what to change."""
+        if ran.generation < 0 or ran.cached or not ran.computed or ran.said:
+            return
+        ran.said = True
+        cfg, steps = self.config, ran.steps
+        if any(why.startswith("the generation has fewer") for why in ran.fallbacks):
+            self._warn_once(f"a generation of {steps} steps, fewer than min_steps={cfg.min_steps}, {self.verb}s no "
+                            f"step (a distilled model's few steps lose the most to a skipped one); min_steps=0 "
+                            f"{self.verb}s them anyway", cause="short")
+        elif not ran.fallbacks:
+            self._warn_once(f"its schedule computed every step of a generation of {steps or 'these'} steps on this "
+                            f"time grid ({cfg.words().split(' (steps computed')[0]}): a larger gap_growth, more steps, "
+                            f"or a setting tuned for this generation (tokenmerge.tune) {self.verb}s some",
+                            cause="schedule")
 
     def weight(self, kept, progress: float):
         """The slope's weight at a cached step, ``extrapolate x`` the progress since the last computed one (0 while
@@ -346,15 +347,22 @@ class Across(Technique):
         return kept.weight.fill_(self.config.extrapolate * (progress - kept.at) if kept.sloped else 0.0)
 
     def refuse(self, why: str) -> None:
-        """Turn the cache off (every step computed from now on), with one warning saying why."""
+        """Turn the cache off for the rest of this generation (every step computed; the next generation tries
+        again, what the cache learned of the model's calls forgotten: ``forget``), with one warning per cause."""
         if not torch.compiler.is_compiling():
-            self.off = why
-            self._warn_once(f"the {self.name} cannot {self.verb} steps: {why}; every step is computed")
+            self.off, self.off_in = why, self.calls.state.clock.generation
+            self.forget()
+            self._warn_once(f"the {self.name} cannot {self.verb} the steps of this generation: {why}; its steps are "
+                            "computed, and the next generation tries again", cause=why)
 
-    def _warn_once(self, reason: str, depth: int = 5) -> None:
-        if self.warned:
+    def forget(self) -> None:
+        """Forget what was learned of the model's calls (a refusal: the next generation learns it again)."""
+
+    def _warn_once(self, reason: str, depth: int = 5, cause: str | None = None) -> None:
+        cause = reason if cause is None else cause
+        if cause in self.warned:
             return
-        self.warned = True
+        self.warned.add(cause)
         name = self.patch.site.path or type(self.patch.site.module).__name__
         warnings.warn(f"tokenmerge: {name}: {reason}. The generation goes on", RuntimeWarning, stacklevel=depth)
 

@@ -141,10 +141,10 @@ class StepCache(Across):
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
     def call(self, kept: Kept, computed: bool, info) -> Pass:
         """The call's state: computed, or skipped with what each stream's last block adds."""
-        work = Pass(kept, not computed, info.progress)
+        work = Pass(kept, not computed, info.where.progress)
         if computed:
             return work
-        work.weight = self.weight(kept, info.progress)
+        work.weight = self.weight(kept, info.where.progress)
         for run in kept.runs:
             position = self.layouts[run.end].streams.index(run.stream)
             slope = run.slope if work.weight is not None else None
@@ -227,9 +227,11 @@ class StepCache(Across):
             for position, y in enumerate(out):
                 b = declared.get(position) if isinstance(y, torch.Tensor) else None
                 if b is None and isinstance(y, torch.Tensor):
-                    # the one input of its shape (of several, the one at the output's position among the arguments)
+                    # the one input of its shape not taken by another output (of several, the one at the output's
+                    # position among the arguments)
+                    taken = {x.name for x in [*bound, *declared.values()] if x is not None}
                     same = [n for n, v in inputs.items() if isinstance(v, torch.Tensor) and v.shape == y.shape and
-                            v.dtype == y.dtype]
+                            v.dtype == y.dtype and n not in taken]
                     if len(same) > 1 and position < len(names) and names[position] in same:
                         same = [names[position]]
                     b = (hidden if same[0] == hidden.name else bind(Arg(same[0]), site.module)) if len(same) == 1 \
@@ -251,6 +253,9 @@ class StepCache(Across):
             return None
         self.layouts[index] = layout
         return layout
+
+    def forget(self) -> None:
+        self.layouts.clear()  # learned again at the next computed call (another size may tell them apart)
 
     @staticmethod
     def _inputs(module, args: tuple, kwargs: dict) -> dict:

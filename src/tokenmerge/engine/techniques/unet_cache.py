@@ -228,13 +228,13 @@ class UNetCache(Across):
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
     def call(self, kept: Kept, computed: bool, info) -> Pass:
         """The call's state: computed, or cached with each deep module's output."""
-        work = Pass(kept, not computed, info.progress)
+        work = Pass(kept, not computed, info.where.progress)
         if computed:
             return work
         last = len(self.deep) - 1
         writable = any(b.read(info.args, info.kwargs) is not None for b in self.in_place) or (
             self.mirror is not None and all(getattr(self.mirror, k, None) for k in ("s1", "s2", "b1", "b2")))
-        weight = self.weight(kept, info.progress) if kept.slope is not None else None
+        weight = self.weight(kept, info.where.progress) if kept.slope is not None else None
         # a new tensor either way: a later block may scale its input in place
         feature = kept.feature.clone() if weight is None else torch.addcmul(kept.feature, kept.slope, weight)
         work.outs[last] = _holding(kept.outlines[last], feature, writable)

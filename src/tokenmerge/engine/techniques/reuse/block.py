@@ -159,7 +159,7 @@ class TokenReuse(Technique):
     def begin(self, state, info) -> None:
         """Set up the call: full or partial, and each level's recomputed tokens (the same on every rank of a
         context-parallel split: a function of the generation's steps and the rank's grid)."""
-        progress = info.progress
+        progress = info.where.progress
         if progress is None:
             self._warn_once("a call got no timestep, which token reuse needs to tell the steps apart")
             return

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# tokenmerge tune on the trained testbeds at the cells of #69's targets, each with its default budget (40
+# generations), 4 prompts (2 searched at seed 0, 2 held out at seed 1), accelerate's presets and the peers run on the
+# same held-out items beside it. Writes benchmarks/results/tune/CELL.{md,json,-plot.png,-setting.json}.
+#   mosaic28-t34, mosaic28-t31, mosaic28-s3   fashion-mosaic on Flux.1-dev 1024's grid (flow-matching Euler,
+#                                             shift e^1.15), 28 steps: target 34 dB, 31 dB, speed 3
+#   mosaic50-t34                              the same at 50 steps
+#   video50-t33                               fashion-video-long on Wan 2.1 720p's UniPC, shift 5, 50 steps
+#   unet25-t36                                fashion-unet under DPM-Solver++ 2M, 25 steps (peer: DeepCache's recipe)
+#
+#   bash scripts/tune_targets.sh CELL [CELL...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+PY="${PYTHON:-.venv/bin/python}"
+OUT=benchmarks/results/tune
+FLOW_PEERS=(magcache:0.06 magcache:0.12 fbc:0.1 taylorseer:3 cachedit:0.2,taylorseer=true)
+for cell in "$@"; do
+  T=("$PY" -m tokenmerge tune --no-progress --out "$OUT" --stem "$cell")
+  case "$cell" in
+    mosaic28-t34) "${T[@]}" --model fashion-mosaic --steps 28 --target-psnr 34 --peers "${FLOW_PEERS[@]}" ;;
+    mosaic28-t31) "${T[@]}" --model fashion-mosaic --steps 28 --target-psnr 31 --peers "${FLOW_PEERS[@]}" ;;
+    mosaic28-s3) "${T[@]}" --model fashion-mosaic --steps 28 --speed 3 --peers "${FLOW_PEERS[@]}" ;;
+    mosaic50-t34) "${T[@]}" --model fashion-mosaic --steps 50 --target-psnr 34 --peers "${FLOW_PEERS[@]}" ;;
+    video50-t33) "${T[@]}" --model fashion-video-long --shift 5 --steps 50 --target-psnr 33 \
+                   --peers magcache:0.12 fbc:0.1 cachedit:0.2,taylorseer=true ;;
+    unet25-t36) "${T[@]}" --model fashion-unet --scheduler dpm++2m --steps 25 --target-psnr 36 \
+                  --peers unetcache:2,warmup=1,extrapolate=0 ;;
+    *) echo "tune_targets.sh: unknown cell '$cell'" >&2; exit 2 ;;
+  esac
+done
