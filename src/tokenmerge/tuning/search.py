@@ -184,13 +184,13 @@ class _Search:
 
     def most_faithful_within(self, most: int) -> Candidate | None:
         """The candidate of at most ``most`` computed steps with the best calibration PSNR: the masks of the
-        largest such counts evaluated first (more computed steps are the more faithful, mostly), best first."""
-        cost, tried = len(self.calibration), 0
+        largest such counts evaluated first (more computed steps are the more faithful, mostly), best first, as many
+        as the budget leaves."""
+        cost = len(self.calibration)
         for c in sorted((c for c in self.pool if c.computed <= most), key=lambda c: (-c.computed, c.prior)):
-            if tried >= 2 * PER_COUNT + EXPLORE or not self.affordable(cost):
+            if not self.affordable(cost):
                 break
             self.evaluate(c)
-            tried += 1
         done = [c for c in self.pool if c.score is not None and c.computed <= most]
         return max(done, key=lambda c: (c.score, -c.computed)) if done else None
 
