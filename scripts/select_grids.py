@@ -25,7 +25,7 @@ import torch
 import tokenmerge
 from tokenmerge.fashion import schedulers
 from tokenmerge.quality.metrics import psnr
-from tokenmerge.tools.caches import counted_steps
+from tokenmerge.tools.peers import computed_share
 
 CLASSES = [["a sneaker", "a bag"], ["a dress", "a shirt"], ["an ankle boot", "a coat"], ["a sandal", "a pullover"]]
 UNET_PROMPTS = ["a sneaker", "a bag", "a dress", "a coat", "an ankle boot", "a shirt", "a sandal", "a pullover",
@@ -96,7 +96,7 @@ def main(argv) -> int:
         tokenmerge.apply_config(pipe, cfg)
         try:
             values = torch.cat([psnr(generate(s), refs[s]) for s in seeds])
-            computed = counted_steps(pipe)["computed"] * steps
+            computed = computed_share(pipe)["computed"] * steps
         finally:
             tokenmerge.remove_patch(pipe)
         print(json.dumps({"testbed": which, "steps": steps, "scheduler": schedulers.describe(pipe.scheduler),

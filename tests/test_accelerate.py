@@ -21,6 +21,7 @@ from tiny_models import counting_forwards, later_step, runs_per_call
 
 import tokenmerge
 from tokenmerge import StepCacheConfig, ToMeConfig, UNetCacheConfig
+from tokenmerge.engine.techniques.presets import SPEEDS
 from tokenmerge.families import BUILTIN, match_family
 from tokenmerge.families.spec import grid_rank
 
@@ -140,7 +141,7 @@ def test_the_arguments_page_gives_each_speeds_settings():
             pytest.skip(available(name))
     models = {kind: CATALOGUE[name].build() for kind, name in (("unet", "unet-sd"), ("image", "flux"),
                                                                 ("video", "wan"))}
-    for speed in tokenmerge.faithful.SPEEDS:
+    for speed in SPEEDS:
         row = next(line for line in page.splitlines() if line.startswith(f'| `"{speed}"`'))
         cells = [c.strip() for c in row.strip("|").split("|")]
         picked = {}
@@ -177,7 +178,7 @@ def test_each_speed_keeps_its_fidelity_on_the_trained_testbeds(testbed):
     committed when the settings were chosen, less ``TOLERANCE_DB``; faster speeds compute fewer steps, and the
     fastest is the least faithful."""
     from tokenmerge.quality.metrics import psnr
-    from tokenmerge.tools.caches import counted_steps
+    from tokenmerge.tools.peers import computed_share
 
     if testbed == "unet":
         from tokenmerge.fashion.pipeline import load_fashion_pipeline as load
@@ -199,10 +200,10 @@ def test_each_speed_keeps_its_fidelity_on_the_trained_testbeds(testbed):
 
     vanilla = generate()
     got, computed = {}, {}
-    for speed in tokenmerge.faithful.SPEEDS:
+    for speed in SPEEDS:
         tokenmerge.accelerate(pipe, speed=speed)
         got[speed] = psnr(generate(), vanilla).mean().item()
-        computed[speed] = counted_steps(pipe)["computed"]
+        computed[speed] = computed_share(pipe)["computed"]
         tokenmerge.remove_patch(pipe)
     for speed, value in got.items():
         assert value >= TESTBED_PSNR[testbed, speed] - TOLERANCE_DB, got

@@ -45,11 +45,11 @@ def vanilla(mosaic):
 
 def _run(pipe, text: str, steps: int = 10, prompt: str = MOSAIC_PROMPT):
     """(image, the steps cache-dit counted) of one generation under ``text``, removed after."""
-    from tokenmerge.tools.caches import counted_steps
+    from tokenmerge.tools.peers import computed_share
 
     with parse_spec(text).applied(pipe):
         image = _gen(pipe, steps, prompt)
-        counted = counted_steps(pipe)
+        counted = computed_share(pipe)
     return image, counted
 
 
@@ -157,17 +157,17 @@ def test_it_counts_each_generation_afresh_and_comes_off_bit_for_bit(mosaic, vani
     transformer, call = mosaic.transformer, type(mosaic).__call__
     order = list(transformer._modules)
     spec = parse_spec("cachedit:0.3,warmup=2")
-    from tokenmerge.tools.caches import counted_steps
+    from tokenmerge.tools.peers import computed_share
 
     with spec.applied(mosaic):
-        assert counted_steps(mosaic) is None  # before any generation
-        first, counted = _gen(mosaic, steps=8), counted_steps(mosaic)
+        assert computed_share(mosaic) is None  # before any generation
+        first, counted = _gen(mosaic, steps=8), computed_share(mosaic)
         short = _gen(mosaic, steps=3)  # a shorter one between: its own count
-        assert counted_steps(mosaic)["steps"] == 3
+        assert computed_share(mosaic)["steps"] == 3
         again = _gen(mosaic, steps=8)
-        assert torch.equal(first, again) and counted_steps(mosaic) == counted
+        assert torch.equal(first, again) and computed_share(mosaic) == counted
         assert short.shape == first.shape
-    assert counted_steps(mosaic) is None and torch.equal(_gen(mosaic), vanilla)
+    assert computed_share(mosaic) is None and torch.equal(_gen(mosaic), vanilla)
     # what cache-dit wraps or sets is gone: the class's __call__, the transformer's forward, its state
     assert type(mosaic).__call__ is call and "forward" not in vars(transformer)
     assert not any(hasattr(x, "_context_manager") for x in (mosaic, transformer))
@@ -202,17 +202,17 @@ def test_a_mask_decides_its_steps(mosaic):
 def test_a_named_mask_and_a_budget_follow_each_generations_steps(mosaic):
     """mask=fast and steps=N are cache-dit masks of the call's own step count: static, exactly their 0 steps cached,
     another count the next generation; the class's call (wrapped for it) put back once removed."""
-    from tokenmerge.tools.caches import counted_steps
+    from tokenmerge.tools.peers import computed_share
 
     call = type(mosaic).__call__
     with parse_spec("cachedit:0.3,mask=fast,policy=static").applied(mosaic):
         _gen(mosaic)  # 10 steps: 1110100101
-        assert counted_steps(mosaic)["cached"]["single_transformer_blocks"] == [3, 5, 6, 8]
+        assert computed_share(mosaic)["cached"]["single_transformer_blocks"] == [3, 5, 6, 8]
         _gen(mosaic, steps=8)  # 8 steps: 11101001
-        assert counted_steps(mosaic)["cached"]["transformer_blocks"] == [3, 5, 6]
+        assert computed_share(mosaic)["cached"]["transformer_blocks"] == [3, 5, 6]
     with parse_spec("cachedit:0.3,steps=4").applied(mosaic):
         _gen(mosaic)  # 4 of 10 computed: 1100010001
-        counted = counted_steps(mosaic)
+        counted = computed_share(mosaic)
         assert counted["cached"]["transformer_blocks"] == [2, 3, 4, 6, 7, 8] and counted["computed"] == 0.4
     assert type(mosaic).__call__ is call and not hasattr(type(mosaic), "_original_call")
 

@@ -141,7 +141,7 @@ def test_sub_modules_compiled_in_place_run_inside_computed_blocks():
     graphs, blocks = Graphs(), find_denoisers(model)[0].blocks
     _compile_in_place([b.module.attn for b in blocks], graphs)
     got = _run(model, calls)
-    ran = model._tokenmerge_patch.technique.ran
+    ran = model._tokenmerge_patch.technique.tally
     tokenmerge.remove_patch(model)
     _close(got, eager)
     assert sum(ran.cached.values()) > 0 and graphs.runs == sum(ran.computed.values()) * len(blocks)
@@ -240,7 +240,7 @@ def test_the_denoiser_compiled_whole_with_fullgraph_in_its_pipeline(name, how):
     assert breaks == {} and graphs.frames == frames, (breaks, graphs.frames, frames)
     assert variants in (None, 2), variants  # computed and skipped, each compiled once (the first call ran eagerly)
     told = {"context"} if name in ("wan-t2v", "mosaic") and context_fields() else {"scheduler"}  # (they pass it)
-    assert sum(technique.ran.cached.values()) > 0 and set(technique.ran.told) == told, technique.ran
+    assert sum(technique.tally.cached.values()) > 0 and set(technique.tally.sources) == told, technique.tally
     _close([got, again], [eager, eager])
 
 
@@ -281,7 +281,7 @@ def _kept_addresses(patch) -> dict:
     """The addresses and shapes of every tensor the patch keeps, per branch."""
     out = {}
     for branch, kept in patch.calls.state.clock.kept.items():
-        tensors = [kept.weight, kept.gap, getattr(kept, "feature", None), getattr(kept, "slope", None)]
+        tensors = [kept.weight, kept.span, getattr(kept, "feature", None), getattr(kept, "slope", None)]
         tensors += [t for run in getattr(kept, "runs", ()) for t in (run.residual, run.slope)]
         out[branch] = [(t.data_ptr(), tuple(t.shape)) for t in tensors if t is not None]
     return out

@@ -175,7 +175,7 @@ def test_the_clock_tells_steps_places_and_generations():
     assert clock.tick(Where(None, 0.0), a, 0) == (a, 0) and clock.step == 0 and clock.generation == 1
     assert clock.tick(Where(None, 0.0), a, 0) == (a, 1)  # another call of the step (a guidance branch, a second tile)
     assert clock.tick(Where(None, 0.0), b, 0) == (b, 0)  # another grid: its own place
-    from tokenmerge.engine.techniques.step_cache import Kept
+    from tokenmerge.engine.techniques.step_cache import StepBranch as Kept
 
     kept = clock.kept[(a, 0)] = Kept(at=0.0)
     assert clock.tick(Where(None, 0.3), a, 0) == (a, 0) and clock.step == 1 and clock.kept[(a, 0)] is kept
@@ -188,7 +188,7 @@ def test_the_clock_tells_steps_places_and_generations():
     assert clock.generation == 4 and clock.steps == 3
     clock.tick(Where(None, 0.7, grid=steps), a, 1)
     assert clock.generation == 4 and clock.step == 1
-    clock.tick(Where(0, 0.1, steps=20, told="context"), a, 1)  # the pipeline's cache_context: its step count
+    clock.tick(Where(0, 0.1, steps=20, source="context"), a, 1)  # the pipeline's cache_context: its step count
     assert clock.generation == 5 and clock.steps == 20
-    clock.tick(Where(1, 0.1, steps=20, told="context"), a, 1)  # the step index moved: the next step
+    clock.tick(Where(1, 0.1, steps=20, source="context"), a, 1)  # the step index moved: the next step
     assert clock.generation == 5 and clock.step == 1

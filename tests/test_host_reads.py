@@ -66,8 +66,8 @@ def _compare(pipe, model, generate, patch) -> tuple[Reads, Reads]:
     patch(pipe)
     try:
         patched = _reads(model, generate)
-        told = set(model._tokenmerge_patch.technique.ran.told)
-        cached = sum(model._tokenmerge_patch.technique.ran.cached.values())
+        told = set(model._tokenmerge_patch.technique.tally.sources)
+        cached = sum(model._tokenmerge_patch.technique.tally.cached.values())
     finally:
         tokenmerge.remove_patch(pipe)
     # (the steps told by the pipeline's cache_context fields or its scheduler; some skipped)

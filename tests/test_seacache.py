@@ -1,5 +1,5 @@
 """diffusers' SeaCache (``diffusers.hooks.SeaCacheConfig``, diffusers >= 0.42) as the ``seacache`` method of
-``tokenmerge quality`` (``tools/caches.py``): its spec and options; that it skips steps where the pipeline passes
+``tokenmerge quality`` (``tools/peers.py``): its spec and options; that it skips steps where the pipeline passes
 ``cache_context(name, step_index=, sigma=, num_inference_steps=)`` (a tiny diffusers ``WanPipeline``: its built-in
 Wan T2V adapter; the embedded fashion-video-long; the fashion-mosaic testbed, a ``FluxTransformer2DModel``, with this
 library's adapter for the packed Flux layout), counted by its own gate and by the ``nn.Linear`` work; vanilla's
@@ -71,11 +71,11 @@ def _gen(pipe, steps: int = 8, prompt: str = MOSAIC_PROMPT):
 def _run(pipe, text: str, generate):
     """(output, SeaCache's count, nn.Linear work) of one generation under ``text``, removed after."""
     from tokenmerge.quality.run import linear_work
-    from tokenmerge.tools.caches import counted_steps
+    from tokenmerge.tools.peers import computed_share
 
     with parse_spec(text).applied(pipe), linear_work(pipe) as work:
         out = generate()
-        counted = counted_steps(pipe)
+        counted = computed_share(pipe)
     return out, counted, work[0]
 
 
@@ -85,7 +85,7 @@ def test_spec_options_map_to_sea_cache_config_fields(hooks):
     text = "seacache:0.4,residual_order=0,retention_steps=2,cache_end_steps=3,max_consecutive_cached=0,power_exp=2.5"
     spec = parse_spec(text)
     assert parse_spec(spec.text) == spec and spec.value == 0.4
-    from tokenmerge.tools.caches import cache_config
+    from tokenmerge.tools.peers import cache_config
 
     config = cache_config(spec.name, spec.value, spec.kwargs())
     assert isinstance(config, hooks.SeaCacheConfig) and config.raw_vision_callback is None  # no model yet
@@ -161,7 +161,7 @@ def test_on_the_mosaic_with_the_flux_adapter(mosaic, plain):
 
 
 def test_the_flux_adapter_reads_the_grid_from_img_ids(hooks):
-    from tokenmerge.tools.caches import flux_raw_vision
+    from tokenmerge.tools.peers import flux_raw_vision
 
     class Flux(torch.nn.Module):
         def forward(self, hidden_states=None, encoder_hidden_states=None, img_ids=None, txt_ids=None):

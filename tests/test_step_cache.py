@@ -558,12 +558,12 @@ def test_the_scheduler_tells_the_steps_as_the_timestep_does(name, cfg):
         tokenmerge.apply_config(pipe if target == "pipe" else pipe.transformer, cfg)
         got[target] = case.generate(pipe, kw)
         patch = pipe.transformer._tokenmerge_patch
-        ran = patch.technique.ran
+        ran = patch.technique.tally
         got[target + " ran"] = (dict(ran.computed), dict(ran.cached))
         # (Wan's pipeline passes where its loop is to cache_context: heard by the bare transformer's patch too)
         told = "context" if name == "wan-t2v" and context_fields() else "scheduler" if target == "pipe" else \
             "timestep"
-        assert set(ran.told) == {told}, ran
+        assert set(ran.sources) == {told}, ran
         tokenmerge.remove_patch(pipe)
     assert got["pipe ran"] == got["transformer ran"] and sum(got["pipe ran"][1].values()) > 0, got["pipe ran"]
     torch.testing.assert_close(got["pipe"], got["transformer"], rtol=1e-5, atol=1e-6)
@@ -584,9 +584,9 @@ def test_a_generation_reports_what_it_computed():
     words = str(tokenmerge.describe_patch(pipe))
     assert "last generation (10 steps): 6 of 10 computed, 4 skipped" in words, words
     assert "steps told by the pipeline's scheduler" in words, words
-    from tokenmerge.tools.caches import counted_steps
+    from tokenmerge.tools.peers import computed_share
 
-    assert counted_steps(pipe) == {"steps": 10, "computed": 0.6}
+    assert computed_share(pipe) == {"steps": 10, "computed": 0.6}
     case.generate(pipe, {**kw, "num_inference_steps": 5})
     words = str(tokenmerge.describe_patch(pipe))
     assert "last generation (5 steps): 5 of 5 computed, 0 skipped" in words, words

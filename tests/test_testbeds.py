@@ -269,7 +269,7 @@ def test_quality_cli_knows_the_testbeds():
 def test_collect_puts_the_scores_in_the_report(tmp_path):
     from PIL import Image
 
-    from tokenmerge.quality.cache import ImageCache
+    from tokenmerge.quality.images import ImageCache
     from tokenmerge.quality.report import markdown
     from tokenmerge.quality.run import VANILLA, QualityJob, collect
     from tokenmerge.tools.methods import parse_spec

@@ -91,10 +91,11 @@ def test_the_graph_sees_lazy_imports():
 
 
 def test_the_tools_use_the_core_through_its_public_api():
-    """The package (``apply_patch``, ``observe``...), the configs, and the merge primitives that the zero-overhead
-    limits (``tools/limits.py``) and the breakdown's timed pooling are built from."""
-    public = {"tokenmerge", "tokenmerge.config", "tokenmerge.faithful", "tokenmerge.merge",
-              "tokenmerge.merge.downsample", "tokenmerge.merge.plan"}
+    """The package (``apply_patch``, ``observe``...), the configs, the merge primitives that the zero-overhead
+    limits (``tools/limits.py``) and the breakdown's timed pooling are built from, how a generation is measured
+    (``measure``: float PSNR, timing) and the tune (its runs, for the command's report)."""
+    public = {"tokenmerge", "tokenmerge.config", "tokenmerge.accelerate", "tokenmerge.merge",
+              "tokenmerge.merge.downsample", "tokenmerge.merge.plan", "tokenmerge.measure", "tokenmerge.tuning"}
     wrong = {m: sorted(t for t in GRAPH[m] if not _in(t, *WING, "tokenmerge.fashion") and t not in public)
              for m in MODULES if _in(m, *WING)}
     assert {m: t for m, t in wrong.items() if t} == {}

@@ -6,6 +6,7 @@ A drop-in successor to ``tomesd``: ``import tokenmerge as tomesd`` works, with `
 ``remove_patch`` meaning what they mean there. diffusers is never imported here.
 """
 
+from .accelerate import accelerate
 from .api import (
     BlockPlan,
     PatchInfo,
@@ -22,12 +23,10 @@ from .api_steps import apply_step_cache, apply_unet_cache
 from .config import ReuseConfig, ToDoConfig, ToMeConfig
 from .engine.techniques import StepCacheConfig, UNetCacheConfig
 from .engine.tuned_for import TunedSettingWarning
-from .faithful import accelerate
 from .families import Family, register_family, registered_families, unregister_family
-from .scoped import patched
+from .patched import patched
 from .tuning import Tuned, TuneWarning, tune
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "BlockPlan",

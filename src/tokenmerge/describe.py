@@ -53,7 +53,7 @@ def describe_patch(model) -> PatchInfo | None:
                      tuple((b.path, b.downsample) for b in p.blocks), len(p.site.blocks), p.technique.scope())
         for p in patches
     )
-    ran = next((r for r in (p.technique.counted() for p in patches) if r is not None), None)
+    ran = next((r for r in (p.technique.computed_share() for p in patches) if r is not None), None)
     return PatchInfo(patches[0].config, denoisers, _notes(patches), patches[0].technique.summary(), ran)
 
 

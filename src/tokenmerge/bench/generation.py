@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..tools.caches import counted_steps
 from ..tools.methods import MethodSpec
+from ..tools.peers import computed_share
 from ..tools.timing import timed
 from .cell import Cell, step
 from .presets import Preset, load_pipeline
@@ -112,7 +112,7 @@ def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: 
                     progress=None) -> tuple[dict[str, list[float]], dict[str, dict]]:
     """Seconds of ``generate`` per mode, interleaved, after one VAE warm-up (the steps were warmed by
     ``time_cell``); each mode applied to the loop (``Loop``: the scheduler and the denoiser, as a pipeline). With
-    them, per mode whose cache counts its calls, what its last generation computed (``tools.caches.counted_steps``:
+    them, per mode whose cache counts its calls, what its last generation computed (``tools.peers.computed_share``:
     ``{"steps", "computed"}``, the share of the calls that ran the blocks)."""
     vae = vae_for(preset, dtype, device)
     inputs = preset.inputs(cell.batch, cell.resolution, dtype, device, frames=cell.frames)
@@ -124,7 +124,7 @@ def time_generation(unet, preset, cell: Cell, modes: list[MethodSpec], repeats: 
         for mode in modes:
             with mode.applied(loop):
                 times[mode.text].append(timed(device, generate, loop, vae, preset, inputs, steps)[1])
-                counted = counted_steps(loop)
+                counted = computed_share(loop)
             if counted is not None:
                 ran[mode.text] = counted
             if progress is not None:

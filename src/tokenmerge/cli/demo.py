@@ -124,7 +124,7 @@ def _gif(job, outputs) -> None:
     the quality run just made (same noise, no generation)."""
     from PIL import Image
 
-    from ..quality.cache import ImageCache
+    from ..quality.images import ImageCache
 
     cache = ImageCache(job.cache)
     strips = [cache.load(job.key(spec, job.prompts[0], job.seeds[0]))[0].convert("L") for spec in job.all_specs]

@@ -82,10 +82,10 @@ def output_names(name: str) -> list[str]:
 
 def run(args, parser) -> int:
     from ..quality.prompts import load_prompt_items
+    from ..quality.tune_report import compare, markdown, plot
     from ..tools.methods import parse_spec
     from ..tools.outputs import Outputs
-    from ..tuning.report import compare, markdown, plot
-    from ..tuning.search import run_tune
+    from ..tuning import run_tune
     from .quality import check_class_names, default_prompts, embedded, load
 
     if args.timing < 0:

@@ -3,7 +3,7 @@
 - ``CallHook``: the denoiser's forward pre-hook and hook: the call's grid (``grids.GridReader``, read only when its
   arguments change), its timestep, the per-call checks; ``decide``, the one place a call is decided (the step clock
   moved, the ``CallInfo`` made, the technique's ``begin``), from the pre-hook or, before the call, from the
-  denoiser's ``cache_context`` (``clock.tell``); the ``CallState`` the blocks read (per thread, and one for code
+  denoiser's ``cache_context`` (``clock.decide_ahead``); the ``CallState`` the blocks read (per thread, and one for code
   torch.compile traces: dynamo follows a plain object, not a ``threading.local``). Where a call stands: ``clock.py``.
 - ``CallState``: what one call tells its blocks; ``Clock``: which generation, step and place in the step a call is
   (what state kept across calls is keyed by), and what the technique keeps for the generation (its own state class
@@ -26,9 +26,9 @@ import torch
 
 from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
 from ..merge.plan import TABLES, Tables, join, sided_rows
-from .caches import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
 from .clock import CallInfo, Where, host_where
 from .compiled import holding, on_host, regional_message
+from .registries import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
 
 __all__ = ["BoundArg", "CallHook", "CallState", "Clock", "Watch", "NoGrid", "PARALLEL_ATTR", "sides", "image_part",
            "join", "take_rotary", "take_mask", "coarsen"]
@@ -245,7 +245,7 @@ class CallState:
         self.trailing = 0  # reference tokens the call carries after the image's (Flux Kontext, Flux.2 edits)
         self.shard = None  # context parallelism: this rank's slice of the call's grid (parallel.Shard)
         self.branch = None  # the call's place in its step (Clock.tick), where state is kept across calls
-        self.decided = False  # the call was decided before it, on the host (its cache_context: CallHook.tell)
+        self.decided = False  # the call was decided before it, on the host (its cache_context: clock.decide_ahead)
         self.info = None  # the CallInfo the call was decided with
 
 
@@ -270,7 +270,7 @@ class Watch:
             if module.__dict__.get("_compiled_call_impl") is not None:
                 raise ValueError(regional_message(path, True, self.technique.name))
         for bypass in self.bypasses:
-            if bypass.block.__dict__.get("_compiled_call_impl") is not bypass.around:
+            if bypass.block.__dict__.get("_compiled_call_impl") is not bypass.compiled:
                 self.technique.follow(bypass)
         for path, module in self.region:
             registry = module.__dict__.get(REGISTRY_ATTR)
@@ -287,16 +287,6 @@ class Watch:
             self.seen[id(registry)] = size
 
 
-def _identity(value, shaped: bool):
-    """What decides a grid source argument's grid: a tensor's shape (``shaped``) or its address and shape, a plain
-    value, each element of a list."""
-    if isinstance(value, torch.Tensor):
-        return value.shape if shaped else (value.data_ptr(), value.shape, value.device)
-    if isinstance(value, (list, tuple)):
-        return tuple(_identity(v, shaped) for v in value)
-    return value
-
-
 class CallHook:
     """The denoiser's forward pre-hook (``pre``) and hook (``post``): read a call's grid and timestep, move the step
     clock, hand the call to the technique (``begin`` / ``end``), keep the call's state.
@@ -304,18 +294,19 @@ class CallHook:
     Args:
         patch: the installed patch (its site, blocks, technique and guards' watch).
         reader: the ``grids.GridReader`` of the denoiser's calls.
-        host: the technique decides each call on the host (under torch.compile its set-up is a graph break).
+        decides_on_host: the technique decides each call on the host (under torch.compile its set-up is a graph break).
         ends: the technique has an ``end`` (called after the denoiser's forward).
         sample: the denoiser's bound ``hidden_states`` argument (a call's batch and dtype), or ``None``.
         pipeline: a weak reference to the pipeline the patch was applied through (its scheduler tells a new
             generation), or ``None``.
     """
 
-    def __init__(self, patch, reader, host: bool = False, ends: bool = False, sample=None, pipeline=None):
+    def __init__(self, patch, reader, decides_on_host: bool = False, ends: bool = False, sample=None, pipeline=None):
         self.patch, self.reader = patch, reader
         self._read: tuple = (None, None)  # (key, (grid, device, trailing) or the NoGrid it raised)
         self.timestep = patch.site.timestep
-        self.host, self.ends, self.sample, self.pipeline = host, ends, sample, pipeline
+        self.decides_on_host, self.ends = decides_on_host, ends
+        self.sample, self.pipeline = sample, pipeline
         self.marks = 0  # new_generation() calls
         self._on_host()
         self._local, self._traced = threading.local(), CallState()
@@ -333,8 +324,8 @@ class CallHook:
     def _on_host(self) -> None:
         """A technique that decides each call on the host: under torch.compile its hooks run eagerly (a graph
         break)."""
-        self.host_pre = on_host(CallHook.pre) if self.host else None
-        self.host_post = on_host(CallHook.post) if self.host else None
+        self.host_pre = on_host(CallHook.pre) if self.decides_on_host else None
+        self.host_post = on_host(CallHook.post) if self.decides_on_host else None
 
     @property
     def state(self) -> CallState:
@@ -350,7 +341,7 @@ class CallHook:
         if self.host_pre is not None and torch.compiler.is_compiling() and not self._traced.decided:
             return self.host_pre(self, module, args, kwargs, True)  # decided on the host: a graph break
         patch, state = self.patch, self.state
-        if state.decided:  # decided before the call (tell): its arguments; eagerly, the guards' checks
+        if state.decided:  # decided before the call (decide_ahead): its arguments; eagerly, the guards' checks
             state.info.args, state.info.kwargs = args, kwargs
             if torch.compiler.is_compiling():
                 return None
@@ -376,7 +367,7 @@ class CallHook:
                 if isinstance(value, torch.Tensor):  # a latent: its shape; ids, coordinates: which tensor
                     key.append(value.shape if shaped else (value.data_ptr(), value.shape, value.device))
                 else:  # a list of latents (Z-Image), integers, shapes
-                    key.append(_identity(value, shaped))
+                    key.append(self.reader.identity(value, shaped))
             if self._read[0] != key:
                 try:
                     self._read = (key, self.reader.read(args, kwargs))
@@ -398,8 +389,8 @@ class CallHook:
         timestep = self.timestep.read(args, kwargs) if self.timestep is not None else None
         pipe = self.pipeline() if self.pipeline is not None else None
         scheduler = getattr(pipe, "scheduler", None)
-        where = host_where(state.clock, scheduler, timestep) if technique.hosted and scheduler is not None and \
-            self.timestep is not None else None
+        told = technique.reads_scheduler and scheduler is not None and self.timestep is not None
+        where = host_where(state.clock, scheduler, timestep) if told else None
         if where is None:  # the call's timestep read on the host: once per denoiser call, not per block
             progress = self.timestep.progress(timestep, getattr(patch.config, "num_train_timesteps", 1000)) \
                 if technique.timed and self.timestep is not None else None
@@ -414,13 +405,14 @@ class CallHook:
     def decide(self, state, where: Where, signature, info: CallInfo) -> None:
         """The one place a call is decided, on the host: the step clock moved to ``where`` (its branch: its
         ``signature`` and place in the step), the technique's ``begin`` with ``info``, the state compiled code reads
-        set. Called by ``pre`` at the call, or by ``clock.tell`` before it (the denoiser's ``cache_context``)."""
+        set. Called by ``pre`` at the call, or by ``clock.decide_ahead`` before it (in the denoiser's
+        ``cache_context``)."""
         technique = self.patch.technique
         if technique.clocked:
             state.branch = state.clock.tick(where, signature, self.marks)
         state.info = info
         technique.begin(state, info)
-        if self.host:
+        if self.decides_on_host:
             self._traced = state  # the compiled blocks read the state this host-side decision set up
 
     def untouched(self, reason: str) -> None:
@@ -429,7 +421,6 @@ class CallHook:
         state.grid = state.grid or ()  # known to the blocks (they are inside the denoiser's call), empty
         state.work = None
         self.unmerged(reason)
-        return None
 
     def unmerged(self, reason: str) -> None:
         """Warn, once per patch, that a call (or a level of it) runs unmerged, and why."""

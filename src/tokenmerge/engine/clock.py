@@ -5,7 +5,7 @@
   (``context_where``: diffusers 0.42's ``CacheContext``, as Wan's and Cosmos's pipelines pass them), its scheduler's
   host state (``host_where``), or the call's timestep, read (``CallHook``).
 - ``CallInfo``: what the one place that decides a call (``CallHook.decide``) hands the technique's ``begin``.
-- ``tell``: a call decided before it, where the denoiser's ``cache_context`` tells it.
+- ``decide_ahead``: a call decided before it, where the denoiser's ``cache_context`` tells it.
 
 The scheduler's host state: a diffusers pipeline sets its scheduler's ``timesteps`` once per generation
 (``set_timesteps``: a new tensor) and moves a step counter of the scheduler's at each step: ``step_index`` (the
@@ -25,21 +25,21 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Where", "CallInfo", "tell", "host_where", "host_step", "host_progress", "context_where",
+__all__ = ["Where", "CallInfo", "decide_ahead", "host_where", "host_step", "host_progress", "context_where",
            "STALE_CALLS"]
 
 
 @dataclass(frozen=True)
 class Where:
     """Where a call stands: ``index``, the scheduler's step index (``None`` where not told); ``progress``, the denoising
-    progress (``None``: no timestep); ``steps``, the generation's step count (``None`` where not told); ``told``, who
+    progress (``None``: no timestep); ``steps``, the generation's step count (``None`` where not told); ``source``, who
     told it (``"context"``: the pipeline's ``cache_context``, ``"scheduler"``: its host state, ``"timestep"``: the
     call's timestep, read); ``grid``, the mark of the generation's time grid (the scheduler's ``timesteps``)."""
 
     index: int | None
     progress: float | None
     steps: int | None = None
-    told: str = "timestep"
+    source: str = "timestep"
     grid: object = None
 
 
@@ -129,7 +129,7 @@ def context_where(fields: dict, scheduler=None) -> Where | None:
 
     Example:
         >>> context_where({"step_index": 3, "sigma": 0.75, "num_inference_steps": 50})
-        Where(index=3, progress=0.25, steps=50, told='context', grid=None)
+        Where(index=3, progress=0.25, steps=50, source='context', grid=None)
     """
     index = fields.get("step_index")
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
@@ -150,13 +150,13 @@ def context_where(fields: dict, scheduler=None) -> Where | None:
     return None
 
 
-def tell(calls, fields: dict):
-    """A call of ``calls`` (a ``CallHook``) told before it, by the denoiser's ``cache_context`` (``cache.Told``:
-    diffusers' pipelines enter it around each call): decided now, on the host (``CallHook.decide``), where the
-    pipeline tells its step (the context's ``fields``: ``context_where``; else its scheduler's host state), so that
-    the call reads only what was decided (compiled whole with ``fullgraph=True``). Its branch is its place among the
-    step's calls made so (guidance as two calls: two branches). Returns the call's state, or ``None``: not decided
-    (the call decides itself, at its pre-hook)."""
+def decide_ahead(calls, fields: dict):
+    """A call of ``calls`` (a ``CallHook``) told before it, by the denoiser's ``cache_context``
+    (``across.DecidingContext``: diffusers' pipelines enter it around each call): decided now, on the host
+    (``CallHook.decide``), where the pipeline tells its step (the context's ``fields``: ``context_where``; else its
+    scheduler's host state), so that the call reads only what was decided (compiled whole with ``fullgraph=True``). Its
+    branch is its place among the step's calls made so (guidance as two calls: two branches). Returns the call's state,
+    or ``None``: not decided (the call decides itself, at its pre-hook)."""
     state = calls.state
     state.reset()
     if calls.timestep is None or getattr(calls.patch.site.module, "_parallel_config", None) is not None:  # (CP)

@@ -7,11 +7,12 @@ denoiser's modules' ``forward`` (``forget_compiled``): the next compiled call is
 they are. Blocks (or their sub-modules) compiled in place (``Module.compile()``, regional compilation, diffusers'
 ``compile_repeated_blocks``) run ToMe's, ToDo's and token reuse's hooks apart from the denoiser's call, whose token
 grid and plans they need: refused, at apply time or at the first call after such a compile (``call.Watch``). The
-caches across steps stand them (``techniques.cache.Around``: the decision made eagerly around the compiled block).
+caches across steps stand them (``techniques.across.CompiledBypass``: the decision made eagerly around the compiled
+block).
 
 Compiled whole, a denoiser runs its hooks inside the compiled frame. The caches decide on the host: before the call
-where the denoiser's ``cache_context`` tells it (``cache.Told``: diffusers' pipelines enter it; the compiled frame
-reads one bool, a computed and a skipped variant, ``fullgraph=True`` works), else in the call's hooks, run eagerly
+where the denoiser's ``cache_context`` tells it (``across.DecidingContext``: diffusers' pipelines enter it; the compiled
+frame reads one bool, a computed and a skipped variant, ``fullgraph=True`` works), else in the call's hooks, run eagerly
 (``on_host``: a graph break at each end of the call; refused under ``fullgraph=True`` with ``HOST_REASON``).
 """
 

@@ -62,11 +62,22 @@ def _describe(value) -> str:
     return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
+
 class GridReader:
     """Reads the finest token grid of one denoiser's calls: ``read(args, kwargs) -> (grid, device, trailing)``.
 
     ``key_args``: the bound arguments the grid depends on, each with whether by its shape alone.
     """
+
+    @staticmethod
+    def identity(value, shaped: bool):
+        """What decides a grid source argument's grid: a tensor's shape (``shaped``) or its address and shape, a plain
+        value, each element of a list."""
+        if isinstance(value, torch.Tensor):
+            return value.shape if shaped else (value.data_ptr(), value.shape, value.device)
+        if isinstance(value, (list, tuple)):
+            return tuple(GridReader.identity(v, shaped) for v in value)
+        return value
 
     def __init__(self, source, module: nn.Module):
         self.source, self.owner = source, type(module).__name__

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from ..families.spec import Arg, BlockSite
 from ..merge import downsample
-from .caches import unwatch, watch_registries
 from .call import CallHook, Watch
 from .compiled import forget_compiled
 from .discover import SUPPORTED, DenoiserSite, bind, held_modules
 from .grids import GridReader
 from .parallel import check_install, shard_of
+from .registries import unwatch, watch_registries
 from .technique import Technique, technique_for
 
 __all__ = ["Patch", "PATCH_ATTR", "patches_of"]
@@ -50,8 +50,8 @@ class Patch:
         self.matcher, self.downsampler = matcher, downsampler or downsample
         self.observer, self.code_paths = observer, code_paths
         kind = technique_for(config)
-        self.calls = CallHook(self, GridReader(site.family.grid, site.module), kind.host, kind.end is not Technique.end,
-                              bind(_SAMPLE, site.module), pipeline)
+        self.calls = CallHook(self, GridReader(site.family.grid, site.module), kind.decides_on_host,
+                              kind.end is not Technique.end, bind(_SAMPLE, site.module), pipeline)
         self.technique = kind(self)
         self.watch: Watch | None = None
         self.registries: list = []  # diffusers hook registries watched (caches.py)

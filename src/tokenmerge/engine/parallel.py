@@ -34,9 +34,9 @@ from torch import nn
 from ..families.spec import Arg
 from ..merge.match import _GOLDEN, _MASK32
 from ..merge.windows import num_windows
-from .caches import REGISTRY_ATTR
 from .call import PARALLEL_ATTR, NoGrid
 from .discover import bind
+from .registries import REGISTRY_ATTR
 
 __all__ = ["PARALLEL_ATTR", "Shard", "Split", "check_block_input", "check_install", "shard_grid", "shard_of",
            "split_of"]

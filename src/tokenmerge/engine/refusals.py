@@ -8,8 +8,8 @@ which modules, ``region``, and why, ``refuses_cache``).
 
 from __future__ import annotations
 
-from .caches import REGISTRY_ATTR, bad_hook
 from .compiled import compiled_in_place, holding, regional_message
+from .registries import REGISTRY_ATTR, bad_hook
 
 __all__ = ["check_apply"]
 

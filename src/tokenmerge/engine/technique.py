@@ -38,11 +38,12 @@ class Technique:
         name: the technique in messages and ``describe_patch`` (``"ToMe"``, ``"step cache"``...).
         clocked: it keeps state across the calls of a generation (the step clock moves at each call).
         timed: it reads each call's timestep on the host (its denoising progress).
-        hosted: under a pipeline it takes the step and its progress from the scheduler's host state instead
-            (``steps.py``: no tensor read per call).
+        reads_scheduler: under a pipeline it takes the step and its progress from the scheduler's host state
+            instead (``clock.host_where``: no tensor read per call).
         gridded: it reads each call's token grid (position ids...); one that does not gets ``()``.
         regional: it stands its modules compiled in place (regional compilation); the others are refused there.
-        host: its ``begin`` decides on the host: under ``torch.compile`` the call's set-up is its one graph break.
+        decides_on_host: its ``begin`` decides on the host: under ``torch.compile`` the call's set-up is its one
+            graph break.
         pools: a call whose grid fits no merge window still runs it (ToDo pools the keys of any grid).
         inside: what it does inside PyTorch's SDPA call, which ring attention does not make (``None``: nothing).
     """
@@ -50,10 +51,10 @@ class Technique:
     name = ""
     clocked = False
     timed = False
-    hosted = False
+    reads_scheduler = False
     gridded = True
     regional = False
-    host = False
+    decides_on_host = False
     pools = False
     inside: str | None = None
     planner = None  # ToMe's and ToDo's merge plans (``planner.Planner``)
@@ -149,7 +150,7 @@ class Technique:
         """``describe_patch``'s notes on what the settings cost or are known not to pay."""
         return []
 
-    def counted(self) -> dict | None:
+    def computed_share(self) -> dict | None:
         """What the latest generation computed, ``{"steps": N, "computed": share of the calls}`` (a cache across
         steps), or ``None`` (a technique that computes every step)."""
         return None

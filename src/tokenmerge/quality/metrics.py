@@ -1,42 +1,17 @@
-"""Image fidelity to the vanilla model's image: PSNR and SSIM per image, and a mean with a confidence interval.
+"""Image fidelity to the vanilla model's image: PSNR (``tokenmerge.measure``'s, in float) and SSIM per image, a mean
+with a confidence interval, and a clip's per-frame and temporal scores.
 
 Images are float tensors (C, H, W) or (B, C, H, W) with values in [0, 1].
 """
 
 from __future__ import annotations
 
-import math
-import statistics
-
 import torch
 import torch.nn.functional as F
 
+from ..measure import batched, mean_ci, psnr, to_tensor
+
 __all__ = ["psnr", "ssim", "mean_ci", "to_tensor"]
-
-# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; 1.96 (the normal's) beyond
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def to_tensor(image) -> torch.Tensor:
-    """A PIL image or an (H, W[, C]) uint8 array as a (C, H, W) float tensor in [0, 1]."""
-    import numpy as np
-
-    array = np.asarray(image)
-    if array.ndim == 2:
-        array = array[..., None]
-    return torch.from_numpy(array.astype("float32") / 255.0).permute(2, 0, 1)
-
-
-def _batch(x: torch.Tensor) -> torch.Tensor:
-    return (x[None] if x.dim() == 3 else x).double()
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Peak signal-to-noise ratio in dB per image (data range 1); ``inf`` for identical images."""
-    a, b = _batch(a), _batch(b)
-    mse = (a - b).pow(2).flatten(1).mean(1)
-    return (10 * torch.log10(1.0 / mse)).float()
 
 
 def _gaussian_window(size: int, sigma: float, channels: int, like: torch.Tensor) -> torch.Tensor:
@@ -49,7 +24,7 @@ def _gaussian_window(size: int, sigma: float, channels: int, like: torch.Tensor)
 def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5) -> torch.Tensor:
     """Structural similarity per image (Wang et al. 2004: Gaussian window 11, sigma 1.5, K1 0.01, K2 0.03,
     data range 1), averaged over the valid (unpadded) positions and the channels."""
-    a, b = _batch(a), _batch(b)
+    a, b = batched(a), batched(b)
     channels = a.shape[1]
     window = min(window, a.shape[-1], a.shape[-2])
     w = _gaussian_window(window, sigma, channels, a)
@@ -64,22 +39,6 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 11, sigma: float = 1.5)
     cov = blur(a * b) - mu_a * mu_b
     s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2))
     return s.flatten(1).mean(1).float()
-
-
-def mean_ci(values) -> tuple[float, float]:
-    """Mean and the half-width of its 95% confidence interval (Student's t); half-width nan for one value.
-
-    Infinite values (PSNR of identical images) make the mean infinite and the half-width nan.
-    """
-    values = [float(v) for v in values]
-    if not values:
-        raise ValueError("mean_ci needs at least one value")
-    mean = statistics.fmean(values)
-    if len(values) < 2 or not all(math.isfinite(v) for v in values):
-        return mean, math.nan
-    df = len(values) - 1
-    t = _T975[df - 1] if df <= len(_T975) else 1.96
-    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def video_scores(a: torch.Tensor, b: torch.Tensor, frames: int) -> tuple[float, float, float]:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from ..tools.caches import calibrate, counted_steps, needs_calibration
 from ..tools.methods import MethodSpec
+from ..tools.peers import calibrate, computed_share, needs_calibration
 from ..tools.timing import timed
-from .cache import ImageCache
+from .images import ImageCache
 from .metrics import mean_ci, psnr, ssim, to_tensor, video_scores
 
 __all__ = ["QualityJob", "run_job", "VANILLA", "MethodRefused"]
@@ -96,7 +96,7 @@ def _generate(pipe, job: QualityJob, spec: MethodSpec, prompt: str, seed: int, d
     try:
         with spec.applied(pipe), linear_work(pipe) as work:
             out, seconds = timed(device, lambda: pipe(prompt, **_call_kwargs(job, prompt, seed, device, steps)))
-            counted = counted_steps(pipe)  # the cache's own count of the steps it computed (cache-dit's), or None
+            counted = computed_share(pipe)  # the cache's own count of the steps it computed (cache-dit's), or None
     except (TypeError, ValueError, RuntimeError) as err:
         if not str(err).startswith("tokenmerge"):  # not one of this library's refusals: a bug, with its traceback
             raise

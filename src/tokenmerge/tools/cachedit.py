@@ -19,7 +19,7 @@ the testbeds' pipeline classes, so the adapter is built here as its own Flux and
 ``ForwardPattern.Pattern_1`` that each decide their own steps (``fused=true``: one list of both, as cache-dit's
 default Flux adapter runs them); a ``WanTransformer3DModel``'s ``blocks`` (``Pattern_2``). cache-dit wraps the
 pipeline class's ``__call__``, so each generation starts from fresh contexts; a step is one transformer call (the
-testbeds batch guidance). ``counted(pipe)``: the last generation's cached steps, from cache-dit's statistics.
+testbeds batch guidance). ``computed_share(pipe)``: the last generation's cached steps, from cache-dit's statistics.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import logging
 import weakref
 
 __all__ = ["DEFAULT_THRESHOLD", "OPTIONS", "CALIBRATORS", "MASK_POLICIES", "configs", "mask_plan", "computed_mask",
-           "enable", "disable", "active", "counted"]
+           "enable", "disable", "active", "computed_share"]
 
 DEFAULT_THRESHOLD = 0.08  # DBCacheConfig's residual_diff_threshold
 # KEY=VALUE options -> the DBCacheConfig field each sets (the others: the calibrator, the mask plan, the adapter)
@@ -336,7 +336,7 @@ def disable(pipe) -> None:
     model._modules = {k: model._modules[k] for k in order if k in model._modules}
 
 
-def counted(pipe) -> dict | None:
+def computed_share(pipe) -> dict | None:
     """The last generation's steps under cache-dit (None when it is not on ``pipe``, or before one): ``steps``,
     per block list the ``cached`` step indices cache-dit recorded, and ``computed`` (the share of the skippable
     blocks' steps that ran: per list, weighted by the blocks each can skip; one list: computed steps / steps)."""

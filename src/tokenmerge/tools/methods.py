@@ -3,11 +3,10 @@
 Grammar: ``NAME[:VALUE][,KEY=VALUE...]``. NAME is one of ``METHODS``; VALUE is ToMe's ratio or ToDo's factor;
 KEY=VALUE pairs are keyword arguments of ``apply_patch`` / ``apply_todo`` / ``tomesd.apply_patch``
 (``stop=0.5``, ``plan_steps=2``, ``mode=avg``...). For ``tokenmerge quality`` only, diffusers' caches are methods
-too (``fbc:0.05``, ``taylorseer:5``, ``pab:2``, ``magcache:0.06``, ``seacache:0.25``, cache-dit's ``cachedit:0.1``
-with its calibrators and step masks, ``cachedit:0.2,calibrator=foca,mask=fast``, ``cachedit:0.2,steps=11``:
-``tools/caches.py``, ``tools/cachedit.py``), and ``A+B`` runs two methods together (``tome:0.5+fbc:0.05``: a token
-reduction and a cache). ToDo's factor may be one per grid axis: ``todo:1x2x2`` (each video frame pooled 2x2),
-``todo:2x2x2`` (frames too), also written ``todo,downsample=(2,2,2)``.
+too (``fbc:0.05``, ``taylorseer:5``, ``pab:2``, ``magcache:0.06``, ``seacache:0.25``, cache-dit's
+``cachedit:0.2,calibrator=foca,mask=fast``, ``cachedit:0.2,steps=11``: ``tools/peers.py``, ``tools/cachedit.py``),
+and ``A+B`` runs two methods together (``tome:0.5+fbc:0.05``: a token reduction and a cache). ToDo's factor may be
+one per grid axis: ``todo:1x2x2`` (each frame pooled 2x2), ``todo:2x2x2`` (frames too), ``todo,downsample=(2,2,2)``.
 A spec is checked when parsed: a bad name or option raises ``ValueError`` naming it.
 """
 
@@ -17,7 +16,7 @@ import contextlib
 from dataclasses import dataclass
 
 from ..config import ReuseConfig, ToDoConfig, ToMeConfig
-from .caches import CACHES, DEFAULTS
+from .peers import CACHES, DEFAULTS
 from .text import cap_message, quote, split_outside
 
 __all__ = ["METHODS", "BENCH_METHODS", "MethodSpec", "Combined", "parse_spec"]
@@ -161,7 +160,7 @@ class MethodSpec:
 
     @property
     def is_cache(self) -> bool:
-        """Whether it is one of the caches of ``tools/caches.py`` (diffusers', cache-dit's)."""
+        """Whether it is one of the caches of ``tools/peers.py`` (diffusers', cache-dit's)."""
         return self.name in CACHES
 
     @property
@@ -197,7 +196,7 @@ class MethodSpec:
                                  f"{self.value:g}")
             self.config()
         elif self.name == "auto":
-            from ..faithful import SPEEDS
+            from ..accelerate import SPEEDS
 
             unknown = set(self.kwargs()) - {"speed"}
             if unknown or self.kwargs().get("speed", "balanced") not in SPEEDS:
@@ -209,7 +208,7 @@ class MethodSpec:
             if unknown:
                 raise ValueError(f"tomesd takes no option {sorted(unknown)}")
         elif self.is_cache:
-            from .caches import cache_config
+            from .peers import cache_config
 
             cache_config(self.name, self.value, self.kwargs())
 
@@ -221,7 +220,7 @@ class MethodSpec:
         if self.name == "grid-limit":  # the unpatched model, called on smaller inputs (the bench's)
             return
         if self.is_cache:
-            from .caches import enable
+            from .peers import enable
 
             enable(model, self.name, self.value, self.kwargs())
         elif self.name == "tome":
@@ -261,7 +260,7 @@ class MethodSpec:
 
     def remove(self, model) -> None:
         if self.is_cache:
-            from .caches import disable
+            from .peers import disable
 
             disable(model, self.name)
         elif self.name == "tomesd":

@@ -2,7 +2,8 @@
 fastest that holds a PSNR target (or the most faithful within a speed) and verifies it on held-out prompts and seeds;
 ``Tuned`` is its result and its file, which ``accelerate(pipe, setting=...)`` applies."""
 
-from .search import TuneWarning, tune
+from .runs import fidelity
+from .search import TuneWarning, run_tune, tune
 from .tuned import Tuned
 
-__all__ = ["tune", "Tuned", "TuneWarning"]
+__all__ = ["tune", "run_tune", "Tuned", "TuneWarning", "fidelity"]

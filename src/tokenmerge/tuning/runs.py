@@ -10,8 +10,7 @@ import math
 import torch
 
 from ..engine import find_denoisers
-from ..quality.metrics import psnr
-from ..tools.timing import timed
+from ..measure import psnr, timed
 
 __all__ = ["Runner", "Recorder", "as_tensor", "fidelity", "denoiser_site", "call_default"]
 
@@ -49,7 +48,7 @@ def _tensor(x) -> torch.Tensor:
     if isinstance(x, (list, tuple)):
         return torch.stack([_tensor(v) for v in x])
     if hasattr(x, "mode") and hasattr(x, "size"):  # a PIL image
-        from ..quality.metrics import to_tensor
+        from ..measure import to_tensor
 
         return to_tensor(x)
     import numpy as np

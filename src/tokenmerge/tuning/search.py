@@ -22,12 +22,12 @@ import warnings
 
 import torch
 
+from ..accelerate import attempts, kind_of
 from ..api import apply_config, remove_patch
 from ..describe import describe_patch
 from ..engine.install import patches_of
 from ..engine.techniques import StepCacheConfig, UNetCacheConfig
 from ..engine.tuned_for import scheduler_words
-from ..faithful import attempts, kind_of
 from .pool import Candidate, candidates
 from .runs import Recorder, Runner, call_default, denoiser_site, fidelity
 from .tuned import Tuned, fingerprint, stats
@@ -352,7 +352,7 @@ def _result(pipe, site, search, chosen, holds, wall, target, speed, steps, seen,
     import datetime
 
     prompts = search.runner.prompts
-    from .. import __version__
+    from ..version import __version__
 
     scheduler = getattr(pipe, "scheduler", None)
     guidance = call_kwargs.get("guidance_scale", call_default(pipe, "guidance_scale"))
@@ -370,7 +370,7 @@ def _result(pipe, site, search, chosen, holds, wall, target, speed, steps, seen,
                    "call": {k: v for k, v in call_kwargs.items() if isinstance(v, (int, float, str, bool))}},
         target={"psnr": float(target)} if target is not None else {"speed": float(speed)},
         computed=chosen.ran if chosen.ran is not None else chosen.computed,
-        counted_speedup=round(grid_steps / (chosen.ran or chosen.computed), 3),
+        step_speedup=round(grid_steps / (chosen.ran or chosen.computed), 3),
         wall_speedup=None if wall is None else round(wall, 3),
         calibration={**stats(chosen.calibration), "items": [_said(prompts, i) for i in search.calibration],
                      "per_item": [round(v, 3) for v in chosen.calibration]} if chosen.calibration else {},

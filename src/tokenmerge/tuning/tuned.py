@@ -32,7 +32,7 @@ def fingerprint(module) -> str:
 
 def stats(values: list) -> dict:
     """``{"mean", "worst", "ci95", "n"}`` of PSNR values (``ci95``: the half-width of the mean's 95% interval)."""
-    from ..quality.metrics import mean_ci
+    from ..measure import mean_ci
 
     mean, half = mean_ci(values)
     return {"mean": round(mean, 3), "worst": round(min(values), 3),
@@ -50,7 +50,7 @@ class Tuned:
             input without the batch: the size, and a video's frames), ``output`` (the output's shape), ``guidance``
             and the call's other arguments.
         target: ``{"psnr": dB}`` or ``{"speed": x}``: what was asked.
-        computed: the steps computed of ``tuned_for["steps"]`` (per call of a step); ``counted_speedup``: their
+        computed: the steps computed of ``tuned_for["steps"]`` (per call of a step); ``step_speedup``: their
             inverse share; ``wall_speedup``: vanilla's seconds over the setting's, interleaved medians on ``device``.
         calibration, held_out: PSNR (dB, float) to the unpatched output from the same noise, on the search's
             items and on items (prompts and seeds) it never used: ``mean``, ``worst``, ``ci95``, ``n``, per item.
@@ -64,7 +64,7 @@ class Tuned:
     tuned_for: dict
     target: dict
     computed: int
-    counted_speedup: float
+    step_speedup: float
     wall_speedup: float | None
     calibration: dict
     held_out: dict
@@ -94,7 +94,7 @@ class Tuned:
         verdict = "" if self.holds is None else " (holds the target)" if self.holds else " (BELOW the target)"
         return (f"tuned by tokenmerge.tune for {asked} on {f['model']} ({self.expects().words}); verified on "
                 f"{held['n']} held-out items: {held['mean']:.2f} dB mean, {held['worst']:.2f} worst{verdict}; "
-                f"{self.computed} of {f['steps']} steps computed ({self.counted_speedup:.2f}x counted{wall})")
+                f"{self.computed} of {f['steps']} steps computed ({self.step_speedup:.2f}x in steps{wall})")
 
     # ---- the file ----------------------------------------------------------------------------------------------
     def to_json(self) -> dict:

@@ -12,7 +12,7 @@ sub-module (a *target*) gets merged tokens and gives back unmerged ones.
 A target's kind (family records, ``families/spec.py``) says how: ``SELF`` and ``MLP`` take the image tokens alone,
 ``JOINT`` a sequence of image and text tokens (the image merged, the text whole), ``CROSS`` the queries of a
 cross-attention. The same hook methods serve torch's module hooks (``install``) and diffusers' ``ModelHook`` chain
-(``chain_hook``: below a cache's hook, ``engine/caches.py``).
+(``chain_hook``: below a cache's hook, ``engine/registries.py``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from ...families.spec import JOINT, SELF, Arg
-from ..caches import ChainHook
 from ..call import sides
 from ..discover import bind
 from ..planner import Planned, follow
+from ..registries import ChainHook
 
 __all__ = ["ToMeAround", "BoundTarget"]
 

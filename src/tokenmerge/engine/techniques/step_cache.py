@@ -12,12 +12,11 @@ import torch
 from ...families.predicates import params
 from ...families.spec import Arg
 from ..discover import bind
-from .cache import Across, Bypass, moved
-from .cache import Kept as Held
+from .across import Across, BranchState, Bypass, moved
 from .presets import SCHEDULES
 from .schedule import Scheduled
 
-__all__ = ["StepCacheConfig", "StepCache", "Kept", "Pass"]
+__all__ = ["StepCacheConfig", "StepCache", "StepBranch", "StepCall"]
 
 _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 
@@ -36,7 +35,7 @@ class StepCacheConfig(Scheduled):
 
 
 @dataclasses.dataclass(slots=True)
-class Run:
+class KeptResidual:
     """A kept residual: of ``stream``, added at block ``end``'s output at a skipped step (``slope``: its change per
     unit of progress, zeros until two computed steps measured it; ``None`` without ``extrapolate``)."""
 
@@ -47,19 +46,19 @@ class Run:
 
 
 @dataclasses.dataclass(slots=True)
-class Kept(Held):
-    """One branch's kept state (``cache.Kept``): the runs' residuals and slopes (one per stream, more where a stream
-    changes shape between blocks), updated in place at each computed step."""
+class StepBranch(BranchState):
+    """One branch's kept state (``across.BranchState``): the runs' residuals and slopes (one per stream, more where a
+    stream changes shape between blocks), updated in place at each computed step."""
 
     runs: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(slots=True)
-class Pass:
+class StepCall:
     """One call in flight: skipped (with the slope's weight and what the runs' last blocks add) or computed (with the
     runs of blocks measured so far: each stream's current run's first input and latest output, the runs closed)."""
 
-    kept: Kept
+    kept: StepBranch
     cached: bool
     progress: float
     adds: dict = dataclasses.field(default_factory=dict)  # skipped: block -> ((position, residual, slope), ...)
@@ -114,8 +113,8 @@ class StepCache(Across):
     """
 
     name = "step cache"
-    Kept = Kept
-    verb, cached = "skip", "skipped"
+    Branch = StepBranch
+    verb, word = "skip", "skipped"
     controlnet = ("controlnet_blocks",  # diffusers' ControlNets: an output read at every block
                   "a ControlNet's outputs are read after every block (its residuals), which a skipped step does not "
                   "compute: it runs every step, and the denoiser it feeds adds its residuals afresh at each step")
@@ -139,9 +138,9 @@ class StepCache(Across):
         cls.needs_timestep(site, name)
 
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
-    def call(self, kept: Kept, computed: bool, info) -> Pass:
+    def call(self, kept: StepBranch, computed: bool, info) -> StepCall:
         """The call's state: computed, or skipped with what each stream's last block adds."""
-        work = Pass(kept, not computed, info.where.progress)
+        work = StepCall(kept, not computed, info.where.progress)
         if computed:
             return work
         work.weight = self.weight(kept, info.where.progress)
@@ -267,7 +266,7 @@ class StepCache(Across):
     def end(self, state) -> None:
         """A computed call that ran every block: its runs' residuals kept, in place (made at the branch's first computed
         call, or where the runs' shapes changed), their slopes measured against the residuals kept before it over
-        the progress between them (``kept.gap``, filled on the host: ``Across.begin``)."""
+        the progress between them (``kept.span``, filled on the host: ``Across.begin``)."""
         work = state.work
         if work.cached or work.ran != len(self.blocks) or not work.last:
             return
@@ -280,10 +279,10 @@ class StepCache(Across):
                 r.stream == s and r.end == e and r.residual.shape == x.shape and r.residual.dtype == x.dtype
                 for r, (s, e, x) in zip(kept.runs, closed)):
             extrapolate = self.config.extrapolate
-            kept.runs = [Run(s, e, x, torch.zeros_like(x) if extrapolate else None) for s, e, x in closed]
+            kept.runs = [KeptResidual(s, e, x, torch.zeros_like(x) if extrapolate else None) for s, e, x in closed]
             return kept.made(closed[0][2], work.progress)
         for run, (_, _, residual) in zip(kept.runs, closed):
-            moved(run.residual, residual, run.slope, kept.gap)
+            moved(run.residual, residual, run.slope, kept.span)
 
     # ---- describe_patch -------------------------------------------------------------------------------------------
     def scope(self) -> str:

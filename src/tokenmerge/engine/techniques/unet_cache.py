@@ -12,12 +12,11 @@ import torch
 
 from ...families.spec import Arg
 from ..discover import bind
-from .cache import Across, Bypass, moved
-from .cache import Kept as Held
+from .across import Across, BranchState, Bypass, moved
 from .presets import SCHEDULES
 from .schedule import Scheduled
 
-__all__ = ["UNetCacheConfig", "UNetCache", "Kept"]
+__all__ = ["UNetCacheConfig", "UNetCache", "UNetBranch"]
 
 # what the UNet adds in place to a deep block's output (T2I-Adapter's residuals: ``sample += ...``)
 _IN_PLACE = (Arg("down_intrablock_additional_residuals"),)
@@ -53,9 +52,10 @@ class UNetCacheConfig(Scheduled):
 
 
 @dataclasses.dataclass(slots=True)
-class Kept(Held):
-    """One branch's kept state (``cache.Kept``): the feature F (the deepest cached module's output) and its slope S,
-    updated in place at each computed step, the deep modules' output outlines, their placeholders once made."""
+class UNetBranch(BranchState):
+    """One branch's kept state (``across.BranchState``): the feature F (the deepest cached module's output) and its
+    slope S, updated in place at each computed step, the deep modules' output outlines, their placeholders once
+    made."""
 
     feature: torch.Tensor | None = None
     slope: torch.Tensor | None = None
@@ -64,11 +64,11 @@ class Kept(Held):
 
 
 @dataclasses.dataclass(slots=True)
-class Pass:
+class UNetCall:
     """One call in flight: cached (``outs``: what each deep module returns) or computed (``seen``: each deep module's
     output, the feature's copy at the last index)."""
 
-    kept: Kept
+    kept: UNetBranch
     cached: bool
     progress: float
     outs: dict = dataclasses.field(default_factory=dict)
@@ -139,7 +139,7 @@ class UNetCache(Across):
     """
 
     name = "UNet cache"
-    Kept = Kept
+    Branch = UNetBranch
     controlnet = ("controlnet_down_blocks",  # diffusers' ControlNets: an output read at every level
                   "a ControlNet's outputs are read at every level (its residuals), so it runs every step; at a cached "
                   "step the UNet adds this step's residuals to the shallow skip connections it reads, and the deep "
@@ -226,9 +226,9 @@ class UNetCache(Across):
         cls.needs_timestep(site, name)
 
     # ---- the denoiser's call (on the host) ----------------------------------------------------------------------
-    def call(self, kept: Kept, computed: bool, info) -> Pass:
+    def call(self, kept: UNetBranch, computed: bool, info) -> UNetCall:
         """The call's state: computed, or cached with each deep module's output."""
-        work = Pass(kept, not computed, info.where.progress)
+        work = UNetCall(kept, not computed, info.where.progress)
         if computed:
             return work
         last = len(self.deep) - 1
@@ -269,7 +269,7 @@ class UNetCache(Across):
     def end(self, state) -> None:
         """A computed call that ran every deep module once: its feature kept, in place (made at the branch's first
         computed call, or where its shape changed), its slope measured against the feature kept before it over the
-        progress between them (``kept.gap``: ``Across.begin``), the deep outputs' outlines kept for the
+        progress between them (``kept.span``: ``Across.begin``), the deep outputs' outlines kept for the
         placeholders."""
         work = state.work
         if work.cached:
@@ -289,7 +289,7 @@ class UNetCache(Across):
             kept.outlines = outlines
         old = kept.feature
         if old is not None and old.shape == feature.shape and old.dtype == feature.dtype:
-            return moved(old, feature, kept.slope, kept.gap)
+            return moved(old, feature, kept.slope, kept.span)
         kept.feature, kept.slope = feature, torch.zeros_like(feature) if self.config.extrapolate else None
         kept.made(feature, work.progress)
 

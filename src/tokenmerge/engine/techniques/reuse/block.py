@@ -40,10 +40,10 @@ from ....merge.recompute import (
     write_kept,
 )
 from ...attention import CachedKeys, Probe, QueryRows, leave
-from ...caches import ChainHook
 from ...call import coarsen, image_part, join, sides, take_mask, take_rotary
 from ...compiled import on_host
 from ...discover import bind, bind_refusals, bind_whole
+from ...registries import ChainHook
 from ...technique import Technique
 from .sites import NOTE_EXTRAPOLATE, NOTE_KEYS, NOTE_MEMORY, NOTE_TEXT, Site, check, hooked_sites, sub_module
 from .state import TEXT, BlockCall, Kept, Recompute, Walk, gaps_of
@@ -64,7 +64,7 @@ class TokenReuse(Technique):
     """
 
     name = "token reuse"
-    clocked = timed = host = True  # full or partial, and which tokens: decided on the host at each call
+    clocked = timed = decides_on_host = True  # full or partial, and which tokens: decided on the host at each call
     inside = "token reuse works"
 
     @classmethod

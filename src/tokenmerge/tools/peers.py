@@ -26,7 +26,7 @@ transformer models do. VALUE is the setting a user turns first; other fields of 
   ``raw_vision_callback`` gives it the visual latent: diffusers' own for Wan T2V and Cosmos 3, this module's for
   Flux's packed layout (``FluxTransformer2DModel``: the ``(B, N, C)`` tokens put back on their grid from
   ``img_ids``). Elsewhere it would run "fail-open" (caching nothing): refused here with the reason instead.
-  ``counted_steps``: the steps it computed, by its own gate.
+  ``computed_share``: the steps it computed, by its own gate.
 
 - ``cachedit[:threshold]``: cache-dit's DBCache, the cache-dit package itself (``tools/cachedit.py``; default
   threshold 0.08, its default): past warmup steps, a block list's blocks after its first ``Fn`` are skipped (their
@@ -50,7 +50,7 @@ import weakref
 
 from . import cachedit
 
-__all__ = ["CACHES", "cache_config", "enable", "disable", "calibrate", "needs_calibration", "counted_steps"]
+__all__ = ["CACHES", "cache_config", "enable", "disable", "calibrate", "needs_calibration", "computed_share"]
 
 CACHES = {
     "fbc": "diffusers' First Block Cache; VALUE = threshold (default 0.05)",
@@ -114,7 +114,7 @@ def cache_config(name: str, value, options: dict, pipe=None):
             ratios = _RATIOS.get(_denoiser(pipe)) if pipe is not None else None
             if pipe is not None and ratios is None:
                 raise ValueError("tokenmerge: MagCache needs the model's magnitude ratios: pass mag_ratios=[...] or "
-                                 "calibrate first (tools.caches.calibrate)")
+                                 "calibrate first (tools.peers.calibrate)")
             if ratios is None:  # a spec checked before any model: its options only
                 kwargs["calibrate"] = True
             else:
@@ -298,7 +298,7 @@ class _SeaCount:
         new = sorted(self.root.shared_state._warned_messages - self.seen)
         return "; ".join(new) if new else "SeaCache got no visual latent for the call"
 
-    def counted(self) -> dict | None:
+    def computed_share(self) -> dict | None:
         if not self.calls:
             return None
         steps = sorted({step for _, step, _ in self.calls})
@@ -326,14 +326,14 @@ def _sea_enable(pipe, value, options: dict) -> None:
         raise
 
 
-def counted_steps(pipe) -> dict | None:
-    """What the cache on ``pipe`` counted of its last generation: ``{"steps", "computed"}`` (the share of the calls
-    it computed; cache-dit's: ``tools/cachedit.counted``; SeaCache's: its gate's decisions, ``cached`` the steps it
-    skipped; this library's caches across steps: ``describe_patch``'s ``ran``), or None (diffusers' other caches
+def computed_share(pipe) -> dict | None:
+    """The share of its last generation's calls the cache on ``pipe`` computed: ``{"steps", "computed"}`` (the calls
+    it computed; cache-dit's: ``tools/cachedit.computed_share``; SeaCache's: its gate's decisions, ``cached`` the steps
+    it skipped; this library's caches across steps: ``describe_patch``'s ``ran``), or None (diffusers' other caches
     keep no such count)."""
-    found = cachedit.counted(pipe)
+    found = cachedit.computed_share(pipe)
     if found is None and pipe in _SEA:
-        return _SEA[pipe].counted()
+        return _SEA[pipe].computed_share()
     if found is None:
         import tokenmerge
 

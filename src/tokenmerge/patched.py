@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
+from .accelerate import accelerate
 from .api import _restore, _snapshot, apply_patch, apply_reuse, apply_todo, remove_patch
 from .api_steps import apply_step_cache, apply_unet_cache
-from .faithful import accelerate
 
 __all__ = ["patched"]
 

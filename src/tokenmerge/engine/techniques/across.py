@@ -3,15 +3,15 @@ not run and what it keeps; this module does the rest once.
 
 - ``Bypass``: the ``forward`` of a module a cached step may not run (an instance attribute, as diffusers' hook
   registry sets one; the model's code is not copied), calling the cache's ``forward(bypass, args, kwargs)``.
-- ``Around``: such a module compiled in place (``Module.compile()``, diffusers' ``compile_repeated_blocks``): its
-  compiled call, wrapped; the cache decides there, eagerly, and runs the compiled code at a computed step only.
-- ``Told``: the denoiser's ``cache_context`` (diffusers' pipelines enter it around each call): the call decided on
-  the host before it (``CallHook.tell``), so that a denoiser compiled whole with ``fullgraph=True`` reads only what
-  was decided.
+- ``CompiledBypass``: such a module compiled in place (``Module.compile()``, diffusers' ``compile_repeated_blocks``):
+  its compiled call, wrapped; the cache decides there, eagerly, and runs the compiled code at a computed step only.
+- ``DecidingContext``: the denoiser's ``cache_context`` (diffusers' pipelines enter it around each call): the call
+  decided on the host before it (``clock.decide_ahead``), so that a denoiser compiled whole with ``fullgraph=True``
+  reads only what was decided.
 - ``Across``: the technique's shared part: the blocks it holds, install and release, the decision at each call (on
-  the host: ``schedule.py``), the kept state per branch of the step clock (``Kept``: tensors updated in place, the
-  slope's weight and gap 0-d tensors filled on the host), the refusal that turns the cache off with one warning,
-  and ``Ran``: what the latest generation computed, for ``describe_patch``.
+  the host: ``schedule.py``), the kept state per branch of the step clock (``BranchState``: tensors updated in place,
+  the slope's weight and span 0-d tensors filled on the host), the refusal that turns the cache off with one warning,
+  and ``Tally``: what the latest generation computed, for ``describe_patch``.
 """
 
 from __future__ import annotations
@@ -24,23 +24,23 @@ import warnings
 
 import torch
 
-from ..clock import tell
+from ..clock import decide_ahead
 from ..technique import Technique
 
-__all__ = ["Bypass", "Around", "Told", "Across", "Kept", "Ran", "moved"]
+__all__ = ["Bypass", "CompiledBypass", "DecidingContext", "Across", "BranchState", "Tally", "moved"]
 
 
 class Bypass:
     """A module's ``forward`` while a cache is installed: the cache's ``forward`` with the module's own
     (``previous``: the forward it replaced, ``None`` for the class's); ``detach()`` makes it the module's own. Where
-    the module is compiled in place, ``around`` (its ``Around``) decides and this forward passes through."""
+    the module is compiled in place, ``compiled`` (its ``CompiledBypass``) decides and this forward passes through."""
 
-    __slots__ = ("cache", "index", "block", "previous", "own", "around")
+    __slots__ = ("cache", "index", "block", "previous", "own", "compiled")
 
     def __init__(self, cache, index: int, block, previous):
         self.cache, self.index, self.block, self.previous = cache, index, block, previous
         self.own = type(block).forward  # the class's forward, a plain function (what torch.compile traces)
-        self.around = None
+        self.compiled = None
 
     def inner(self, *args, **kwargs):
         if self.previous is not None:
@@ -48,7 +48,7 @@ class Bypass:
         return self.own(self.block, *args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        if self.cache is None or self.around is not None:  # removed, or run by its compiled code (Around decided)
+        if self.cache is None or self.compiled is not None:  # removed, or run by its compiled code (it decided)
             return self.inner(*args, **kwargs)
         return self.cache.forward(self, args, kwargs)
 
@@ -62,33 +62,33 @@ class Bypass:
         return inspect.signature(inner)
 
 
-class Around:
+class CompiledBypass:
     """A bypassed module compiled in place (regional compilation): its ``_compiled_call_impl`` while the cache is
     installed. The cache's ``forward`` runs here, eagerly, as for a module not compiled (``inner``: the compiled call,
     the module's hooks and its forward, which passes through): a computed step runs the compiled code, one variant of
     it per block class (no state of the cache is read inside it), a cached step none of it."""
 
-    __slots__ = ("bypass", "compiled", "index", "block")
+    __slots__ = ("bypass", "call", "index", "block")
 
-    def __init__(self, bypass: Bypass, compiled):
-        self.bypass, self.compiled, self.index, self.block = bypass, compiled, bypass.index, bypass.block
+    def __init__(self, bypass: Bypass, call):
+        self.bypass, self.call, self.index, self.block = bypass, call, bypass.index, bypass.block
 
     def inner(self, *args, **kwargs):
-        return self.compiled(*args, **kwargs)
+        return self.call(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
         cache = self.bypass.cache
-        return self.compiled(*args, **kwargs) if cache is None else cache.forward(self, args, kwargs)
+        return self.call(*args, **kwargs) if cache is None else cache.forward(self, args, kwargs)
 
 
-class Told:
+class DecidingContext:
     """A denoiser's ``cache_context`` while a cache is installed. diffusers' pipelines enter it around each denoiser
     call (``with transformer.cache_context("cond", step_index=i, sigma=...): ...``), on the host: the call is decided
-    there (``CallHook.tell``), so that the call reads only what was decided (compiled whole with ``fullgraph=True``:
-    a computed and a skipped variant, told apart by a bool of the call's state, compiled once each). The model's own
-    ``cache_context`` (diffusers' caches) runs around it. A branch's first computed call, which makes what the cache
-    keeps, runs eagerly (``torch.compiler.set_stance``), so that compiled code sees only the kept state of later
-    calls."""
+    there (``clock.decide_ahead``), so that the call reads only what was decided (compiled whole with
+    ``fullgraph=True``: a computed and a skipped variant, told apart by a bool of the call's state, compiled once
+    each). The model's own ``cache_context`` (diffusers' caches) runs around it. A branch's first computed call,
+    which makes what the cache keeps, runs eagerly (``torch.compiler.set_stance``), so that compiled code sees only
+    the kept state of later calls."""
 
     def __init__(self, cache, module, previous):
         self.cache, self.module, self.previous = cache, module, previous
@@ -97,9 +97,9 @@ class Told:
     def __call__(self, name, **kwargs):
         own = self.previous or type(self.module).cache_context.__get__(self.module)
         with own(name, **kwargs):
-            state = tell(self.cache.calls, kwargs)  # decided here (CallHook.decide), or None: at the call
+            state = decide_ahead(self.cache.calls, kwargs)  # decided here (CallHook.decide), or None: at the call
             work = state.work if state is not None else None
-            first = work is not None and work.kept.gap is None and self.cache.off is None
+            first = work is not None and work.kept.span is None and self.cache.off is None
             stance = getattr(torch.compiler, "set_stance", None) if first and "torch._dynamo" in sys.modules else None
             try:
                 with stance("force_eager") if stance is not None else contextlib.nullcontext():
@@ -110,16 +110,16 @@ class Told:
 
 
 @dataclasses.dataclass(slots=True)
-class Kept:
+class BranchState:
     """What a cache keeps for one branch, its tensors made at the branch's first computed call and then updated in place
     (compiled code and CUDA graphs see the same tensors at every step): ``at``, the progress of the last computed
     call kept (``None`` while nothing of this generation is); ``weight``, the slope's weight at a cached call and
-    ``gap``, the progress between the last two computed calls (0-d tensors, filled on the host: ``Across.begin``);
+    ``span``, the progress between the last two computed calls (0-d tensors, filled on the host: ``Across.begin``);
     ``sloped``, whether the slope is measured (two computed calls of this generation kept)."""
 
     at: float | None = None
     weight: torch.Tensor | None = None
-    gap: torch.Tensor | None = None
+    span: torch.Tensor | None = None
     sloped: bool = False
 
     def reset(self) -> None:
@@ -128,12 +128,12 @@ class Kept:
 
     def made(self, like: torch.Tensor, progress: float) -> None:
         """The 0-d tensors made beside the kept ``like`` (a first computed call, or new shapes), at ``progress``."""
-        self.weight, self.gap = like.new_zeros(()), like.new_ones((), dtype=torch.float32)
+        self.weight, self.span = like.new_zeros(()), like.new_ones((), dtype=torch.float32)
         self.at, self.sloped = progress, False
 
 
 @dataclasses.dataclass
-class Ran:
+class Tally:
     """What a cache did in the latest generation it ran: per place of a call in its step (guidance as two calls:
     two places), the calls computed and cached; the calls computed for a fallback, by reason; how the steps were
     told (``scheduler``: the pipeline's scheduler's host state; ``timestep``: the call's timestep read)."""
@@ -143,30 +143,30 @@ class Ran:
     computed: dict = dataclasses.field(default_factory=dict)
     cached: dict = dataclasses.field(default_factory=dict)
     fallbacks: dict = dataclasses.field(default_factory=dict)
-    told: dict = dataclasses.field(default_factory=dict)
+    sources: dict = dataclasses.field(default_factory=dict)
     said: bool = False  # a generation that skipped nothing was said (Across.skipped_nothing)
 
-    def count(self, clock, place: int, computed: bool, why: str | None, told: str) -> None:
+    def count(self, clock, place: int, computed: bool, why: str | None, source: str) -> None:
         if clock.generation != self.generation:
             self.__init__(clock.generation, clock.steps)
         tally = self.computed if computed else self.cached
         tally[place] = tally.get(place, 0) + 1
         if why is not None:
             self.fallbacks[why] = self.fallbacks.get(why, 0) + 1
-        self.told[told] = self.told.get(told, 0) + 1
+        self.sources[source] = self.sources.get(source, 0) + 1
 
     def share(self) -> float | None:
         """The share of the calls computed (``None`` before any call)."""
         total = sum(self.computed.values()) + sum(self.cached.values())
         return sum(self.computed.values()) / total if total else None
 
-    def words(self, cached: str) -> str:
+    def words(self, word: str) -> str:
         """``last generation (28 steps): 11 of 28 calls computed, 17 skipped; steps told by the scheduler...``."""
         if self.generation < 0:
             return "no generation has run yet"
         places = sorted(set(self.computed) | set(self.cached))
         parts = [f"{self.computed.get(p, 0)} of {self.computed.get(p, 0) + self.cached.get(p, 0)} computed, "
-                 f"{self.cached.get(p, 0)} {cached}" for p in places]
+                 f"{self.cached.get(p, 0)} {word}" for p in places]
         head = f"last generation ({self.steps} steps)" if self.steps else "last generation"
         lines = [f"{head}: " + ("; ".join(f"call {p + 1} of a step: {t}" for p, t in zip(places, parts))
                                 if len(places) > 1 else parts[0] if parts else "no call")]
@@ -175,28 +175,28 @@ class Ran:
                "scheduler": "the pipeline's scheduler (its step index; its timesteps read once per generation)",
                "timestep": "each call's timestep, read on the host (a bare model, or a scheduler that keeps no step "
                            "index)"}
-        lines += [f"steps told by {how.get(t, t)}" for t in self.told]
+        lines += [f"steps told by {how.get(t, t)}" for t in self.sources]
         return "; ".join(lines)
 
 
-def moved(old: torch.Tensor, new: torch.Tensor, slope: torch.Tensor | None, gap: torch.Tensor) -> None:
-    """``old`` made ``new`` in place, ``slope`` (where kept) its change per unit of progress: ``(new - old) / gap``."""
+def moved(old: torch.Tensor, new: torch.Tensor, slope: torch.Tensor | None, span: torch.Tensor) -> None:
+    """``old`` made ``new`` in place, ``slope`` (where kept) its change per unit of progress: ``(new - old) / span``."""
     if slope is not None:
-        slope.copy_(new - old).div_(gap)
+        slope.copy_(new - old).div_(span)
     old.copy_(new)
 
 
 class Across(Technique):
     """A cache across steps: its modules' forwards are ``Bypass``es (``self.bypassed``, set by the subclass, in the
-    order of the ``index`` each passes to the subclass's ``forward``). The subclass gives ``Kept`` (its state per
-    branch, a ``cache.Kept``), ``call(kept, computed, info)`` (the call's state, ``state.work``), ``forward`` and
-    ``end``. Modules compiled in place, before the patch or after it, are followed (``follow``: ``Around``)."""
+    order of the ``index`` each passes to the subclass's ``forward``). The subclass gives ``Branch`` (its state per
+    branch, a ``BranchState``), ``call(kept, computed, info)`` (the call's state, ``state.work``), ``forward`` and
+    ``end``. Modules compiled in place, before the patch or after it, are followed (``follow``: ``CompiledBypass``)."""
 
-    clocked = timed = host = hosted = True  # computed or not: decided on the host at each call
+    clocked = timed = decides_on_host = reads_scheduler = True  # computed or not: decided on the host at each call
     regional = True  # it stands modules compiled in place (refusals.py, call.Watch)
     gridded = False  # (a cached step runs no block of the stack: no token grid needed, but under context parallelism)
-    Kept: type = type(None)
-    verb, cached = "cache", "cached"  # what it does to a step, in messages and reports
+    Branch: type = type(None)
+    verb, word = "cache", "cached"  # what it does to a step, in messages and reports
     # the subclass's words: the attribute of a diffusers ControlNet and why it is left to run every step; what a
     # diffusers cache on its modules would miss; where such a cache would sit, in its refusal
     controlnet: tuple[str, str] = ("", "")
@@ -239,8 +239,8 @@ class Across(Technique):
         self.warned: set = set()  # the causes warned about (one warning each)
         self.off: str | None = None  # why the cache computes every step of this generation (what it cannot stand in
         self.off_in = -1  # for) and the generation it was found in: the next one tries again
-        self.ran = Ran()
-        self.told: Told | None = None  # the denoiser's cache_context, where its class has one
+        self.tally = Tally()
+        self.context: DecidingContext | None = None  # the denoiser's cache_context, where its class has one
 
     def install(self) -> list:
         for index, module in enumerate(self.bypassed):
@@ -250,29 +250,30 @@ class Across(Technique):
             self.follow(bypass)
         denoiser = self.patch.site.module
         if callable(getattr(type(denoiser), "cache_context", None)):
-            self.told = denoiser.cache_context = Told(self, denoiser, denoiser.__dict__.get("cache_context"))
+            own = denoiser.__dict__.get("cache_context")
+            self.context = denoiser.cache_context = DecidingContext(self, denoiser, own)
         return []
 
     def follow(self, bypass: Bypass) -> None:
         """Follow the module's compilation in place (``Module.compile()``, before the patch or since; ``call.Watch``
-        checks at each call): its compiled call wrapped in an ``Around``, or none where it is not compiled."""
+        checks at each call): its compiled call wrapped in a ``CompiledBypass``, or none where it is not compiled."""
         compiled = bypass.block.__dict__.get("_compiled_call_impl")
-        if isinstance(compiled, Around) or compiled is None:
-            bypass.around = compiled
+        if isinstance(compiled, CompiledBypass) or compiled is None:
+            bypass.compiled = compiled
         else:
-            bypass.around = bypass.block._compiled_call_impl = Around(bypass, compiled)
+            bypass.compiled = bypass.block._compiled_call_impl = CompiledBypass(bypass, compiled)
 
     def release(self) -> None:
         self.calls.state.clock.spare.clear()  # the kept tensors set aside by the clock (Clock.clear)
         denoiser = self.patch.site.module
-        if self.told is not None and denoiser.__dict__.get("cache_context") is self.told:
+        if self.context is not None and denoiser.__dict__.get("cache_context") is self.context:
             del denoiser.__dict__["cache_context"]
-            if self.told.previous is not None:
-                denoiser.cache_context = self.told.previous
+            if self.context.previous is not None:
+                denoiser.cache_context = self.context.previous
         for bypass in self.bypasses:
             module = bypass.block
-            if bypass.around is not None and module.__dict__.get("_compiled_call_impl") is bypass.around:
-                module._compiled_call_impl = bypass.around.compiled
+            if bypass.compiled is not None and module.__dict__.get("_compiled_call_impl") is bypass.compiled:
+                module._compiled_call_impl = bypass.compiled.call
             if module.__dict__.get("forward") is bypass:
                 if bypass.previous is None:
                     del module.__dict__["forward"]
@@ -292,24 +293,24 @@ class Across(Technique):
             self._warn_once(f"a call got no timestep, which the {self.name} needs to tell the steps apart; such calls "
                             "are computed whole", depth=5, cause="timestep")
             return
-        kept = state.clock.kept_for(state.branch, self.Kept)
+        kept = state.clock.kept_for(state.branch, self.Branch)
         computed = self.decide(state, kept, info)
-        if computed and kept.gap is not None:
+        if computed and kept.span is not None:
             # something kept before: the slope is measured at the call's end, over the progress since the last
             # computed call
-            gap = info.where.progress - kept.at if kept.at is not None else 0.0
-            kept.sloped = gap > 0
-            kept.gap.fill_(gap if gap > 0 else 1.0)
+            span = info.where.progress - kept.at if kept.at is not None else 0.0
+            kept.sloped = span > 0
+            kept.span.fill_(span if span > 0 else 1.0)
             kept.at = info.where.progress
         state.work = self.call(kept, computed, info)
 
     def decide(self, state, kept, info) -> bool:
         """Whether the call is computed: its branch's first, every call of a generation the cache is off in or
-        shorter than ``min_steps`` (a fallback, counted as such in ``self.ran``), else as the schedule says. A
+        shorter than ``min_steps`` (a fallback, counted as such in ``self.tally``), else as the schedule says. A
         generation that skipped nothing is said once per cause (``skipped_nothing``)."""
         cfg, clock = self.config, state.clock
-        if clock.generation != self.ran.generation:  # a new generation: the last one's tally, a fresh start
-            self.skipped_nothing(self.ran)
+        if clock.generation != self.tally.generation:  # a new generation: the last one's tally, a fresh start
+            self.skipped_nothing(self.tally)
             if self.off is not None and self.off_in != clock.generation:
                 self.off = None
         fallback = (f"the {self.name} is off ({self.off})" if self.off is not None else
@@ -317,22 +318,22 @@ class Across(Technique):
                     else None)
         computed = fallback is not None or kept.at is None or cfg.computes(clock.step, info.where.progress, kept.at,
                                                                            clock.steps)
-        self.ran.count(clock, state.branch[1], computed, fallback, info.where.told)
+        self.tally.count(clock, state.branch[1], computed, fallback, info.where.source)
         if clock.steps is not None and clock.step == clock.steps - 1:  # its last step: said now, not at the next
-            self.skipped_nothing(self.ran)
+            self.skipped_nothing(self.tally)
         return computed
 
-    def skipped_nothing(self, ran: Ran) -> None:
-        """Where the generation ``ran`` tallies computed every call, one warning per cause saying what to change."""
-        if ran.generation < 0 or ran.cached or not ran.computed or ran.said:
+    def skipped_nothing(self, tally: Tally) -> None:
+        """Where the generation ``tally`` counts computed every call, one warning per cause saying what to change."""
+        if tally.generation < 0 or tally.cached or not tally.computed or tally.said:
             return
-        ran.said = True
-        cfg, steps = self.config, ran.steps
-        if any(why.startswith("the generation has fewer") for why in ran.fallbacks):
+        tally.said = True
+        cfg, steps = self.config, tally.steps
+        if any(why.startswith("the generation has fewer") for why in tally.fallbacks):
             self._warn_once(f"a generation of {steps} steps, fewer than min_steps={cfg.min_steps}, {self.verb}s no "
                             f"step (a distilled model's few steps lose the most to a skipped one); min_steps=0 "
                             f"{self.verb}s them anyway", cause="short")
-        elif not ran.fallbacks:
+        elif not tally.fallbacks:
             self._warn_once(f"its schedule computed every step of a generation of {steps or 'these'} steps on this "
                             f"time grid ({cfg.words().split(' (steps computed')[0]}): a larger gap_growth, more steps, "
                             f"or a setting tuned for this generation (tokenmerge.tune) {self.verb}s some",
@@ -368,9 +369,9 @@ class Across(Technique):
 
     # ---- describe_patch -------------------------------------------------------------------------------------------
     def report(self) -> str:
-        """What the latest generation ran (``Ran.words``)."""
-        return self.ran.words(self.cached)
+        """What the latest generation ran (``Tally.words``)."""
+        return self.tally.words(self.word)
 
-    def counted(self) -> dict | None:
-        share = self.ran.share()
-        return None if share is None else {"steps": self.ran.steps, "computed": share}
+    def computed_share(self) -> dict | None:
+        share = self.tally.share()
+        return None if share is None else {"steps": self.tally.steps, "computed": share}

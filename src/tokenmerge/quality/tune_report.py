@@ -1,14 +1,15 @@
-"""What ``tokenmerge tune`` writes: the report (Markdown and JSON), a speed-versus-fidelity plot of the candidates with
-the chosen point, ``accelerate``'s presets and the peers marked, and the points beside the tune (``compare``: a method
-spec's PSNR on the held-out items, from the same references)."""
+"""What ``tokenmerge tune`` writes (``tokenmerge.tune``'s result, reported): the report (Markdown and JSON), a
+speed-versus-fidelity plot of the candidates with the chosen point, ``accelerate``'s presets and the peers marked,
+and the points beside the tune (``compare``: a method spec's PSNR on the held-out items, from the same
+references)."""
 
 from __future__ import annotations
 
 import statistics
 
-from ..quality.run import linear_work
-from ..tools.caches import calibrate, counted_steps, needs_calibration
-from .runs import fidelity
+from ..tools.peers import calibrate, computed_share, needs_calibration
+from ..tuning import fidelity
+from .run import linear_work
 
 __all__ = ["compare", "markdown", "plot", "HOW"]
 
@@ -21,7 +22,7 @@ HOW = ("PSNR is computed in float (data range 1) between each output and the unp
 
 def compare(search, spec, label: str) -> dict:
     """``spec`` (a method spec: ``auto,speed=fast``, ``fbc:0.05``, ``cachedit:0.2``...) on the tune's held-out items:
-    its PSNR to their references, its speed-up counted (the steps over the computed ones, by this library's or
+    its PSNR to their references, its speed-up (in steps: the steps over the computed ones, by this library's or
     cache-dit's own count; else over its share of the unpatched model's ``nn.Linear`` work) and its seconds."""
     pipe, runner = search.pipe, search.runner
     first = search.held[0]
@@ -37,15 +38,15 @@ def compare(search, spec, label: str) -> dict:
             values.append(fidelity(out, search.reference(item)))
             seconds.append(took)
             works.append(work[0])
-            counted = counted_steps(pipe)
+            counted = computed_share(pipe)
             if counted is not None and counted.get("computed") is not None:
                 shares.append(counted["computed"])
     share = statistics.fmean(shares) if len(shares) == len(values) else None
     work = statistics.fmean(works) / base[0] if base[0] else None
     speed = 1 / share if share else 1 / work if work else None
     return {"label": label, "spec": spec.text, "held_out": round(statistics.fmean(values), 3),
-            "worst": round(min(values), 3), "counted_speedup": None if speed is None else round(speed, 3),
-            "counted_by": "steps" if share else "linear work", "seconds": round(statistics.median(seconds), 3)}
+            "worst": round(min(values), 3), "step_speedup": None if speed is None else round(speed, 3),
+            "speedup_by": "steps" if share else "counted linear work", "seconds": round(statistics.median(seconds), 3)}
 
 
 def _fmt(value, form: str = ".2f") -> str:
@@ -69,7 +70,7 @@ def markdown(report: dict) -> str:
              f"device {t['device']}, tokenmerge {t['tokenmerge']}, {t['created']}.", "",
              "## Chosen", "",
              f"- **{t['technique']}**: `{setting}`",
-             f"- {t['computed']} of {f['grid_steps']} steps computed: **{t['counted_speedup']:.2f}x counted**, "
+             f"- {t['computed']} of {f['grid_steps']} steps computed: **{t['step_speedup']:.2f}x in steps**, "
              f"{_fmt(t['wall_speedup'])}x wall (vanilla's seconds over the setting's, interleaved medians on "
              f"{t['device']})",
              f"- held-out PSNR **{held['mean']:.2f} dB** (worst {held['worst']:.2f}, 95% interval +-"
@@ -81,7 +82,7 @@ def markdown(report: dict) -> str:
              "## Held-out PSNR per item", "", "| prompt | seed | PSNR (dB) |", "|---|---|---|"]
     lines += [f"| {p[:80]} | {s} | {v:.2f} |" for (p, s), v in zip(held["items"], held["per_item"])]
     lines += ["", "## Candidates evaluated (calibration items; the chosen one verified)", "",
-              "| setting | computed | counted speed-up | calibration PSNR | held-out PSNR |", "|---|---|---|---|---|"]
+              "| setting | computed | speed-up in steps | calibration PSNR | held-out PSNR |", "|---|---|---|---|---|"]
     for c in sorted(t["candidates"], key=lambda c: (c["computed"], -(c["calibration"] or 0))):
         name = " ".join(f"{k}={v}" for k, v in c["setting"].items())
         mark = " **chosen**" if c["chosen"] else ""
@@ -89,13 +90,14 @@ def markdown(report: dict) -> str:
                      f"{_fmt(c['calibration'])} | {_fmt(c['held_out'])} |")
     if report.get("compare"):
         lines += ["", "## Beside it, on the same held-out items", "",
-                  "| method | counted speed-up | held-out PSNR | worst | seconds (median) |", "|---|---|---|---|---|"]
-        lines += [f"| {p['label']} (`{p['spec']}`) | {_fmt(p['counted_speedup'])}x ({p['counted_by']}) | "
+                  "| method | speed-up (in steps, or counted) | held-out PSNR | worst | seconds (median) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {p['label']} (`{p['spec']}`) | {_fmt(p['step_speedup'])}x ({p['speedup_by']}) | "
                   f"{p['held_out']:.2f} | {p['worst']:.2f} | {p['seconds']:.2f} |" for p in report["compare"]]
     lines += ["", "## How it was measured", "", HOW,
-              "Counted speed-up: the steps over the steps computed (per call of a step, by the cache's own count); "
-              "a peer whose cache keeps no count: the unpatched model's `nn.Linear` multiply-adds over its own "
-              "(zero overhead: an upper bound). The search: bisection on the number of computed steps over the "
+              "Speed-up in steps: the steps over the steps computed (per call of a step, by the cache's own count); "
+              "a peer whose cache keeps no count: counted, the unpatched model's `nn.Linear` multiply-adds over its "
+              "own (zero overhead: an upper bound). The search: bisection on the number of computed steps over the "
               "distinct masks of this library's schedules on this time grid, then more masks just below the count "
               "found; the verification on the held-out items; where their mean fell below the target, the next more "
               "faithful candidate (docs/guides/tune.md)."]
@@ -103,8 +105,8 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path) -> None:
-    """Speed (counted) against PSNR: the candidates on the calibration items, the chosen one held out, the points
-    beside (presets, peers) held out, the target."""
+    """Speed (in steps, or counted) against PSNR: the candidates on the calibration items, the chosen one held out,
+    the points beside (presets, peers) held out, the target."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,21 +118,21 @@ def plot(report: dict, path) -> None:
     cands = [c for c in t["candidates"] if c["calibration"] is not None]
     ax.scatter([steps / c["computed"] for c in cands], [c["calibration"] for c in cands], s=18, c="0.6",
                label="candidates (calibration)")
-    ax.scatter([t["counted_speedup"]], [t["held_out"]["mean"]], s=120, marker="*", c="tab:red", zorder=5,
+    ax.scatter([t["step_speedup"]], [t["held_out"]["mean"]], s=120, marker="*", c="tab:red", zorder=5,
                label="chosen (held out)")
     styles = {"preset": ("s", "tab:blue"), "peer": ("^", "tab:orange")}
     for kind, (marker, color) in styles.items():
-        points = [p for p in report.get("compare", []) if p.get("kind") == kind and p["counted_speedup"]]
+        points = [p for p in report.get("compare", []) if p.get("kind") == kind and p["step_speedup"]]
         if points:
-            ax.scatter([p["counted_speedup"] for p in points], [p["held_out"] for p in points], marker=marker, c=color,
+            ax.scatter([p["step_speedup"] for p in points], [p["held_out"] for p in points], marker=marker, c=color,
                        label=f"{'presets' if kind == 'preset' else 'peers'} (held out)")
             for p in points:
-                ax.annotate(p["label"], (p["counted_speedup"], p["held_out"]), fontsize=7)
+                ax.annotate(p["label"], (p["step_speedup"], p["held_out"]), fontsize=7)
     if "psnr" in t["target"]:
         ax.axhline(t["target"]["psnr"], ls="--", c="tab:red", lw=0.8, label="target")
     else:
         ax.axvline(t["target"]["speed"], ls="--", c="tab:red", lw=0.8, label="speed asked")
-    ax.set_xlabel("speed-up, counted (steps / computed steps)")
+    ax.set_xlabel("speed-up in steps (steps / computed steps; peers without a count: counted linear work)")
     ax.set_ylabel("PSNR to the unpatched output (dB)")
     ax.set_title(f"tune: {report['model']}, {steps} steps", fontsize=10)
     ax.legend(fontsize=7)
