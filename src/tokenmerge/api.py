@@ -249,14 +249,15 @@ def apply_reuse(model, fraction: float = 0.5, *, warmup: int = 4, fraction_end: 
                                            keys, text, extrapolate))
 
 
-def apply_config(model, config: ToMeConfig | ToDoConfig | ReuseConfig, *, matcher=None, downsampler=None,
+def apply_config(model, config, *, matcher=None, downsampler=None,
                  observer=None, code_paths: str | None = None):
-    """``apply_patch`` with a ready config.
+    """Patch ``model`` with any technique, from its ready config (what ``apply_patch``, ``apply_todo``,
+    ``apply_reuse``, ``apply_step_cache`` and ``apply_unet_cache`` build from their arguments).
 
     Args:
         model: what ``apply_patch`` accepts.
-        config: a ``ToMeConfig``, ``ToDoConfig``, ``ReuseConfig`` (token reuse: ``apply_reuse``) or
-            ``StepCacheConfig`` (``apply_step_cache``).
+        config: a ``ToMeConfig`` (ToMe), ``ToDoConfig`` (ToDo), ``ReuseConfig`` (token reuse), ``StepCacheConfig``
+            (the step cache) or ``UNetCacheConfig`` (the UNet cache).
         matcher, downsampler: replace ToMe's matching and ToDo's pooling (the bench's zero-overhead limits;
             see ``tokenmerge.engine.Patch``).
         observer: what ``observe`` takes; ``None`` in normal use.

@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..families.spec import TEXT_NONE
 from ..merge.plan import TABLES, Tables, arange, sided_rows
-from ..merge.recompute import extrapolated, kept_rows, row_gaps, slope_of, write_rows
+from ..merge.recompute import extrapolated, kept_rows, row_spans, slope_of, write_rows
 from .call import sides
 
 try:
@@ -286,10 +286,10 @@ class CachedKeys(SdpaMode):
     that calls SDPA once per sample (Mochi: each prompt's valid text) keeps one pair per call.
 
     Args: as ``QueryRows``; pairs: a list holding this attention's kept ``[keys, values]`` (B, H, L, D) per SDPA
-    call, every row of the call's sequence (text, image and reference rows), and with ``gaps`` their slopes after
+    call, every row of the call's sequence (text, image and reference rows), and with ``spans`` their slopes after
     them; text: ``text=True``: the recomputed text tokens (sorted indices; ``None``: every text row is fresh);
-    gaps: ``extrapolate=``: ``merge.recompute.since``'s gaps of the image tokens and of the text's (or ``None``),
-    and the call's store where the rows' gaps are kept for its other attentions: the kept rows attended move along
+    spans: ``extrapolate=``: ``merge.recompute.since``'s spans of the image tokens and of the text's (or ``None``),
+    and the call's store where the rows' spans are kept for its other attentions: the kept rows attended move along
     their slopes.
     """
 
@@ -301,7 +301,7 @@ class CachedKeys(SdpaMode):
     text: torch.Tensor | None = None
     segments: int = 1
     tables: Tables = TABLES
-    gaps: tuple | None = None
+    spans: tuple | None = None
 
     def attend(self, func, kwargs: dict):
         key = kwargs["key"]
@@ -315,7 +315,7 @@ class CachedKeys(SdpaMode):
         if self.index is None:
             kept = [key.contiguous().clone(), kwargs["value"].contiguous().clone()]
             old = self.pairs[pair] if pair < len(self.pairs) else None
-            if self.gaps is not None and old is not None and old[0].shape == key.shape:  # extrapolate: the slopes
+            if self.spans is not None and old is not None and old[0].shape == key.shape:  # extrapolate: the slopes
                 at = self._row_gaps(before, before, after)[0]
                 kept += [slope_of(new, was, at) for new, was in zip(kept, old)]
             del self.pairs[pair:]
@@ -338,9 +338,9 @@ class CachedKeys(SdpaMode):
             kwargs["attn_mask"] = self._mask(mask, before, count, after)
         rows = kept_rows(self.index, self.text, kept_before, self.image, after, before, self.segments, self.tables)
         kept = self.pairs[pair]
-        if self.gaps is not None and len(kept) == 2:  # extrapolate: no change measured yet (held until one is)
+        if self.spans is not None and len(kept) == 2:  # extrapolate: no change measured yet (held until one is)
             kept += [torch.zeros_like(kept[0]), torch.zeros_like(kept[1])]
-        if self.gaps is not None:  # extrapolate: the fresh rows' slopes, the kept rows moved along theirs
+        if self.spans is not None:  # extrapolate: the fresh rows' slopes, the kept rows moved along theirs
             at, ahead = self._row_gaps(before, kept_before, after)
             for was, slope, fresh in zip(kept, kept[2:], (key, kwargs["value"])):
                 write_rows(was, slope, fresh, rows, at)
@@ -352,14 +352,14 @@ class CachedKeys(SdpaMode):
         return func(**kwargs)
 
     def _row_gaps(self, fresh_before: int, before: int, after: int) -> tuple:
-        """``merge.recompute.row_gaps`` of this call's key sequences laid out so, ``ahead`` times ``KEYS_AHEAD``:
+        """``merge.recompute.row_spans`` of this call's key sequences laid out so, ``ahead`` times ``KEYS_AHEAD``:
         made once per call and layout, kept in the call's store for every block's attention (afresh under
         torch.compile, which fuses it)."""
-        image, text, store = self.gaps
+        image, text, store = self.spans
         key = ("rows", id(image[0]), None if text is None else id(text[0]), fresh_before, before, after)
         found = None if torch.compiler.is_compiling() else store.get(key)
         if found is None:
-            at, ahead = row_gaps(image, text, fresh_before, before, after, self.segments)
+            at, ahead = row_spans(image, text, fresh_before, before, after, self.segments)
             found = (at, None if ahead is None else ahead * KEYS_AHEAD)
             if not torch.compiler.is_compiling():
                 store[key] = found

@@ -1,11 +1,11 @@
 """One denoiser's patch: installed, removed, and nothing else.
 
-``install`` registers, on the denoiser, its ``CallHook`` (the call's grid, timestep and step clock, ``call.py``), then
-the technique's hooks (``technique.py``: the protocol; ``techniques/``: each technique), then what the guards need:
-the watch on diffusers' hook registries of the modules it changes (``caches.py``), the per-call checks
-(``call.Watch``); and it drops what torch.compile compiled for the denoiser (``compiled.py``). An install that fails
-removes what it did. ``remove`` undoes all of it and releases what the technique built and kept: the model computes
-exactly what it did before. No ``forward`` is copied.
+``install`` registers, on the denoiser, its ``CallHook`` (the call's grid, where it stands and its decision,
+``call.py``), then the technique's hooks (``technique.py``: the protocol; ``techniques/``: each technique), then what
+the guards need: the watch on diffusers' hook registries of the modules it changes (``registries.py``), the per-call
+checks (``call.Watch``); and it drops what torch.compile compiled for the denoiser (``compiled.py``). An install that
+fails removes what it did. ``remove`` undoes all of it and releases what the technique built and kept: the model
+computes exactly what it did before. No ``forward`` is copied.
 """
 
 from __future__ import annotations

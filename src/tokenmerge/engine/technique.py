@@ -1,7 +1,8 @@
 """The protocol every technique of the engine implements, and the one place a technique is chosen for a config.
 
-A technique (ToMe around the attention, whole-block ToMe, ToDo, token reuse, the step cache) is one class with these
-parts; the shared engine (``install.Patch``, ``call.CallHook``, the guards) calls them and knows no technique by name:
+A technique (ToMe around the attention, whole-block ToMe, ToDo, token reuse, the step cache, the UNet cache) is one
+class with these parts; the shared engine (``install.Patch``, ``call.CallHook``, the guards) calls them and knows no
+technique by name:
 
     select(site, config)          the blocks of a denoiser it patches (``levels(config)``: its UNet levels)
     check(site, blocks, config)   at apply time, before anything is installed: refuse (``ValueError``, ``TypeError``)
@@ -9,14 +10,15 @@ parts; the shared engine (``install.Patch``, ``call.CallHook``, the guards) call
     leave(site, config)           why a denoiser of a pipeline is left unpatched while the others are (a ControlNet
                                   under the step cache), or ``None``
     __init__(patch) / install()   its hooks on the blocks and their sub-modules; ``install`` returns their handles
-    begin(state, call)            each denoiser call's set-up, after the engine has read the call's grid, timestep
-                                  and place in the step (``call.CallState``); it sets ``state.work``, the call's own
+    begin(state, info)            each denoiser call's set-up, from the one place a call is decided
+                                  (``CallHook.decide``: the call's grid, where it stands, its place in the step:
+                                  ``call.CallState``, ``clock.CallInfo``); it sets ``state.work``, the call's own
                                   state (a class of the technique's, with ``close()``)
     end(state)                    after the denoiser's forward, before the call's state is forgotten
     release()                     at removal: its tables and kept tensors
     region()                      the modules that see changed tokens (what the guards watch)
     routed()                      ``{id(module): (block, target)}``: which of its hooks run below a diffusers cache's
-    scope() / summary() / notes() what ``describe_patch`` says of it
+    scope() / summary() / notes() what ``describe_patch`` says of it (``computed_share()``: a cache's last generation)
 
 What a technique keeps across the calls of a generation lives in the thread's step clock (``call.Clock``): one object
 of the technique's own state class per branch (``Clock.kept``), and one for the whole generation (``Clock.whole``),

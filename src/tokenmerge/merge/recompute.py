@@ -8,7 +8,7 @@ kept residuals take their recomputed neighbours' change, and where fresh rows go
 - ``spread_weights`` / ``spread``: each token not recomputed gets ``alpha`` x the mean change of the recomputed
   tokens in its 3x3 (video: 3x3x3) neighbourhood (ClusCa's idea).
 - ``since`` / ``settle`` / ``in_dtype`` / ``slope_of`` / ``write_rows`` / ``write_kept`` / ``extrapolated`` /
-  ``row_gaps``: ``extrapolate=``: each kept residual (and kept key and value) moves along its token's last measured
+  ``row_spans``: ``extrapolate=``: each kept residual (and kept key and value) moves along its token's last measured
   change per unit of denoising progress (a first-order Taylor step per token, TaylorSeer's idea, with the recomputed
   tokens' changes measured as they come round).
 - ``kept_rows``: the rows of a kept key sequence that a partial step's fresh keys overwrite (text, image and
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .plan import TABLES, Tables, arange, sided_rows
 
 __all__ = ["fraction_at", "select", "recomputed_at", "spread_weights", "spread", "since", "settle", "in_dtype",
-           "slope_of", "extrapolated", "write_rows", "write_kept", "row_gaps", "kept_rows"]
+           "slope_of", "extrapolated", "write_rows", "write_kept", "row_spans", "kept_rows"]
 
 
 def fraction_at(step: int, progress: float, first: float | None, fraction: float, fraction_end: float | None,
@@ -151,18 +151,18 @@ def since(when: dict, key, tokens: int, index: torch.Tensor | None, progress: fl
     """The denoising progress since tokens were last computed, for one level of one slot; ``when[key]`` ``(N,)``
     holds each token's progress at its last computation, moved to this call's by ``settle`` once the call has run
     (``moves`` collects it: a step a cache skipped computed nothing). Returns ``None`` when nothing was computed
-    before (no change known), ``(gap, None)`` at a full step (``index`` ``None``: every token's gap), ``(gap of the
-    recomputed tokens (|S|,), factor x every token's gap (N,), 0 at the recomputed, factor x the recomputed tokens'
-    gap)`` at a partial one."""
+    before (no change known), ``(span, None)`` at a full step (``index`` ``None``: every token's span), ``(span of the
+    recomputed tokens (|S|,), factor x every token's span (N,), 0 at the recomputed, factor x the recomputed tokens'
+    span)`` at a partial one."""
     last = when.get(key)
     moves.append((key, tokens, index, progress))
     if last is None or last.shape[0] != tokens:
         return None
-    gap = (progress - last).clamp_min(1e-6)
+    span = (progress - last).clamp_min(1e-6)
     if index is None:
-        return gap, None
-    ahead = gap.index_fill(0, index, 0.0).mul_(factor)
-    at = gap.index_select(0, index)
+        return span, None
+    ahead = span.index_fill(0, index, 0.0).mul_(factor)
+    at = span.index_select(0, index)
     return at, ahead, at * factor
 
 
@@ -180,23 +180,23 @@ def settle(when: dict, moves: list, device) -> None:
 
 
 def in_dtype(store: dict, key, dtype: torch.dtype) -> tuple | None:
-    """``store[key]`` (``since``'s gaps, or ``None``) in ``dtype``: converted once per call and dtype, kept in
+    """``store[key]`` (``since``'s spans, or ``None``) in ``dtype``: converted once per call and dtype, kept in
     ``store`` under ``(key, dtype)`` for every block of the call (afresh under torch.compile, which fuses it)."""
-    gaps = store.get(key)
-    if gaps is None:
+    spans = store.get(key)
+    if spans is None:
         return None
     found = None if torch.compiler.is_compiling() else store.get((key, dtype))
     if found is None:
-        found = tuple(None if g is None else g.to(dtype) for g in gaps)
+        found = tuple(None if g is None else g.to(dtype) for g in spans)
         if not torch.compiler.is_compiling():
             store[key, dtype] = found
     return found
 
 
-def slope_of(new: torch.Tensor, old: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
-    """``(new - old) / gap``: the change per unit of progress of rows ``(..., n, C)`` (residuals, keys, values) over
-    their gaps ``(n,)``."""
-    return (new - old).div_(gap.to(new.dtype)[:, None])
+def slope_of(new: torch.Tensor, old: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+    """``(new - old) / span``: the change per unit of progress of rows ``(..., n, C)`` (residuals, keys, values) over
+    their spans ``(n,)``."""
+    return (new - old).div_(span.to(new.dtype)[:, None])
 
 
 def extrapolated(kept: torch.Tensor, slope: torch.Tensor, ahead: torch.Tensor) -> torch.Tensor:
@@ -206,42 +206,42 @@ def extrapolated(kept: torch.Tensor, slope: torch.Tensor, ahead: torch.Tensor) -
 
 
 def write_kept(kept: dict, key, slopes: dict, slope_key, fresh: torch.Tensor, index: torch.Tensor | None,
-           gaps) -> torch.Tensor | None:
-    """Write ``fresh`` ``(B, n, C)`` into the kept ``kept[key]`` at ``index`` (``None``: all of it), and with ``gaps``
+           spans) -> torch.Tensor | None:
+    """Write ``fresh`` ``(B, n, C)`` into the kept ``kept[key]`` at ``index`` (``None``: all of it), and with ``spans``
     (``extrapolate=``) the fresh rows' change per unit of progress into ``slopes[slope_key]``; returns the slopes
     every row moves along at a partial step (``None``: none)."""
     was = kept.get(key)
     if index is None:
-        if gaps is not None and was is not None and was.shape == fresh.shape:
-            slopes[slope_key] = slope_of(fresh, was, gaps[0])
+        if spans is not None and was is not None and was.shape == fresh.shape:
+            slopes[slope_key] = slope_of(fresh, was, spans[0])
         else:
             slopes.pop(slope_key, None)
         kept[key] = fresh
         return None
-    if gaps is None:
+    if spans is None:
         was.index_copy_(1, index, fresh)
         return None
     slope = slopes.get(slope_key)
     if slope is None:  # no change measured yet: held until a token's first is
         slope = slopes[slope_key] = torch.zeros_like(was)
-    write_rows(was, slope, fresh, index, gaps[0])
+    write_rows(was, slope, fresh, index, spans[0])
     return slope
 
 
 def write_rows(kept: torch.Tensor, slope: torch.Tensor, fresh: torch.Tensor, index: torch.Tensor,
-               gap: torch.Tensor) -> None:
+               span: torch.Tensor) -> None:
     """Write ``fresh`` rows ``(..., |S|, C)`` into ``kept`` ``(..., n, C)`` at ``index`` (the rows' axis, -2), and
-    their change per unit of progress since the rows kept there (``gap`` ``(|S|,)``) into ``slope``."""
-    slope.index_copy_(-2, index, slope_of(fresh, kept.index_select(-2, index), gap))
+    their change per unit of progress since the rows kept there (``span`` ``(|S|,)``) into ``slope``."""
+    slope.index_copy_(-2, index, slope_of(fresh, kept.index_select(-2, index), span))
     kept.index_copy_(-2, index, fresh)
 
 
-def row_gaps(image: tuple, text: tuple | None, fresh_before: int, before: int, after: int, segments: int) -> tuple:
-    """The gaps of a key sequence's rows from ``since``'s of its image (and text) tokens: ``(at, ahead)``, ``at`` for
-    a partial step's fresh ``[text | recomputed | after]`` rows (text rows without gaps, recomputed at every step,
+def row_spans(image: tuple, text: tuple | None, fresh_before: int, before: int, after: int, segments: int) -> tuple:
+    """The spans of a key sequence's rows from ``since``'s of its image (and text) tokens: ``(at, ahead)``, ``at`` for
+    a partial step's fresh ``[text | recomputed | after]`` rows (text rows without spans, recomputed at every step,
     take 1: their slopes are never used), ``ahead`` for the kept ``[before | image | after]`` rows (0 where fresh;
     ``None`` at a full step, whose every row is fresh); repeated over ``segments`` (one sequence per rank under
-    Ulysses attention, every rank's gaps alike)."""
+    Ulysses attention, every rank's spans alike)."""
     at, ahead = image[:2]
     text_at, text_ahead = text[:2] if text is not None else (None, None)
     one = at.new_ones(1)

@@ -197,10 +197,10 @@ class Across(Technique):
     gridded = False  # (a cached step runs no block of the stack: no token grid needed, but under context parallelism)
     Branch: type = type(None)
     verb, word = "cache", "cached"  # what it does to a step, in messages and reports
-    # the subclass's words: the attribute of a diffusers ControlNet and why it is left to run every step; what a
-    # diffusers cache on its modules would miss; where such a cache would sit, in its refusal
+    # the subclass's words, each whole: the attribute of a diffusers ControlNet and why it is left to run every step;
+    # what a diffusers cache on its modules would miss; the refusal of such a cache (a template: what, when, path, why)
     controlnet: tuple[str, str] = ("", "")
-    keeps, clash = "", ""
+    keeps, clash_message = "", ""
 
     @classmethod
     def levels(cls, config) -> None:
@@ -224,8 +224,7 @@ class Across(Technique):
 
     @classmethod
     def cache_message(cls, path: str, what: str, when: str, why: str) -> str:
-        return (f"tokenmerge: {what} {when} on {path}, {cls.clash} ({why}): two caches across steps on one "
-                "denoiser would each reuse the other's stale outputs; use one of them")
+        return cls.clash_message.format(what=what, when=when, path=path, why=why)
 
     @classmethod
     def select(cls, site, config) -> list:
@@ -237,8 +236,10 @@ class Across(Technique):
         self.bypassed: list = []
         self.bypasses: list[Bypass] = []
         self.warned: set = set()  # the causes warned about (one warning each)
-        self.off: str | None = None  # why the cache computes every step of this generation (what it cannot stand in
-        self.off_in = -1  # for) and the generation it was found in: the next one tries again
+        # why the cache computes every step of this generation (what it cannot stand in for), and the generation it
+        # was found in: the next one tries again
+        self.off: str | None = None
+        self.off_in = -1
         self.tally = Tally()
         self.context: DecidingContext | None = None  # the denoiser's cache_context, where its class has one
 

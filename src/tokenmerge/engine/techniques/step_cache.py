@@ -23,8 +23,8 @@ _HIDDEN = Arg("hidden_states", also=("x",), fallback_index=0)
 
 @dataclasses.dataclass(frozen=True)
 class StepCacheConfig(Scheduled):
-    """Settings of ``apply_step_cache`` (validated when made; see its docstring): the schedule (``gap`` by default,
-    ``skip`` rounds or a ``mask``: ``schedule.py``), the slope's factor, the shortest generation that skips.
+    """Settings of ``apply_step_cache``, validated when made: the schedule's fields (``Scheduled``'s, documented
+    there: ``gap`` by default, ``skip`` rounds or a ``mask``), the slope's factor, the shortest generation that skips.
 
     Example:
         >>> "".join("1" if c else "0" for c in StepCacheConfig(warmup=3, skip=1, skip_growth=1).schedule(20))
@@ -119,7 +119,8 @@ class StepCache(Across):
                   "a ControlNet's outputs are read after every block (its residuals), which a skipped step does not "
                   "compute: it runs every step, and the denoiser it feeds adds its residuals afresh at each step")
     keeps = "the step cache skips these blocks at some steps, and keeps its own residual from the computed ones"
-    clash = "a block the step cache skips"
+    clash_message = ("tokenmerge: {what} {when} on {path}, a block the step cache skips ({why}): two caches across "
+                     "steps on one denoiser would each reuse the other's stale outputs; use one of them")
 
     def __init__(self, patch):
         super().__init__(patch)

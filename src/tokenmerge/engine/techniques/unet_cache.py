@@ -24,7 +24,15 @@ _IN_PLACE = (Arg("down_intrablock_additional_residuals"),)
 
 @dataclasses.dataclass(frozen=True)
 class UNetCacheConfig(Scheduled):
-    """Settings of ``apply_unet_cache`` (validated when made; see its docstring).
+    """Settings of ``apply_unet_cache``, validated when made: the schedule's fields (``Scheduled``'s, documented there)
+    and where the cut falls.
+
+    Fields:
+        depth: the down and up blocks a cached step runs at each end of the UNet (1: the finest level only, the
+            cheapest cached step; larger: more faithful, slower).
+        layers: ``None`` (default): whole blocks; an integer: the layers of ``down_blocks[depth - 1]`` a cached step
+            runs (0: none: at depth 1 only ``conv_in``, the last up block's last layer and ``conv_out``), for a
+            cheaper cached step where a level has several layers (SD 1.x/2.x and SDXL: 2).
 
     Example:
         >>> "".join("1" if c else "0" for c in UNetCacheConfig(warmup=1, skip=2).schedule(10))  # DeepCache's N=3
@@ -145,7 +153,8 @@ class UNetCache(Across):
                   "step the UNet adds this step's residuals to the shallow skip connections it reads, and the deep "
                   "ones' effect is the last computed step's, carried in the cached feature")
     keeps = "the UNet cache does not run the deep path at cached steps, and keeps its own feature"
-    clash = "under the UNet cache"
+    clash_message = ("tokenmerge: {what} {when} on {path}, under the UNet cache ({why}): two caches across steps on "
+                     "one denoiser would each reuse the other's stale outputs; use one of them")
 
     def __init__(self, patch):
         super().__init__(patch)

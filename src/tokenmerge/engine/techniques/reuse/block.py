@@ -1,7 +1,7 @@
-"""Token reuse (``tokenmerge.apply_reuse``): after a few full steps, each step recomputes a share of the image tokens
-in every block and the others carry their kept block residual. A technique of the shared engine: the denoiser's
-``CallHook`` moves the step clock (``call.Clock``) and calls ``call_pre``; the block and target hooks here read
-merge -> work -> unmerge as:
+"""Token reuse (``tokenmerge.apply_reuse``): after a few full steps, each step recomputes a share of the image tokens in
+every block and the others carry their kept block residual. A technique of the shared engine: the denoiser's
+``CallHook`` decides each call (``CallHook.decide``: the step clock moved, ``begin`` here); the block and target hooks
+here read merge -> work -> unmerge as:
 
     begin (host)      full or partial step, the recomputed tokens S of each level (round-robin, ``merge.recompute``)
     block pre-hook    keep x, the block's image input                                     # (B, N, C)
@@ -11,12 +11,12 @@ merge -> work -> unmerge as:
     per-token target  keys="fresh": cross-attention, feed-forward, pointwise layers run on S's rows
     block hook        full step: R = out - x kept; partial step: out[S] - x[S] into R, y = x + R   # (B, N, C)
 
-Kept state (``reuse_state.Kept``) lives in the clock, by the call's branch (its grid, batch, dtype and place in the
-step), so guidance branches and tiles of two sizes keep their own; the round-robin (``reuse_state.Walk``) is the
-generation's; a new generation (the pipeline's scheduler set up again, ``tokenmerge.new_generation``, the timestep
-back to noise) forgets both. A call whose branch has nothing kept (a new
-grid, batch or dtype) runs a full step. Family knowledge comes from the records: targets and their kinds, text
-beside the image (``sides``), the block's output layout (``Whole``), pointwise layers (``Blocks.pointwise``).
+Kept state (``state.ReuseBranch``) lives in the clock, by the call's branch (its grid, batch, dtype and place in
+the step), so guidance branches and tiles of two sizes keep their own; the round-robin (``state.Walk``) is the
+generation's; a new generation (the pipeline's scheduler set up again, ``tokenmerge.new_generation``, the timestep back
+to noise) forgets both. A call whose branch has nothing kept (a new grid, batch or dtype) runs a full step. Family
+knowledge comes from the records: targets and their kinds, text beside the image (``sides``), the block's output layout
+(``Whole``), pointwise layers (``Blocks.pointwise``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from ...discover import bind, bind_refusals, bind_whole
 from ...registries import ChainHook
 from ...technique import Technique
 from .sites import NOTE_EXTRAPOLATE, NOTE_KEYS, NOTE_MEMORY, NOTE_TEXT, Site, check, hooked_sites, sub_module
-from .state import TEXT, BlockCall, Kept, Recompute, Walk, gaps_of
+from .state import TEXT, BlockCall, Recompute, ReuseBranch, Walk, spans_of
 
 __all__ = ["TokenReuse"]
 
@@ -166,7 +166,7 @@ class TokenReuse(Technique):
         cfg, clock, ex, device = self.config, state.clock, self.config.extrapolate, info.device
         kept = clock.kept.get(state.branch)  # the branch's kept tensors, the generation's round-robin
         if kept is None:
-            kept = clock.kept[state.branch] = Kept()
+            kept = clock.kept[state.branch] = ReuseBranch()
         steps = clock.whole
         if steps is None:
             steps = clock.whole = Walk()
@@ -191,14 +191,14 @@ class TokenReuse(Technique):
             index = recomputed_at(grid, steps.fractions, self.order, self.seed, device, self.tables) if call.partial \
                 else None
             call.levels[level] = (image, index, grid)
-            call.gaps[level] = since(kept.when, level, image, index, progress, ex, call.moves) if ex else None
+            call.spans[level] = since(kept.when, level, image, index, progress, ex, call.moves) if ex else None
         text = self.text_arg.read(info.args, info.kwargs) if (call.partial or ex) and self.text_arg is not None \
             else None
         if isinstance(text, torch.Tensor) and text.dim() == 3 and state.shard is None:  # text=True: chosen here
             length = text.shape[1]
             if call.partial:
                 call.text[length] = recomputed_at((length,), steps.fractions, "strided", 0, device, self.tables)
-            call.gaps[TEXT, length] = since(kept.when, (TEXT, length), length, call.text.get(length), progress, ex,
+            call.spans[TEXT, length] = since(kept.when, (TEXT, length), length, call.text.get(length), progress, ex,
                                             call.moves) if ex else None
 
     def _warn_once(self, reason: str) -> None:
@@ -312,36 +312,36 @@ class TokenReuse(Technique):
         before, after = sides(seq.shape[1], ran_on, site.text, state.trailing)
         out = image_part(seq, ran_on, before)
         text = None  # text=True: the text stream's output (the recomputed tokens' fresh, the others' input + residual)
-        gaps, text_gaps = gaps_of(call, entry, site.level) if self.config.extrapolate else (None, None)
+        spans, text_spans = spans_of(call, entry, site.level) if self.config.extrapolate else (None, None)
         if entry.text is not None and not isinstance(output, torch.Tensor):
             out_text, rows = output[site.whole.text_output], entry.text_index
             if rows is None:  # every text token computed (a full step, or a call with a mask): kept
-                write_kept(kept.text, index, kept.slope, (TEXT, index), out_text - entry.text, None, text_gaps)
-            elif text_gaps is None:
+                write_kept(kept.text, index, kept.slope, (TEXT, index), out_text - entry.text, None, text_spans)
+            elif text_spans is None:
                 kept.text[index].index_copy_(1, rows, out_text - entry.text.index_select(1, rows))
                 text = entry.text + kept.text[index]
             else:  # extrapolate: the kept rows moved along their slopes
                 slope = write_kept(kept.text, index, kept.slope, (TEXT, index), out_text - entry.text.index_select(
-                    1, rows), rows, text_gaps)
-                text = entry.text + extrapolated(kept.text[index], slope, text_gaps[1])
+                    1, rows), rows, text_spans)
+                text = entry.text + extrapolated(kept.text[index], slope, text_spans[1])
         if not entry.partial:  # the block residual of every token (extrapolate: and its change since it was kept)
-            write_kept(kept.residual, index, kept.slope, index, out - x, None, gaps)
+            write_kept(kept.residual, index, kept.slope, index, out - x, None, spans)
             return None
         residual = kept.residual[index]
         fresh = (out if self.cached else out.index_select(1, chosen)) - (
             x.index_select(1, chosen) if entry.picked is None else entry.picked)
         if self.config.spread:  # the recomputed tokens' change since their last computation (extrapolate: since where
-            slope = kept.slope.get(index) if gaps is not None else None  # it had moved), given to their neighbours
+            slope = kept.slope.get(index) if spans is not None else None  # it had moved), given to their neighbours
             change = fresh - (residual.index_select(1, chosen) if slope is None else extrapolated(
-                residual.index_select(1, chosen), slope.index_select(1, chosen), gaps[2]))
-        if gaps is None:
+                residual.index_select(1, chosen), slope.index_select(1, chosen), spans[2]))
+        if spans is None:
             residual.index_copy_(1, chosen, fresh)
-        slope = None if gaps is None else write_kept(kept.residual, index, kept.slope, index, fresh, chosen, gaps)
+        slope = None if spans is None else write_kept(kept.residual, index, kept.slope, index, fresh, chosen, spans)
         if self.config.spread:
             weight = (self.tables.get if not torch.compiler.is_compiling() else lambda build, *key: build(*key))(
                 spread_weights, chosen, entry.grid, self.config.spread, change.dtype, change.device)  # eager: a table
             spread(residual, change, chosen, entry.grid, weight)
-        seq = join(seq, x + (residual if slope is None else extrapolated(residual, slope, gaps[1])), before, after)
+        seq = join(seq, x + (residual if slope is None else extrapolated(residual, slope, spans[1])), before, after)
         if at is None or isinstance(output, torch.Tensor):
             return seq
         parts = list(output)
@@ -364,10 +364,10 @@ class TokenReuse(Technique):
             entry.modes[-1 - t] = Probe().open_both()
         if self.cached:  # keep every token's keys and values (full step), or write the fresh rows in (partial)
             pairs = call.kept.kv.setdefault((index, t), [])
-            gaps = gaps_of(call, entry, self.blocks[index].level) if self.config.extrapolate else (None, None)
+            spans = spans_of(call, entry, self.blocks[index].level) if self.config.extrapolate else (None, None)
             mode = CachedKeys(entry.image, entry.index if entry.partial else None, hooked.spec.keys, state.trailing,
                               pairs, entry.text_index, call.segments, self.tables,
-                              None if gaps[0] is None else (*gaps, call.gaps))
+                              None if spans[0] is None else (*spans, call.spans))
         elif not entry.partial:
             return None
         elif hooked.attention:  # every token in; only the recomputed tokens' queries inside the attention call

@@ -9,9 +9,9 @@ import torch
 
 from ....merge.recompute import in_dtype
 
-__all__ = ["TEXT", "Walk", "Kept", "Recompute", "BlockCall", "gaps_of"]
+__all__ = ["TEXT", "Walk", "ReuseBranch", "Recompute", "BlockCall", "spans_of"]
 
-TEXT = "text"  # extrapolate: (TEXT, length) names a text stream's gaps, (TEXT, block) its slopes
+TEXT = "text"  # extrapolate: (TEXT, length) names a text stream's spans, (TEXT, block) its slopes
 
 
 @dataclasses.dataclass(slots=True)
@@ -30,7 +30,7 @@ class Walk:
 
 
 @dataclasses.dataclass(slots=True)
-class Kept:
+class ReuseBranch:
     """One branch's kept tensors: per block its residuals (image, text), per attention its keys and values."""
 
     residual: dict = dataclasses.field(default_factory=dict)  # block -> (B, N, C)
@@ -49,14 +49,14 @@ class Recompute:
     """One call: its branch's kept tensors, per level ``(tokens, recomputed, grid)``, text rows, shared rotary rows,
     each block's call in flight."""
 
-    kept: Kept
+    kept: ReuseBranch
     partial: bool
     segments: int
     device: object
     levels: dict = dataclasses.field(default_factory=dict)
     text: dict = dataclasses.field(default_factory=dict)
     taken: list = dataclasses.field(default_factory=list)
-    gaps: dict = dataclasses.field(default_factory=dict)  # extrapolate: level -> since's gaps (and made from them)
+    spans: dict = dataclasses.field(default_factory=dict)  # extrapolate: level -> since's spans (and made from them)
     walk: Walk | None = None
     moves: list = dataclasses.field(default_factory=list)  # extrapolate: since's moves, settled once every block ran
     ran: int = 0  # the blocks whose forward ran
@@ -89,10 +89,10 @@ class BlockCall:
             self.modes.popitem()[1].close()
 
 
-def gaps_of(call: Recompute, entry: BlockCall, level: int) -> tuple:
-    """``extrapolate=``: the gaps (``merge.recompute.since``) of the block's image tokens and text stream, each
+def spans_of(call: Recompute, entry: BlockCall, level: int) -> tuple:
+    """``extrapolate=``: the spans (``merge.recompute.since``) of the block's image tokens and text stream, each
     ``None`` where there are none or they do not fit how the block runs (a block of a partial call run whole)."""
-    image = in_dtype(call.gaps, level, entry.x.dtype)
-    text = in_dtype(call.gaps, (TEXT, entry.text.shape[1]), entry.x.dtype) if entry.text is not None else None
+    image = in_dtype(call.spans, level, entry.x.dtype)
+    text = in_dtype(call.spans, (TEXT, entry.text.shape[1]), entry.x.dtype) if entry.text is not None else None
     return (image if image is not None and (image[1] is None) != entry.partial else None,
             text if text is not None and (text[1] is None) == (entry.text_index is None) else None)
