@@ -204,7 +204,9 @@ REUSE_WAN="reuse:0.3,keys=kept,extrapolate=1 reuse:0.25,keys=kept,extrapolate=1 
 # whole generations of tokenmerge.accelerate's speeds (#64: the step cache on transformers), beside the step
 # cache's computed and skipped steps; GEN_STEPS denoiser steps (default: the pipeline's, Flux.1-dev 28, Wan and the
 # UNets 50), with the pipeline's scheduler (bench.generation.scheduler_for: Flux's dynamic shift, Wan's UniPC)
-GEN_METHODS="auto,speed=faithful auto,speed=balanced auto,speed=fast stepcache:1"
+# and a tuned setting (#69, #71: what tokenmerge tune chose on the mosaic at 28 steps for 34 dB,
+# benchmarks/results/tune/mosaic28-t34-setting.json), applied as its config
+GEN_METHODS="auto,speed=faithful auto,speed=balanced auto,speed=fast stepcache:1 stepcache,warmup=3,gap=0.02,gap_growth=0.3"
 # compiled (#63, #64): accelerate's computed and skipped steps beside compiled vanilla, regional (its blocks compiled
 # in place, as compile_repeated_blocks) and whole with CUDA graphs (reduce-overhead)
 COMPILED_ACCELERATE="auto,speed=balanced auto,speed=fast"

@@ -4,6 +4,8 @@
 # same held-out items beside it (cache-dit's need the bench extra: pip install -e ".[bench]"). Writes benchmarks/results/tune/CELL.{md,json,-plot.png,-setting.json}.
 #   mosaic28-t34, mosaic28-t31, mosaic28-s3   fashion-mosaic on Flux.1-dev 1024's grid (flow-matching Euler,
 #                                             shift e^1.15), 28 steps: target 34 dB, 31 dB, speed 3
+#   mosaic28-s2, mosaic28-s1.65               speed 2 and 1.65 at 28 steps, no points beside them: ours at the
+#                                             shares of SeaCache's and cache-dit's points (matched computed share)
 #   mosaic50-t34                              the same at 50 steps
 #   video50-t33                               fashion-video-long on Wan 2.1 720p's UniPC, shift 5, 50 steps
 #   unet25-t36                                fashion-unet under DPM-Solver++ 2M, 25 steps (peer: DeepCache's recipe)
@@ -25,6 +27,8 @@ for cell in "$@"; do
     mosaic28-t34) "${T[@]}" --model fashion-mosaic --steps 28 --target-psnr 34 --peers "${FLOW_PEERS[@]}" ;;
     mosaic28-t31) "${T[@]}" --model fashion-mosaic --steps 28 --target-psnr 31 --peers "${FLOW_PEERS[@]}" ;;
     mosaic28-s3) "${T[@]}" --model fashion-mosaic --steps 28 --speed 3 --peers "${FLOW_PEERS[@]}" ;;
+    mosaic28-s2) "${T[@]}" --model fashion-mosaic --steps 28 --speed 2 --no-presets ;;
+    mosaic28-s1.65) "${T[@]}" --model fashion-mosaic --steps 28 --speed 1.65 --no-presets ;;
     mosaic50-t34) "${T[@]}" --model fashion-mosaic --steps 50 --target-psnr 34 --peers "${FLOW_PEERS[@]}" ;;
     video50-t33) "${T[@]}" --model fashion-video-long --shift 5 --steps 50 --target-psnr 33 \
                    --peers seacache:0.25 magcache:0.12 fbc:0.1 cachedit:0.2,taylorseer=true \
