@@ -228,7 +228,7 @@ def test_magcache_calibrates_once_then_skips_and_comes_off(dit):
     calibration mode (it skips nothing), keeps one ratio per step for the transformer (once per step count), and
     the cache then skips linear work and comes off bit-identically."""
     from tokenmerge.quality.run import linear_work
-    from tokenmerge.tools import caches
+    from tokenmerge.tools import peers as caches
     from tokenmerge.tools.methods import parse_spec
 
     _need_cache("MagCacheConfig")

@@ -155,7 +155,7 @@ def test_on_the_mosaic_with_the_flux_adapter(mosaic, plain):
     assert abs(work / plain[1] - counted["computed"]) < 0.02 and work < plain[1]
     assert not torch.equal(image, plain[0]) and torch.isfinite(image).all()
     assert torch.equal(_gen(mosaic), plain[0])
-    from tokenmerge.tools import caches
+    from tokenmerge.tools import peers as caches
 
     assert mosaic not in caches._SEA and mosaic.transformer._cache_config is None  # its hooks and count gone
 

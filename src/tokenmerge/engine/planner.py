@@ -359,11 +359,11 @@ class Planned(Technique):
             work.step_key = step_key(call.timestep, call.device)
         work.ratio = cfg.ratio
         if self.scheduled:
-            if call.progress is None:
+            if call.where.progress is None:
                 raise TypeError(f"tokenmerge: a start/stop/ratio_end schedule needs the timestep, and "
                                 f"{type(self.patch.site.module).__name__}.forward got none")
-            work.active = cfg.start <= call.progress <= cfg.stop
-            work.ratio = cfg.ratio_at(call.progress)
+            work.active = cfg.start <= call.where.progress <= cfg.stop
+            work.ratio = cfg.ratio_at(call.where.progress)
 
     @classmethod
     def check(cls, site, blocks, config) -> None:
