@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ORDER = ("unet25-t36", "mosaic28-t34", "mosaic28-t31", "mosaic28-s3", "mosaic28-s2", "mosaic28-s1.65", "mosaic50-t34",
-         "video50-t33")
+         "mosaic50-s2.5", "video50-t33", "video50-s2.2")
 
 
 def setting(config: dict) -> str:

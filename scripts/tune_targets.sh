@@ -6,8 +6,9 @@
 #                                             shift e^1.15), 28 steps: target 34 dB, 31 dB, speed 3
 #   mosaic28-s2, mosaic28-s1.65               speed 2 and 1.65 at 28 steps, no points beside them: ours at the
 #                                             shares of SeaCache's and cache-dit's points (matched computed share)
-#   mosaic50-t34                              the same at 50 steps
+#   mosaic50-t34                              the same at 50 steps (mosaic50-s2.5: speed 2.5, SeaCache's share)
 #   video50-t33                               fashion-video-long on Wan 2.1 720p's UniPC, shift 5, 50 steps
+#                                             (video50-s2.2: speed 2.2, SeaCache's share)
 #   unet25-t36                                fashion-unet under DPM-Solver++ 2M, 25 steps (peer: DeepCache's recipe)
 #
 #   bash scripts/tune_targets.sh CELL [CELL...]
@@ -30,6 +31,8 @@ for cell in "$@"; do
     mosaic28-s2) "${T[@]}" --model fashion-mosaic --steps 28 --speed 2 --no-presets ;;
     mosaic28-s1.65) "${T[@]}" --model fashion-mosaic --steps 28 --speed 1.65 --no-presets ;;
     mosaic50-t34) "${T[@]}" --model fashion-mosaic --steps 50 --target-psnr 34 --peers "${FLOW_PEERS[@]}" ;;
+    mosaic50-s2.5) "${T[@]}" --model fashion-mosaic --steps 50 --speed 2.5 --no-presets ;;
+    video50-s2.2) "${T[@]}" --model fashion-video-long --shift 5 --steps 50 --speed 2.2 --no-presets ;;
     video50-t33) "${T[@]}" --model fashion-video-long --shift 5 --steps 50 --target-psnr 33 \
                    --peers seacache:0.25 magcache:0.12 fbc:0.1 cachedit:0.2,taylorseer=true \
                    cachedit:0.2,calibrator=dmd,mask=fast ;;

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import statistics
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,9 +113,13 @@ def generate_items(pipe, job: QualityJob, items: list[tuple[str, int]], device, 
     if any(needs_calibration(spec) for _, _, spec in todo):  # MagCache's ratios: from the run's first item
         prompt, seed = items[0]
         calibrate(pipe, lambda: pipe(prompt, **_call_kwargs(job, prompt, seed, device, job.steps)), job.steps)
-    if todo:  # warm-up: one short run per method, untimed, so the first timed image pays no start-up cost
+    # warm-up: one short run per method, untimed, so the first timed image pays no start-up cost; a cache's warning
+    # that such a short generation skipped nothing is the warm-up's, not the run's: not shown
+    if todo:
         for spec in {t[2] for t in todo}:
-            _generate(pipe, job, spec, todo[0][0], todo[0][1], device, min(job.steps, 2))
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", r"tokenmerge: .*fewer than min_steps", RuntimeWarning)
+                _generate(pipe, job, spec, todo[0][0], todo[0][1], device, min(job.steps, 2))
     for prompt, seed, spec in todo:
         image, seconds, work, counted = _generate(pipe, job, spec, prompt, seed, device, job.steps)
         cache.store(job.key(spec, prompt, seed), image,
