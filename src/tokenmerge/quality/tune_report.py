@@ -77,7 +77,8 @@ def markdown(report: dict) -> str:
              f"{_fmt(held['ci95'])}, {held['n']} items: prompts and seeds the search never used): {verdict}",
              f"- calibration PSNR {_fmt(cal.get('mean'))} dB (worst {_fmt(cal.get('worst'))}, {cal.get('n', 0)} items)",
              f"- {t['generations']} generations of a budget of {t['budget']} (references, search, verification, "
-             f"timing); the points beside took {report.get('compare_generations', 0)} more",
+             f"timing)" + (f" in {t['seconds'] / 60:.1f} minutes" if t.get("seconds") else "")
+             + f"; the points beside took {report.get('compare_generations', 0)} more",
              f"- the setting: `{report.get('setting_file', '')}`: `tokenmerge.accelerate(pipe, setting=PATH)`", "",
              "## Held-out PSNR per item", "", "| prompt | seed | PSNR (dB) |", "|---|---|---|"]
     lines += [f"| {p[:80]} | {s} | {v:.2f} |" for (p, s), v in zip(held["items"], held["per_item"])]

@@ -18,6 +18,7 @@ import json
 import math
 import numbers
 import statistics
+import time
 import warnings
 
 import torch
@@ -259,6 +260,7 @@ def run_tune(pipe, prompts, *, target_psnr=None, speed=None, seeds=(0, 1), steps
              timing=1, progress=False) -> tuple[Tuned, _Search]:
     """``tune``'s work: the ``Tuned`` and the search's state (its references, for points compared beside it)."""
     prompts, seeds = _check(target_psnr, speed, prompts, seeds, budget, timing)
+    started = time.perf_counter()
     site = denoiser_site(pipe)
     if patches_of(pipe):
         raise ValueError("tokenmerge.tune: the model is patched by tokenmerge; its references must be the unpatched "
@@ -311,6 +313,7 @@ def run_tune(pipe, prompts, *, target_psnr=None, speed=None, seeds=(0, 1), steps
         if bar is not None:
             bar.close()
     tuned = _result(pipe, site, search, chosen, holds, wall, target_psnr, speed, steps, seen, call_kwargs, budget)
+    tuned.seconds = round(time.perf_counter() - started, 1)
     return Tuned.from_json(json.loads(json.dumps(tuned.to_json()))), search  # as its file will read back
 
 

@@ -56,7 +56,7 @@ class Tuned:
             items and on items (prompts and seeds) it never used: ``mean``, ``worst``, ``ci95``, ``n``, per item.
         holds: whether the held-out mean met the target (``None`` for a speed).
         candidates: every candidate evaluated (setting, computed steps, PSNR); ``generations``: all the tune ran;
-            ``budget``: its budget of generations.
+            ``budget``: its budget of generations; ``seconds``: its wall time.
     """
 
     technique: str
@@ -75,6 +75,7 @@ class Tuned:
     device: str = "cpu"
     tokenmerge: str = ""
     created: str = ""
+    seconds: float | None = None  # the tune's wall time
 
     def make_config(self):
         """The setting's config (a ``StepCacheConfig`` or ``UNetCacheConfig``)."""
