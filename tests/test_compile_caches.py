@@ -276,6 +276,49 @@ def test_a_context_that_makes_no_call_forgets_what_it_decided():
     assert "cache_context" not in vars(model)
 
 
+def test_first_calls_on_two_threads_leave_the_compile_stance_as_it_was():
+    """A branch's first computed call runs eagerly (the compiler's stance, which is the process's): two generations on
+    two threads entering and leaving their first call's context interleaved (A in, B in, A out, B out) leave the
+    stance as it was, not forced eager for good (every compiled model of the process then eager)."""
+    import threading
+
+    from torch._dynamo import eval_frame
+
+    models = []
+    for _ in range(2):
+        pipe, _generate = _pipeline("wan-t2v")
+        if not hasattr(pipe.transformer, "cache_context"):
+            pytest.skip("this diffusers has no cache_context (CacheMixin: diffusers >= 0.33)")
+        tokenmerge.accelerate(pipe, speed="fast")
+        pipe.scheduler.set_timesteps(STEPS)
+        models.append((pipe, pipe.transformer))
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    inside = []
+
+    def first(model, entered, wait, then=None):
+        with model.cache_context("cond", step_index=0, sigma=1.0, num_inference_steps=STEPS):
+            inside.append(eval_frame._stance.stance)
+            entered.set()
+            assert wait.wait(10)
+        if then is not None:
+            then.set()
+
+    threads = [threading.Thread(target=first, args=(models[0][1], a_in, b_in, a_out)),
+               threading.Thread(target=first, args=(models[1][1], b_in, a_out))]
+    threads[0].start()
+    assert a_in.wait(10)
+    threads[1].start()
+    for t in threads:
+        t.join(20)
+    try:
+        assert inside == ["force_eager", "force_eager"], inside
+        assert eval_frame._stance.stance == "default", eval_frame._stance
+    finally:
+        torch.compiler.set_stance("default")
+        for pipe, _ in models:
+            tokenmerge.remove_patch(pipe)
+
+
 # ---- what CUDA graphs need ----------------------------------------------------------------------------------------
 def _kept_addresses(patch) -> dict:
     """The addresses and shapes of every tensor the patch keeps, per branch."""

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import inspect
 import sys
+import threading
 import warnings
 
 import torch
@@ -81,6 +82,31 @@ class CompiledBypass:
         return self.call(*args, **kwargs) if cache is None else cache.forward(self, args, kwargs)
 
 
+_EAGER_LOCK = threading.Lock()
+_EAGER: dict = {"holders": 0, "stance": None}
+
+
+@contextlib.contextmanager
+def _forced_eager():
+    """Compiled code runs eagerly while any thread is inside (``torch.compiler.set_stance("force_eager")``). The
+    stance is the process's, not a thread's: two generations on two threads, each entering and leaving it in its own
+    order, would each restore what the other set, and leave the stance forced for good. So the holders are counted
+    under a lock: the first sets it, the last restores what was before (a thread's compiled calls in between run
+    eagerly too: the same outputs, slower)."""
+    with _EAGER_LOCK:
+        if _EAGER["holders"] == 0:
+            _EAGER["stance"] = torch.compiler.set_stance("force_eager")  # set now; its exit restores the previous
+        _EAGER["holders"] += 1
+    try:
+        yield
+    finally:
+        with _EAGER_LOCK:
+            _EAGER["holders"] -= 1
+            if _EAGER["holders"] == 0:
+                _EAGER.pop("stance").__exit__(None, None, None)
+                _EAGER["stance"] = None
+
+
 class DecidingContext:
     """A denoiser's ``cache_context`` while a cache is installed. diffusers' pipelines enter it around each denoiser
     call (``with transformer.cache_context("cond", step_index=i, sigma=...): ...``), on the host: the call is decided
@@ -100,9 +126,9 @@ class DecidingContext:
             state = decide_ahead(self.cache.calls, kwargs)  # decided here (CallHook.decide), or None: at the call
             work = state.work if state is not None else None
             first = work is not None and work.kept.span is None and self.cache.off is None
-            stance = getattr(torch.compiler, "set_stance", None) if first and "torch._dynamo" in sys.modules else None
+            eager = first and "torch._dynamo" in sys.modules and hasattr(torch.compiler, "set_stance")
             try:
-                with stance("force_eager") if stance is not None else contextlib.nullcontext():
+                with _forced_eager() if eager else contextlib.nullcontext():
                     yield
             finally:
                 if state is not None and state.decided:  # decided, and not called
