@@ -46,7 +46,7 @@ if [ "${TOKENMERGE_SKIP_TRITON:-0}" != 1 ]; then
   if [ -f .venv-triton/.done ]; then
     echo "== the Triton kernels on the CPU ($TRITON_SPEC, TRITON_INTERPRET=1)"
     TRITON_INTERPRET=1 PYTHONPATH="$PWD/.venv-triton" run .venv/bin/python -m pytest -q -p no:cacheprovider \
-      -m triton tests/test_kernels.py || exit 1
+      "${PARALLEL[@]}" -m triton tests/test_kernels.py || exit 1
   fi
 fi
 if [ "${TOKENMERGE_SKIP_OLDEST:-0}" != 1 ]; then
@@ -60,11 +60,11 @@ if [ "${TOKENMERGE_SKIP_OLDEST:-0}" != 1 ]; then
   # torch.compile is the same torch either way: its tests run once, above; so do the tests that start other
   # processes (accelerate, memory limits, seeds across processes: process handling, not diffusers' API), and the
   # library's own tooling, the same on any diffusers (the README's layout, the glossary, the CLI's fuzzing and file
-  # safety, the Triton kernels)
+  # safety, the Triton kernels, tune's search: the same code on any diffusers, its pipeline calls quality's)
   PYTHONPATH="$PWD/.venv-oldest" run .venv/bin/python -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" \
     -m "not compile and not processes and not slow" --ignore=tests/test_readme.py --ignore=tests/test_glossary.py \
     --ignore=tests/test_tools_layout.py --ignore=tests/test_cli_fuzz.py --ignore=tests/test_cli_safety.py \
-    --ignore=tests/test_kernels.py "$@" || exit 1
+    --ignore=tests/test_kernels.py --ignore=tests/test_tune.py "$@" || exit 1
 fi
 echo "== the suite's runs took ${SPENT} s (budget ${BUDGET} s; the installs aside)"
 if [ "$SPENT" -gt "$BUDGET" ]; then  # the fast suite must stay fast: slow tests belong behind -m slow

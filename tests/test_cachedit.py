@@ -4,7 +4,8 @@ lists) and the fashion-video one (a WanTransformer3DModel): steps skipped at a l
 same image twice in a row (its state reset between generations), vanilla's bit for bit once removed, its
 calibrators (TaylorSeer, FoCa, DMD), its step masks (a 1/0 mask, its predefined policies slow/medium/fast/ultra and
 a budget of N computed steps, built for each generation's step count), and the steps it counted carried into the
-quality report. Skipped without cache-dit (the ``bench`` extra)."""
+quality report. Skipped without cache-dit (the ``bench`` extra). The calibrators, the named masks, the video and the
+report run under ``-m slow`` (for the suite's time; the threshold, the reset, the removal and a mask run always)."""
 
 from __future__ import annotations
 
@@ -175,12 +176,14 @@ def test_it_counts_each_generation_afresh_and_comes_off_bit_for_bit(mosaic, vani
     assert list(transformer._modules) == order  # (its block lists set again, then put back where they were)
 
 
+@pytest.mark.slow
 def test_at_28_steps_its_default_warmup_still_leaves_steps_to_cache(mosaic):
     _, counted = _run(mosaic, "cachedit:0.2", steps=28)
     cached = counted["cached"]["single_transformer_blocks"]
     assert counted["steps"] == 28 and len(cached) > 0 and min(cached) >= 8  # its 8 warmup steps computed
 
 
+@pytest.mark.slow
 def test_taylorseer_calibrator_runs(mosaic):
     plain, plain_counted = _run(mosaic, "cachedit:0.3,warmup=2")
     seer, counted = _run(mosaic, "cachedit:0.3,warmup=2,taylorseer=true,order=2")
@@ -188,6 +191,7 @@ def test_taylorseer_calibrator_runs(mosaic):
     assert not torch.equal(seer, plain) and torch.isfinite(seer).all()  # cached steps forecast, not reused
 
 
+@pytest.mark.slow
 def test_the_fused_lists_run(mosaic, vanilla):
     fused, counted = _run(mosaic, "cachedit:0.3,warmup=2,fused=true")
     assert list(counted["cached"]) == ["transformer_blocks"] and len(counted["cached"]["transformer_blocks"]) > 0
@@ -199,6 +203,7 @@ def test_a_mask_decides_its_steps(mosaic):
     assert counted["cached"]["transformer_blocks"] == [3, 6, 8]  # static: every 0 of the mask cached, no other
 
 
+@pytest.mark.slow
 def test_a_named_mask_and_a_budget_follow_each_generations_steps(mosaic):
     """mask=fast and steps=N are cache-dit masks of the call's own step count: static, exactly their 0 steps cached,
     another count the next generation; the class's call (wrapped for it) put back once removed."""
@@ -217,6 +222,7 @@ def test_a_named_mask_and_a_budget_follow_each_generations_steps(mosaic):
     assert type(mosaic).__call__ is call and not hasattr(type(mosaic), "_original_call")
 
 
+@pytest.mark.slow
 def test_foca_and_dmd_calibrators_run(mosaic):
     """The same cached steps (steps=4, static), forecast by each calibrator: different images, all finite."""
     images = {name: _run(mosaic, f"cachedit:0.3,steps=4,calibrator={name}", steps=8)[0] for name in ("foca", "dmd")}
@@ -240,6 +246,7 @@ def test_refusals_name_the_reason(mosaic, cache_dit):
         parse_spec("cachedit:0.1").apply(NotAFlux())
 
 
+@pytest.mark.slow
 def test_on_the_wan_video_testbed(cache_dit):
     import diffusers
 
@@ -267,6 +274,7 @@ def test_on_the_wan_video_testbed(cache_dit):
     assert counted["cached"] == {"blocks": [1]} and "__call__" not in vars(FashionVideoLong)
 
 
+@pytest.mark.slow
 def test_the_quality_report_carries_the_steps_it_computed(mosaic, tmp_path):
     from tokenmerge.quality.report import markdown
     from tokenmerge.quality.run import QualityJob, run_job

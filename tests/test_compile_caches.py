@@ -5,7 +5,8 @@
   ``fullgraph=True``, before or after ``accelerate``: the outputs of the eager patch, a skipped (cached) step runs no
   compiled block (graph runs counted), no more compiled variants than the unpatched model's (one per block class,
   and the model's own stride variants), a second generation compiles nothing; on the tiny Flux.1, Wan,
-  HunyuanVideo and LTX transformers (the step cache) and the SD UNet (the UNet cache);
+  HunyuanVideo and LTX transformers (the step cache) and the SD UNet (the UNet cache); HunyuanVideo, LTX, the
+  UNet's second order and the bench's compiled timing under ``-m slow`` (the same code paths, for the suite's time);
 - the denoiser compiled whole with ``fullgraph=True`` in a pipeline that enters its ``cache_context`` (Wan,
   HunyuanVideo, LTX, Qwen-Image, the mosaic testbed's Flux.1 layout): no graph break, the forward compiled in two
   variants (computed, skipped: one bool of the call's state, decided on the host before the call), a second
@@ -31,7 +32,8 @@ from tokenmerge.engine import find_denoisers
 
 pytest.importorskip("torch._dynamo")
 pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("fast_cpu")]
-TRANSFORMERS = ["flux", "wan", "hunyuan-video", "ltx"]
+TRANSFORMERS = ["flux", "wan", pytest.param("hunyuan-video", marks=pytest.mark.slow),
+                pytest.param("ltx", marks=pytest.mark.slow)]  # (the last two: the same code paths, in -m slow)
 ORDERS = ["compile-then-patch", "patch-then-compile"]
 STEPS = 10  # pipelines: >= accelerate's min_steps (9), so that steps are skipped
 
@@ -168,7 +170,7 @@ def test_compile_repeated_blocks_with_accelerate(name, order):
     assert graphs.frames == seen["vanilla"]
 
 
-@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("order", ["compile-then-patch", pytest.param("patch-then-compile", marks=pytest.mark.slow)])
 def test_unet_blocks_compiled_in_place_with_accelerate(order):
     """The UNet cache: the down, mid and up blocks compiled in place. Those it bypasses whole run no compiled code at
     a cached step; the first down and last up blocks, which hold the layers of its cut, run theirs (their cached
@@ -209,14 +211,15 @@ def _pipeline(name):
 
 
 @pytest.mark.parametrize("how", ["torch.compile", "Module.compile"])
-@pytest.mark.parametrize("name", ["wan-t2v", "hunyuan-video", "ltx", "qwen-image", "mosaic"])
+@pytest.mark.parametrize("name", ["wan-t2v", pytest.param("hunyuan-video", marks=pytest.mark.slow),
+                                  pytest.param("ltx", marks=pytest.mark.slow), "qwen-image", "mosaic"])
 def test_the_denoiser_compiled_whole_with_fullgraph_in_its_pipeline(name, how):
     from torch._dynamo.utils import counters
 
     from tokenmerge.fashion.flow import context_fields
 
-    if how == "Module.compile" and name not in ("wan-t2v", "mosaic"):
-        pytest.skip("one pipeline of each layout compiles in place (the same frames)")
+    if how == "Module.compile" and name != "wan-t2v":
+        pytest.skip("one pipeline compiles in place (the same frames as torch.compile's)")
     pipe, generate = _pipeline(name)
     model = pipe.transformer
     if not hasattr(model, "cache_context"):
@@ -408,6 +411,7 @@ def test_a_module_holding_merged_blocks_compiled_in_place_is_refused(order):
 
 
 # ---- the bench ------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_bench_times_accelerates_computed_and_skipped_steps_compiled(tmp_path, monkeypatch):
     """``tokenmerge bench --compile default regional`` with ``auto`` (accelerate: the UNet cache on the tiny UNet): its
     computed step ('full step') and its cached step timed compiled beside compiled vanilla, the cached one shorter;

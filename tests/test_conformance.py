@@ -254,9 +254,10 @@ _BREAKS_WITHOUT_US = {
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if core else pytest.mark.slow) for n, core in _COMPILE])
-@pytest.mark.parametrize("method", ["tome", "block", "todo"])
-def test_compile_fullgraph_from_the_first_call_matches_eager(name, method):
+@pytest.mark.parametrize("method, name", [  # the UNet's graph traces slowest: ToMe on it always, the rest in -m slow
+    pytest.param(method, n, marks=() if core and (method == "tome" or n != "unet-sd") else pytest.mark.slow)
+    for n, core in _COMPILE for method in ("tome", "block", "todo")])
+def test_compile_fullgraph_from_the_first_call_matches_eager(method, name):
     """Patched first, then compiled as one graph (fullgraph: any graph break fails), with no eager call before the
     compiled one (a pipeline's first step is then the compiled call): the same outputs as eager. ToMe, whole-block
     ToMe and ToDo (pooled outside or inside the attention call). The dynamo front end is what our hooks meet; the

@@ -149,7 +149,8 @@ def _need_cache(name: str) -> None:
 
 
 @pytest.mark.parametrize("which,spec", [("dit", "fbc:100"), ("dit", "taylorseer:2,disable_cache_before_step=1"),
-                                        ("dit", "pab:2"), ("video", "fbc:100"), ("video", "pab:2")])
+                                        pytest.param("dit", "pab:2", marks=pytest.mark.slow), ("video", "fbc:100"),
+                                        pytest.param("video", "pab:2", marks=pytest.mark.slow)])
 def test_diffusers_caches_run_on_the_embedded_transformers_and_come_off(which, spec, request):
     """The embedded pipelines run their transformer as diffusers' pipelines do (cache_context, current_timestep,
     the cache state reset per generation): each cache changes the images, skips linear work, and comes off

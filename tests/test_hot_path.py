@@ -113,8 +113,12 @@ def _tensors() -> dict:
     return {id(obj): obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)}
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(scope="block"), dict(todo=True), dict(reuse=True)])
-@pytest.mark.parametrize("name", ["unet-sd", "flux", "wan"])
+_HELD = (dict(), dict(scope="block"), dict(todo=True), dict(reuse=True))  # every technique on Wan, ToMe on each model
+
+
+@pytest.mark.parametrize("name, kwargs", [(name, kwargs) if name == "wan" or not kwargs else
+                                          pytest.param(name, kwargs, marks=pytest.mark.slow)  # (the rest: -m slow)
+                                          for name in ("unet-sd", "flux", "wan") for kwargs in _HELD])
 def test_no_tensor_is_held_after_removal(name, kwargs):
     """The index tables, matchings, plans, kept residuals and grids a patch builds are its own (released by
     remove_patch): after the removal no tensor made while the model was patched is alive, and the shared table

@@ -296,7 +296,8 @@ def test_fullgraph_compile_is_refused_with_the_reason():
 @pytest.mark.compile
 @pytest.mark.parametrize("name,kwargs", [("flux", {}), pytest.param("wan", {}, marks=pytest.mark.slow),
                                          pytest.param("flux", dict(keys="kept", text=True), marks=pytest.mark.slow),
-                                         ("flux", dict(keys="kept", text=True, extrapolate=1.0)),
+                                         pytest.param("flux", dict(keys="kept", text=True, extrapolate=1.0),
+                                                      marks=pytest.mark.slow),
                                          pytest.param("wan", dict(extrapolate=0.5), marks=pytest.mark.slow)])
 def test_compiled_reuse_gives_the_eager_outputs_with_one_break_per_call(name, kwargs):
     """torch.compile (without fullgraph): the step decision runs on the host (the denoiser's hooks: a graph break at

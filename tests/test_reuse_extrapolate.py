@@ -135,6 +135,7 @@ def test_describe_names_it_and_its_memory():
     assert "extrapolate" not in str(tokenmerge.describe_patch(model))
 
 
+@pytest.mark.slow  # (a trained-model fidelity check: for the suite's time)
 def test_it_is_more_faithful_on_the_trained_dit():
     """On the trained 256-token DiT (seeded, 12 steps), token reuse's output is nearer vanilla's with the slope than
     without, at the same schedule: at ``extrapolate=0.5`` on the DiT's pipeline's grid (SD3's, shift 3), at 1 too on

@@ -4,7 +4,8 @@
 Wan T2V adapter; the embedded fashion-video-long; the fashion-mosaic testbed, a ``FluxTransformer2DModel``, with this
 library's adapter for the packed Flux layout), counted by its own gate and by the ``nn.Linear`` work; vanilla's
 output bit for bit once removed; the adapter's grid read from ``img_ids``; and the refusals with their reasons (no
-adapter for the model; a pipeline that does not pass the fields, where SeaCache would cache nothing)."""
+adapter for the model; a pipeline that does not pass the fields, where SeaCache would cache nothing). The long
+video and the report run under ``-m slow`` (for the suite's time)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,7 @@ def test_it_skips_steps_on_a_wan_pipeline_that_passes_the_fields(wan):
     assert _run(pipe, "seacache:0", generate)[1]["cached"] == []  # threshold 0: every step computed
 
 
+@pytest.mark.slow
 def test_it_skips_steps_on_the_embedded_long_video(hooks):
     """fashion-video-long (a WanTransformer3DModel, 2,048 tokens a call) passes the fields: steps skipped, the
     linear work of the steps it computed (a skipped step runs the embeddings and the output projection only)."""
@@ -254,6 +256,7 @@ def _ids(side: int) -> torch.Tensor:
     return torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).float()
 
 
+@pytest.mark.slow
 def test_the_quality_report_carries_the_steps_it_computed(mosaic, tmp_path):
     from tokenmerge.quality.report import markdown
     from tokenmerge.quality.run import QualityJob, run_job
