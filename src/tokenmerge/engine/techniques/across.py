@@ -360,11 +360,12 @@ class Across(Technique):
             self._warn_once(f"a generation of {steps} steps, fewer than min_steps={cfg.min_steps}, {self.verb}s no "
                             f"step (a distilled model's few steps lose the most to a skipped one); min_steps=0 "
                             f"{self.verb}s them anyway", cause="short")
-        elif not tally.fallbacks:
+        elif not tally.fallbacks and (steps is None or max(tally.computed.values()) >= steps):
+            # (a generation stopped early reached no last step: its schedule is not why it computed them all)
+            change = {"gap": "a larger gap_growth", "rounds": "a larger skip", "mask": "another mask"}[cfg.kind]
             self._warn_once(f"its schedule computed every step of a generation of {steps or 'these'} steps on this "
-                            f"time grid ({cfg.words().split(' (steps computed')[0]}): a larger gap_growth, more steps, "
-                            f"or a setting tuned for this generation (tokenmerge.tune) {self.verb}s some",
-                            cause="schedule")
+                            f"time grid ({cfg.setting_words()}): {change}, more steps, or a setting tuned for this "
+                            f"generation (tokenmerge.tune) {self.verb}s some", cause="schedule")
 
     def weight(self, kept, progress: float):
         """The slope's weight at a cached step, ``extrapolate x`` the progress since the last computed one (0 while

@@ -127,17 +127,20 @@ class Scheduled:
         sigmas = [1.0 - k / steps for k in range(steps)]
         return self.on_grid([1.0 - shift * s / (1.0 + (shift - 1.0) * s) for s in sigmas])
 
-    def words(self) -> str:
-        """The settings as ``describe_patch`` gives them (``warmup=3 gap=0.02 gap_growth=0.2 extrapolate=0.7``), with
-        the steps computed of 28 on the linear grid and on Flux's at shift 3 (of 28 and 50)."""
+    def setting_words(self) -> str:
+        """The settings in words: ``warmup=3 gap=0.02 gap_growth=0.2 extrapolate=0.7``."""
         words = f"warmup={self.warmup} " + (
             f"mask={self.mask}" if self.kind == "mask" else f"skip={self.skip} skip_growth={self.skip_growth}"
             if self.kind == "rounds" else f"gap={self.gap:g} gap_growth={self.gap_growth:g}" + "".join(
                 f" ({span} steps: gap={g:g} gap_growth={r:g})" for span, g, r in self.bands()))
-        words += f" extrapolate={self.extrapolate:g}" + (f" min_steps={self.min_steps}" if self.min_steps else "")
+        return words + f" extrapolate={self.extrapolate:g}" + (f" min_steps={self.min_steps}" if self.min_steps else "")
+
+    def words(self) -> str:
+        """The settings as ``describe_patch`` gives them (``setting_words``), with the steps computed of 28 on the
+        linear grid and on Flux's at shift 3 (of 28 and 50)."""
         counts = [sum(self.schedule(n, s)) for n, s in ((28, 1.0), (28, 3.0), (50, 3.0))]
-        return words + " (steps computed of 28 on a linear time grid: {}, shifted by 3: {}; of 50 shifted by 3: {})" \
-            .format(*counts)
+        return self.setting_words() + " (steps computed of 28 on a linear time grid: {}, shifted by 3: {}; of 50 " \
+            "shifted by 3: {})".format(*counts)
 
     def too_short(self, steps: int | None) -> bool:
         """Whether a generation of ``steps`` steps (``None``: not told) is below ``min_steps``: it caches none."""
