@@ -19,8 +19,8 @@ from dataclasses import asdict
 
 import torch
 
+from ..measure import sync
 from ..tools.methods import MethodSpec
-from ..tools.timing import sync
 from .cell import OWN_METHODS, Cell, record_fields, set_attention, step
 
 __all__ = ["PhaseTimer", "attach", "breakdown_cell", "PHASES"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from ..measure import timed
 from ..tools.methods import MethodSpec
 from ..tools.peers import computed_share
-from ..tools.timing import timed
 from .cell import Cell, step
 from .presets import Preset, load_pipeline
 

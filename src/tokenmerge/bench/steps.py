@@ -31,9 +31,9 @@ from dataclasses import asdict
 
 import torch
 
+from ..measure import sync, timed
 from ..merge import kernels_failed
 from ..tools.methods import MethodSpec
-from ..tools.timing import sync, timed
 from .cell import Cell, applied, is_oom, record_fields, regional, set_attention, step, step_timed
 from .kernels import count_kernels, host_device_times, profile_launches
 

@@ -316,7 +316,7 @@ class CachedKeys(SdpaMode):
             kept = [key.contiguous().clone(), kwargs["value"].contiguous().clone()]
             old = self.pairs[pair] if pair < len(self.pairs) else None
             if self.spans is not None and old is not None and old[0].shape == key.shape:  # extrapolate: the slopes
-                at = self._row_gaps(before, before, after)[0]
+                at = self._row_spans(before, before, after)[0]
                 kept += [slope_of(new, was, at) for new, was in zip(kept, old)]
             del self.pairs[pair:]
             self.pairs.append(kept)
@@ -341,7 +341,7 @@ class CachedKeys(SdpaMode):
         if self.spans is not None and len(kept) == 2:  # extrapolate: no change measured yet (held until one is)
             kept += [torch.zeros_like(kept[0]), torch.zeros_like(kept[1])]
         if self.spans is not None:  # extrapolate: the fresh rows' slopes, the kept rows moved along theirs
-            at, ahead = self._row_gaps(before, kept_before, after)
+            at, ahead = self._row_spans(before, kept_before, after)
             for was, slope, fresh in zip(kept, kept[2:], (key, kwargs["value"])):
                 write_rows(was, slope, fresh, rows, at)
             kwargs["key"], kwargs["value"] = (extrapolated(was, slope, ahead) for was, slope in zip(kept, kept[2:]))
@@ -351,7 +351,7 @@ class CachedKeys(SdpaMode):
         kwargs["key"], kwargs["value"] = kept[:2]
         return func(**kwargs)
 
-    def _row_gaps(self, fresh_before: int, before: int, after: int) -> tuple:
+    def _row_spans(self, fresh_before: int, before: int, after: int) -> tuple:
         """``merge.recompute.row_spans`` of this call's key sequences laid out so, ``ahead`` times ``KEYS_AHEAD``:
         made once per call and layout, kept in the call's store for every block's attention (afresh under
         torch.compile, which fuses it)."""

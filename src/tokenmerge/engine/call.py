@@ -26,14 +26,12 @@ import torch
 
 from ..families.spec import TEXT_AFTER, TEXT_BEFORE, Mask, Rotary
 from ..merge.plan import TABLES, Tables, join, sided_rows
-from .clock import CallInfo, Where, host_where
+from .clock import PARALLEL_ATTR, CallInfo, Where, host_where
 from .compiled import holding, on_host, regional_message
 from .registries import CHAIN_HOOK, REGISTRY_ATTR, bad_hook, cache_message
 
 __all__ = ["BoundArg", "CallHook", "CallState", "Clock", "Watch", "NoGrid", "PARALLEL_ATTR", "sides", "image_part",
            "join", "take_rotary", "take_mask", "coarsen"]
-
-PARALLEL_ATTR = "_parallel_config"  # where a diffusers model keeps its ParallelConfig (enable_parallelism)
 
 
 class NoGrid(Exception):

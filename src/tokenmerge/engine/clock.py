@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Where", "CallInfo", "decide_ahead", "host_where", "host_step", "host_progress", "context_where",
-           "STALE_CALLS"]
+           "STALE_CALLS", "PARALLEL_ATTR"]
+
+PARALLEL_ATTR = "_parallel_config"  # where a diffusers model keeps its ParallelConfig (enable_parallelism)
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,6 @@ class CallInfo:
     timestep: object
     where: Where
     compiled: bool = False
-
-
 
 
 STALE_CALLS = 16  # calls at one host step beyond which the scheduler's counter is taken as not moving
@@ -159,7 +159,7 @@ def decide_ahead(calls, fields: dict):
     or ``None``: not decided (the call decides itself, at its pre-hook)."""
     state = calls.state
     state.reset()
-    if calls.timestep is None or getattr(calls.patch.site.module, "_parallel_config", None) is not None:  # (CP)
+    if calls.timestep is None or getattr(calls.patch.site.module, PARALLEL_ATTR, None) is not None:  # (CP)
         return None
     pipe = calls.pipeline() if calls.pipeline is not None else None
     scheduler = getattr(pipe, "scheduler", None)

@@ -62,7 +62,6 @@ def _describe(value) -> str:
     return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
-
 class GridReader:
     """Reads the finest token grid of one denoiser's calls: ``read(args, kwargs) -> (grid, device, trailing)``.
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
+from ..measure import timed
 from ..tools.methods import MethodSpec
 from ..tools.peers import calibrate, computed_share, needs_calibration
-from ..tools.timing import timed
 from .images import ImageCache
 from .metrics import mean_ci, psnr, ssim, to_tensor, video_scores
 

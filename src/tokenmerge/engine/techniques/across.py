@@ -103,8 +103,8 @@ def _forced_eager():
         with _EAGER_LOCK:
             _EAGER["holders"] -= 1
             if _EAGER["holders"] == 0:
-                _EAGER.pop("stance").__exit__(None, None, None)
-                _EAGER["stance"] = None
+                stance, _EAGER["stance"] = _EAGER["stance"], None
+                stance.__exit__(None, None, None)
 
 
 class DecidingContext:
