@@ -139,6 +139,7 @@ def test_argument_errors(args, words, capsys):
     assert words in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_help_and_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "tokenmerge", "bench", "--help"], capture_output=True, text=True)
     assert out.returncode == 0

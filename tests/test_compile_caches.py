@@ -5,8 +5,8 @@
   ``fullgraph=True``, before or after ``accelerate``: the outputs of the eager patch, a skipped (cached) step runs no
   compiled block (graph runs counted), no more compiled variants than the unpatched model's (one per block class,
   and the model's own stride variants), a second generation compiles nothing; on the tiny Flux.1, Wan,
-  HunyuanVideo and LTX transformers (the step cache) and the SD UNet (the UNet cache); HunyuanVideo, LTX, the
-  UNet's second order and the bench's compiled timing under ``-m slow`` (the same code paths, for the suite's time);
+  HunyuanVideo and LTX transformers (the step cache) and the SD UNet (the UNet cache); in the fast run each order
+  on one model, the other pairs and the bench's compiled timing under ``-m slow`` (the same code paths);
 - the denoiser compiled whole with ``fullgraph=True`` in a pipeline that enters its ``cache_context`` (Wan,
   HunyuanVideo, LTX, Qwen-Image, the mosaic testbed's Flux.1 layout): no graph break, the forward compiled in two
   variants (computed, skipped: one bool of the call's state, decided on the host before the call), a second
@@ -32,8 +32,6 @@ from tokenmerge.engine import find_denoisers
 
 pytest.importorskip("torch._dynamo")
 pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("fast_cpu")]
-TRANSFORMERS = ["flux", "wan", pytest.param("hunyuan-video", marks=pytest.mark.slow),
-                pytest.param("ltx", marks=pytest.mark.slow)]  # (the last two: the same code paths, in -m slow)
 ORDERS = ["compile-then-patch", "patch-then-compile"]
 STEPS = 10  # pipelines: >= accelerate's min_steps (9), so that steps are skipped
 
@@ -125,8 +123,14 @@ def _regional(model, calls, compiled, order) -> dict:
                 shallow=sum(id(m) not in bypassed for m in compiled), compiled=len(compiled))
 
 
-@pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("name", TRANSFORMERS)
+def _orders(*names) -> list:
+    """``(name, order)`` for each model and order: each order on one of the first two models in the fast run, the
+    other pairs under ``-m slow`` (the same code paths, for the suite's time)."""
+    fast = {(names[0], ORDERS[0]), (names[1], ORDERS[1])}
+    return [pytest.param(n, o, marks=() if (n, o) in fast else pytest.mark.slow) for n in names for o in ORDERS]
+
+
+@pytest.mark.parametrize("name, order", _orders("flux", "wan", "hunyuan-video", "ltx"))
 def test_blocks_compiled_in_place_with_accelerate(name, order):
     model, calls = _model(name)
     blocks = [b.module for b in find_denoisers(model)[0].blocks]
@@ -149,8 +153,7 @@ def test_sub_modules_compiled_in_place_run_inside_computed_blocks():
     assert sum(ran.cached.values()) > 0 and graphs.runs == sum(ran.computed.values()) * len(blocks)
 
 
-@pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("name", ["flux", "wan"])
+@pytest.mark.parametrize("name, order", _orders("flux", "wan"))
 def test_compile_repeated_blocks_with_accelerate(name, order):
     """diffusers' regional compilation, as its docs recommend it (``compile_repeated_blocks(fullgraph=True)``)."""
     model, calls = _model(name)

@@ -84,6 +84,7 @@ def test_img2img_and_inpaint_pipelines(tmp_path, kind):
     assert torch.equal(go(), vanilla)
 
 
+@pytest.mark.processes
 def test_import_does_not_import_diffusers():
     import subprocess
     import sys
